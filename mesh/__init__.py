@@ -1,0 +1,1 @@
+"""The coordinator and CLI: `mesh serve`, `mesh stage`, `mesh package …`, `mesh status`, `mesh bench`."""

@@ -1,0 +1,34 @@
+"""The `mesh` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mesh import package_cli
+from packages.errors import PackageError
+
+# Errors a user can fix; they print as one line, never as a traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (PackageError,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mesh", description="pipeline-parallel LLM serving mesh")
+    sub = parser.add_subparsers(dest="command", required=True)
+    package_cli.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except USER_ERRORS as exc:
+        print(f"mesh: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Layer packages: a GGUF split into per-layer artifacts plus a manifest (model-package.json)."""

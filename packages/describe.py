@@ -1,0 +1,77 @@
+"""`mesh package inspect`: a human summary of a package directory or a raw GGUF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packages.architectures import allowed_cuts
+from packages.gguf_files import architecture_of, field_value, open_gguf
+from packages.manifest import load_manifest
+from packages.writer import block_index, quantization_of
+
+
+def describe(target: Path) -> list[tuple[str, str]]:
+    """Rows of (field, value) for a package directory or a GGUF file."""
+    if target.is_dir():
+        return _describe_package(target)
+    return _describe_gguf(target)
+
+
+def _describe_package(package_dir: Path) -> list[tuple[str, str]]:
+    m, sha = load_manifest(package_dir)
+    layer_bytes = sum(layer.artifact_bytes for layer in m.layers)
+    rows = [
+        ("model_id", m.model_id),
+        ("manifest sha256", sha),
+        ("architecture", m.architecture),
+        ("layers", str(m.layer_count)),
+        ("width", str(m.activation_width)),
+        ("quantization", m.quantization),
+        ("allowed cuts", _cuts_text(m.allowed_cuts, m.layer_count)),
+    ]
+    rows += [(f"shared/{k}", human_bytes(a.artifact_bytes)) for k, a in m.shared.items()]
+    rows.append(("layer artifacts", f"{human_bytes(layer_bytes)} in {len(m.layers)} files"))
+    spec = m.generation.get("speculative_decoding")
+    rows.append(("speculative", spec["default"] if spec else "none declared"))
+    return rows
+
+
+def _describe_gguf(path: Path) -> list[tuple[str, str]]:
+    reader = open_gguf(path)
+    arch = architecture_of(reader)
+    layers = int(field_value(reader, f"{arch}.block_count"))
+    layer_bytes = sum(int(t.n_bytes) for t in reader.tensors if block_index(t.name) is not None)
+    try:
+        cuts = _cuts_text(allowed_cuts(arch, layers), layers)
+    except Exception as exc:
+        cuts = str(exc)
+    return [
+        ("file", str(path)),
+        ("architecture", arch),
+        ("layers", str(layers)),
+        ("width", str(field_value(reader, f"{arch}.embedding_length"))),
+        ("quantization", quantization_of(reader)),
+        ("allowed cuts", cuts),
+        ("file size", human_bytes(path.stat().st_size)),
+        ("layer tensors", human_bytes(layer_bytes)),
+    ]
+
+
+def _cuts_text(cuts: list[int], layers: int) -> str:
+    if cuts == list(range(1, layers)):
+        return f"any (1..{layers - 1})"
+    return ", ".join(map(str, cuts)) or "none"
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+        size /= 1024
+    return f"{n} B"
+
+
+def format_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

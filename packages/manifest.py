@@ -1,0 +1,194 @@
+"""model-package.json, schema v1: typed, frozen, and strict about what it accepts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packages.errors import PackageError
+from packages.integrity import sha256_bytes
+
+MANIFEST_NAME = "model-package.json"
+SCHEMA_VERSION = 1
+FORMAT = "layer-package"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: str
+    sha256: str
+    artifact_bytes: int
+    tensor_count: int
+    tensor_bytes: int
+
+
+@dataclass(frozen=True)
+class LayerArtifact(Artifact):
+    layer_index: int = 0
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    path: str | None
+    repo: str | None
+    revision: str | None
+    sha256: str
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_id: str
+    source_model: SourceModel
+    architecture: str
+    layer_count: int
+    activation_width: int
+    quantization: str
+    allowed_cuts: list[int]
+    shared: dict[str, Artifact]
+    layers: list[LayerArtifact]
+    generation: dict[str, Any] = field(default_factory=dict)
+    created_at_unix_secs: int = 0
+    schema_version: int = SCHEMA_VERSION
+    format: str = FORMAT
+
+    def artifacts(self) -> list[Artifact]:
+        return [*self.shared.values(), *self.layers]
+
+    def to_json(self) -> bytes:
+        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+
+
+SHARED_KEYS = ("metadata", "embeddings", "output")
+_ARTIFACT_KEYS = {"path", "sha256", "artifact_bytes", "tensor_count", "tensor_bytes"}
+
+
+def load_manifest(package_dir: Path) -> tuple[Manifest, str]:
+    """Parse and schema-check a package's manifest; return it with the manifest's sha256."""
+    path = package_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise PackageError(f"missing file: {MANIFEST_NAME} in {package_dir}")
+    raw = path.read_bytes()
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PackageError(f"{MANIFEST_NAME} is not valid JSON: {exc}") from None
+    return parse_manifest(doc), sha256_bytes(raw)
+
+
+def parse_manifest(doc: Any) -> Manifest:
+    fields = _Fields(doc, "")
+    if fields.get("schema_version", int) != SCHEMA_VERSION:
+        raise PackageError(f"{MANIFEST_NAME}: unsupported schema_version (expected {SCHEMA_VERSION})")
+    if fields.get("format", str) != FORMAT:
+        raise PackageError(f"{MANIFEST_NAME}: field 'format' must be '{FORMAT}'")
+    layer_count = fields.get("layer_count", int)
+    manifest = Manifest(
+        model_id=fields.get("model_id", str),
+        source_model=_source(fields.sub("source_model")),
+        architecture=fields.get("architecture", str),
+        layer_count=layer_count,
+        activation_width=fields.get("activation_width", int),
+        quantization=fields.get("quantization", str),
+        allowed_cuts=_cuts(fields.get("allowed_cuts", list), layer_count),
+        shared=_shared(fields.sub("shared")),
+        layers=_layers(fields.get("layers", list), layer_count),
+        generation=fields.get("generation", dict),
+        created_at_unix_secs=fields.get("created_at_unix_secs", int),
+    )
+    fields.reject_unknown()
+    return manifest
+
+
+class _Fields:
+    """Typed access to one JSON object that remembers which keys were read."""
+
+    def __init__(self, doc: Any, where: str) -> None:
+        if not isinstance(doc, dict):
+            raise PackageError(f"{MANIFEST_NAME}: {where or 'document'} must be an object")
+        self.doc, self.where, self.seen = doc, where, set()
+
+    def get(self, key: str, kind: type, optional: bool = False) -> Any:
+        self.seen.add(key)
+        name = f"{self.where}{key}"
+        if key not in self.doc:
+            if optional:
+                return None
+            raise PackageError(f"{MANIFEST_NAME}: missing field '{name}'")
+        value = self.doc[key]
+        if optional and value is None:
+            return None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise PackageError(f"{MANIFEST_NAME}: field '{name}' must be {kind.__name__}")
+        if kind is int and value < 0:
+            raise PackageError(f"{MANIFEST_NAME}: field '{name}' must not be negative")
+        return value
+
+    def sub(self, key: str) -> _Fields:
+        return _Fields(self.get(key, dict), f"{self.where}{key}.")
+
+    def reject_unknown(self) -> None:
+        unknown = sorted(set(self.doc) - self.seen)
+        if unknown:
+            raise PackageError(f"{MANIFEST_NAME}: unknown field '{self.where}{unknown[0]}'")
+
+
+def _source(f: _Fields) -> SourceModel:
+    src = SourceModel(
+        path=f.get("path", str, optional=True),
+        repo=f.get("repo", str, optional=True),
+        revision=f.get("revision", str, optional=True),
+        sha256=f.get("sha256", str),
+        files=f.get("files", list),
+    )
+    f.reject_unknown()
+    return src
+
+
+def _artifact(f: _Fields, extra: dict[str, int] | None = None) -> dict[str, Any]:
+    values = {key: f.get(key, str if key in ("path", "sha256") else int) for key in _ARTIFACT_KEYS}
+    _check_relpath(values["path"], f.where)
+    if len(values["sha256"]) != 64:
+        raise PackageError(f"{MANIFEST_NAME}: field '{f.where}sha256' is not a sha256 digest")
+    return values | (extra or {})
+
+
+def _check_relpath(path: str, where: str) -> None:
+    # A manifest comes from the network: it must never name a file outside its package.
+    parts = Path(path).parts
+    if Path(path).is_absolute() or ".." in parts or not parts:
+        raise PackageError(f"{MANIFEST_NAME}: field '{where}path' escapes the package: {path!r}")
+
+
+def _shared(f: _Fields) -> dict[str, Artifact]:
+    shared = {}
+    for key in SHARED_KEYS:
+        sub = f.sub(key)
+        shared[key] = Artifact(**_artifact(sub))
+        sub.reject_unknown()
+    f.reject_unknown()
+    return shared
+
+
+def _layers(items: list[Any], layer_count: int) -> list[LayerArtifact]:
+    layers = []
+    for i, item in enumerate(items):
+        f = _Fields(item, f"layers[{i}].")
+        index = f.get("layer_index", int)
+        if index != i:
+            raise PackageError(f"{MANIFEST_NAME}: field 'layers[{i}].layer_index' is {index}, expected {i}")
+        layers.append(LayerArtifact(**_artifact(f, {"layer_index": index})))
+        f.reject_unknown()
+    if len(layers) != layer_count:
+        raise PackageError(
+            f"{MANIFEST_NAME}: lists {len(layers)} layers but layer_count is {layer_count}"
+        )
+    return layers
+
+
+def _cuts(cuts: list[Any], layer_count: int) -> list[int]:
+    if any(not isinstance(c, int) or isinstance(c, bool) or not 0 < c < layer_count for c in cuts):
+        raise PackageError(f"{MANIFEST_NAME}: 'allowed_cuts' must hold layers in (0,{layer_count})")
+    return sorted(cuts)

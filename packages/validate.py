@@ -1,0 +1,47 @@
+"""`mesh package validate`: schema, sizes, digests and metadata agreement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from packages.architectures import allowed_cuts
+from packages.errors import PackageError
+from packages.gguf_files import architecture_of, field_value, open_gguf
+from packages.integrity import verify_file
+from packages.manifest import Manifest, load_manifest
+
+
+def validate_package(
+    package_dir: Path, progress: Callable[[str], None] | None = None
+) -> tuple[Manifest, str]:
+    """Check everything a stage will rely on; raise PackageError naming the first bad item."""
+    if not package_dir.is_dir():
+        raise PackageError(f"not a package directory: {package_dir}")
+    manifest, manifest_sha = load_manifest(package_dir)
+    for i, art in enumerate(manifest.artifacts(), 1):
+        verify_file(package_dir / art.path, art.artifact_bytes, art.sha256, art.path)
+        if progress:
+            progress(f"[{i}/{len(manifest.artifacts())}] ok {art.path}")
+    check_metadata_agrees(package_dir, manifest)
+    return manifest, manifest_sha
+
+
+def check_metadata_agrees(package_dir: Path, manifest: Manifest) -> None:
+    meta = open_gguf(package_dir / manifest.shared["metadata"].path)
+    arch = architecture_of(meta)
+    if arch != manifest.architecture:
+        raise PackageError(
+            f"field 'architecture' is {manifest.architecture} but metadata says {arch}"
+        )
+    blocks = int(field_value(meta, f"{arch}.block_count"))
+    if blocks != manifest.layer_count:
+        raise PackageError(f"field 'layer_count' is {manifest.layer_count} but metadata says {blocks}")
+    width = int(field_value(meta, f"{arch}.embedding_length"))
+    if width != manifest.activation_width:
+        raise PackageError(
+            f"field 'activation_width' is {manifest.activation_width} but metadata says {width}"
+        )
+    unsafe = sorted(set(manifest.allowed_cuts) - set(allowed_cuts(arch, blocks)))
+    if unsafe:
+        raise PackageError(f"field 'allowed_cuts' lists {unsafe[0]}, which is unsafe for {arch}")

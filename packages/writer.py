@@ -1,0 +1,146 @@
+"""`mesh package write`: split a GGUF into a layer package (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType, ReaderTensor
+
+from packages.architectures import allowed_cuts
+from packages.errors import PackageError
+from packages.gguf_files import (
+    TensorCopy,
+    architecture_of,
+    field_value,
+    metadata_of,
+    open_gguf,
+    tensor_bytes,
+    write_gguf,
+)
+from packages.integrity import atomic_dir, sha256_file
+from packages.manifest import MANIFEST_NAME, Artifact, LayerArtifact, Manifest, SourceModel
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+Progress = Callable[[str], None]
+
+
+def block_index(tensor_name: str) -> int | None:
+    match = _BLOCK.match(tensor_name)
+    return int(match.group(1)) if match else None
+
+
+def layer_path(index: int) -> str:
+    return f"layers/layer-{index:05d}.gguf"
+
+
+def write_package(
+    src: Path, out_dir: Path, model_id: str | None = None, progress: Progress | None = None
+) -> Manifest:
+    """Split `src` into `out_dir`; on any failure `out_dir` is left as it was."""
+    say = progress or _stderr_progress
+    reader = open_gguf(src)
+    arch = architecture_of(reader)
+    layer_count = int(field_value(reader, f"{arch}.block_count"))
+    cuts = allowed_cuts(arch, layer_count)
+    by_layer = _group_tensors(reader, layer_count)
+    say(f"hashing source {src.name}")
+    source_sha = sha256_file(src)
+    with atomic_dir(out_dir) as tmp:
+        shared = _write_shared(reader, arch, tmp, by_layer[None])
+        layers = []
+        for i in range(layer_count):
+            layers.append(_write_layer(reader, arch, tmp, i, by_layer[i]))
+            say(f"[{i + 1}/{layer_count}] {layer_path(i)}")
+        manifest = Manifest(
+            model_id=model_id or src.stem,
+            source_model=SourceModel(
+                path=src.name, repo=None, revision=None, sha256=source_sha, files=[src.name]
+            ),
+            architecture=arch,
+            layer_count=layer_count,
+            activation_width=int(field_value(reader, f"{arch}.embedding_length")),
+            quantization=quantization_of(reader),
+            allowed_cuts=cuts,
+            shared=shared,
+            layers=layers,
+            generation={},
+            created_at_unix_secs=int(time.time()),
+        )
+        (tmp / MANIFEST_NAME).write_bytes(manifest.to_json())
+    say(f"wrote {out_dir}")
+    return manifest
+
+
+def _group_tensors(reader: GGUFReader, layer_count: int) -> dict[int | None, list[ReaderTensor]]:
+    groups: dict[int | None, list[ReaderTensor]] = {i: [] for i in range(layer_count)}
+    groups[None] = []
+    for tensor in reader.tensors:
+        index = block_index(tensor.name)
+        if index is not None and index not in groups:
+            raise PackageError(f"tensor {tensor.name} lies beyond block_count {layer_count}")
+        groups[index].append(tensor)
+    empty = [i for i in range(layer_count) if not groups[i]]
+    if empty:
+        raise PackageError(f"GGUF has no tensors for layer {empty[0]}")
+    return groups
+
+
+def _write_shared(
+    reader: GGUFReader, arch: str, root: Path, tensors: list[ReaderTensor]
+) -> dict[str, Artifact]:
+    embeddings = [t for t in tensors if t.name == "token_embd.weight"]
+    if not embeddings:
+        raise PackageError("GGUF has no token_embd.weight tensor")
+    # Everything global that is not the embedding (output_norm, output, rope_freqs, ...).
+    output = [t for t in tensors if t.name != "token_embd.weight"]
+    parts = {"metadata": [], "embeddings": embeddings, "output": output}
+    return {
+        name: _write_artifact(
+            root, f"shared/{name}.gguf", arch, reader if name == "metadata" else None, group
+        )
+        for name, group in parts.items()
+    }
+
+
+def _write_layer(
+    reader: GGUFReader, arch: str, root: Path, index: int, tensors: list[ReaderTensor]
+) -> LayerArtifact:
+    art = _write_artifact(root, layer_path(index), arch, None, tensors)
+    return LayerArtifact(**vars(art), layer_index=index)
+
+
+def _write_artifact(
+    root: Path, rel: str, arch: str, meta_from: GGUFReader | None, tensors: list[ReaderTensor]
+) -> Artifact:
+    dest = root / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    metadata = metadata_of(meta_from) if meta_from is not None else []
+    write_gguf(dest, arch, metadata, [TensorCopy(t.name, t) for t in tensors])
+    return Artifact(
+        path=rel,
+        sha256=sha256_file(dest),
+        artifact_bytes=dest.stat().st_size,
+        tensor_count=len(tensors),
+        tensor_bytes=tensor_bytes(tensors),
+    )
+
+
+def quantization_of(reader: GGUFReader) -> str:
+    """The file's declared quantization, else the commonest tensor type in its layers."""
+    declared = reader.fields.get("general.file_type")
+    if declared is not None:
+        try:
+            return LlamaFileType(int(declared.contents())).name.removeprefix("MOSTLY_")
+        except ValueError:
+            pass
+    kinds = Counter(t.tensor_type for t in reader.tensors if block_index(t.name) is not None)
+    return GGMLQuantizationType(kinds.most_common(1)[0][0]).name if kinds else "unknown"
+
+
+def _stderr_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
