@@ -1,0 +1,193 @@
+"""Run layers [start, end) of a stage GGUF on unmodified llama.cpp (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from llama_cpp import llama_cpp as L
+
+from stage.engine import Step
+from stage.hidden_tap import HiddenTap
+
+
+class EngineError(Exception):
+    """A request the engine cannot run (bad lane, position, shape, or a decode failure)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    first: bool  # the range starts at layer 0: inputs are token ids
+    final: bool  # the range ends at the last layer: outputs are logits
+    lanes: int = 4
+    ctx_per_lane: int = 2048
+    batch: int = 256  # rows per llama_decode; one ubatch, so tap rows keep batch order
+    threads: int = 2
+
+
+_silence = L.llama_log_callback(lambda level, text, user: None)
+_backend_ready = False
+
+
+def _init_backend(quiet: bool) -> None:
+    global _backend_ready
+    if not _backend_ready:
+        if quiet:
+            L.llama_log_set(_silence, None)
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaRangeEngine:
+    def __init__(self, gguf: Path, cfg: EngineConfig, quiet: bool = True) -> None:
+        _init_backend(quiet)
+        self.first, self.final = cfg.first, cfg.final
+        self.lanes, self.ctx_per_lane, self.cfg = cfg.lanes, cfg.ctx_per_lane, cfg
+        mparams = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(str(gguf).encode(), mparams)
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load {gguf}")
+        self.width = L.llama_model_n_embd(self.model)
+        self.n_layer = L.llama_model_n_layer(self.model)
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.tap = None if cfg.final else HiddenTap(self.n_layer - 1, self.width)
+        self.ctx = self._new_context()
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(cfg.batch, 0 if cfg.first else self.width, cfg.lanes)
+        self._pos = [0] * cfg.lanes
+
+    def _new_context(self) -> ctypes.c_void_p:
+        cfg = self.cfg
+        p = L.llama_context_default_params()
+        p.n_ctx = cfg.ctx_per_lane * cfg.lanes
+        p.n_batch = p.n_ubatch = cfg.batch
+        p.n_seq_max = cfg.lanes
+        # One shared cell pool keeps a multi-session batch in one ubatch, in order.
+        p.kv_unified = True
+        # Match llama-cpp-python's Llama defaults so outputs are comparable token for token.
+        p.flash_attn_type = 0
+        p.n_threads = p.n_threads_batch = cfg.threads
+        if self.tap is not None:
+            p.cb_eval = self.tap.callback
+        ctx = L.llama_init_from_model(self.model, p)
+        if not ctx:
+            raise EngineError("llama.cpp could not create a context")
+        return ctx
+
+    def position(self, lane: int) -> int:
+        return self._pos[self._check_lane(lane)]
+
+    def trim(self, lane: int, position: int) -> None:
+        self._check_lane(lane)
+        if position < self._pos[lane]:
+            L.llama_memory_seq_rm(self.mem, lane, max(position, 0), -1)
+            self._pos[lane] = max(position, 0)
+
+    def step(self, steps: list[Step]) -> list[np.ndarray]:
+        for s in steps:
+            self._prepare(s)
+        outputs: list[list[np.ndarray]] = [[] for _ in steps]
+        for call in _pack(steps, self.cfg.batch):
+            self._decode(steps, call, outputs)
+        return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
+
+    def _prepare(self, s: Step) -> None:
+        lane = self._check_lane(s.lane)
+        if s.start > self._pos[lane]:
+            raise EngineError(f"lane {lane} holds {self._pos[lane]} positions; frame starts at {s.start}")
+        if s.n == 0 or s.start + s.n > self.ctx_per_lane:
+            raise EngineError(f"lane {lane}: {s.n} rows at {s.start} exceed context {self.ctx_per_lane}")
+        if self.first:
+            if s.tokens is None or s.tokens.min() < 0 or s.tokens.max() >= self.n_vocab:
+                raise EngineError("first stage needs token ids within the vocabulary")
+        elif s.hidden is None or s.hidden.shape[1:] != (self.width,):
+            raise EngineError(f"stage needs hidden states of width {self.width}")
+        self.trim(lane, s.start)
+
+    def _decode(self, steps: list[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
+        b = self.batch
+        row = 0
+        logit_rows: list[tuple[int, int, int]] = []  # (step index, first row, rows)
+        for seg in call:
+            s = steps[seg.step]
+            for i in range(seg.count):
+                r = row + i
+                if self.first:
+                    b.token[r] = int(s.tokens[seg.offset + i])  # type: ignore[index]
+                b.pos[r] = s.start + seg.offset + i
+                b.n_seq_id[r] = 1
+                b.seq_id[r][0] = s.lane
+                last = seg.offset + i == s.n - 1
+                b.logits[r] = (not self.final) or s.all_logits or last
+            if not self.first:
+                embd = np.ctypeslib.as_array(b.embd, shape=(self.cfg.batch * self.width,))
+                block = s.hidden[seg.offset : seg.offset + seg.count]  # type: ignore[index]
+                embd[row * self.width : (row + seg.count) * self.width] = block.reshape(-1)
+            if self.final:
+                first_out = 0 if s.all_logits else seg.count - 1
+                if s.all_logits or seg.offset + seg.count == s.n:
+                    logit_rows.append((seg.step, row + first_out, seg.count - first_out))
+            row += seg.count
+        b.n_tokens = row
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with code {rc}")
+        for seg in call:
+            self._pos[steps[seg.step].lane] += seg.count
+        self._collect(call, logit_rows, outputs)
+
+    def _collect(self, call: list[_Segment], logit_rows: list[tuple[int, int, int]],
+                 outputs: list[list[np.ndarray]]) -> None:
+        if self.tap is not None:
+            hidden = self.tap.take()
+            row = 0
+            for seg in call:
+                outputs[seg.step].append(hidden[row : row + seg.count])
+                row += seg.count
+            return
+        for step_index, first, count in logit_rows:
+            rows = [self._logits(first + k) for k in range(count)]
+            outputs[step_index].append(np.stack(rows))
+
+    def _logits(self, row: int) -> np.ndarray:
+        ptr = L.llama_get_logits_ith(self.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def _check_lane(self, lane: int) -> int:
+        if not 0 <= lane < self.lanes:
+            raise EngineError(f"lane {lane} outside [0,{self.lanes})")
+        return lane
+
+    def close(self) -> None:
+        if self.ctx:
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            L.llama_model_free(self.model)
+            self.ctx = None
+
+
+@dataclass(frozen=True)
+class _Segment:
+    step: int
+    offset: int
+    count: int
+
+
+def _pack(steps: list[Step], capacity: int) -> list[list[_Segment]]:
+    """Split steps into decode calls of at most `capacity` rows, keeping row order."""
+    calls: list[list[_Segment]] = [[]]
+    room = capacity
+    for index, s in enumerate(steps):
+        offset = 0
+        while offset < s.n:
+            if room == 0:
+                calls.append([])
+                room = capacity
+            count = min(room, s.n - offset)
+            calls[-1].append(_Segment(index, offset, count))
+            offset += count
+            room -= count
+    return calls
