@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from config.paths import cache_dir
 from packages.describe import describe, format_table, human_bytes
+from packages.materialize import materialize_stage
 from packages.validate import validate_package
 from packages.writer import write_package
 
@@ -29,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     i.add_argument("target", type=Path)
     i.set_defaults(func=_inspect)
 
+    m = cmds.add_parser("materialize", help="build (or find cached) the stage GGUF for a range")
+    m.add_argument("package", type=Path)
+    m.add_argument("--range", required=True, type=layer_range, help="layers START:END, half-open")
+    m.add_argument("--cache-dir", type=Path, default=cache_dir())
+    m.set_defaults(func=_materialize)
+
 
 def _write(args: argparse.Namespace) -> int:
     m = write_package(args.src, args.out_dir, model_id=args.model_id)
@@ -41,6 +49,21 @@ def _validate(args: argparse.Namespace) -> int:
     m, sha = validate_package(args.package, progress=lambda s: print(s, file=sys.stderr))
     print(f"ok: {m.model_id} ({m.layer_count} layers, {len(m.artifacts())} artifacts), "
           f"manifest sha256 {sha}")
+    return 0
+
+
+def layer_range(text: str) -> tuple[int, int]:
+    start, sep, end = text.partition(":")
+    if not sep or not start.isdigit() or not end.isdigit():
+        raise argparse.ArgumentTypeError(f"expected START:END, got {text!r}")
+    return int(start), int(end)
+
+
+def _materialize(args: argparse.Namespace) -> int:
+    manifest, sha = validate_package(args.package)
+    start, end = args.range
+    path = materialize_stage(args.package, manifest, sha, start, end, args.cache_dir)
+    print(path)
     return 0
 
 

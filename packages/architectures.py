@@ -17,17 +17,23 @@ _PERIODIC = {"gemma3": 6}
 SUPPORTED = sorted(_ANY_CUT | set(_PERIODIC))
 
 
+def require_supported(architecture: str) -> None:
+    if architecture not in SUPPORTED:
+        raise PackageError(
+            f"unsupported architecture '{architecture}': splitting is proven only for "
+            f"{', '.join(SUPPORTED)}"
+        )
+
+
 def allowed_cuts(architecture: str, layer_count: int) -> list[int]:
     """Interior cut points (0 < c < layer_count) that keep the model's computation unchanged."""
+    require_supported(architecture)
     if architecture in _ANY_CUT:
         return list(range(1, layer_count))
     if architecture in _PERIODIC:
         period = _PERIODIC[architecture]
         return list(range(period, layer_count, period))
-    raise PackageError(
-        f"unsupported architecture '{architecture}': splitting is proven only for "
-        f"{', '.join(SUPPORTED)}"
-    )
+    raise AssertionError(architecture)
 
 
 def check_range(start: int, end: int, layer_count: int, cuts: list[int]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType, ReaderTensor
 
-from packages.architectures import allowed_cuts
+from packages.architectures import allowed_cuts, require_supported
 from packages.errors import PackageError
 from packages.gguf_files import (
     TensorCopy,
@@ -45,6 +45,7 @@ def write_package(
     say = progress or _stderr_progress
     reader = open_gguf(src)
     arch = architecture_of(reader)
+    require_supported(arch)
     layer_count = int(field_value(reader, f"{arch}.block_count"))
     cuts = allowed_cuts(arch, layer_count)
     by_layer = _group_tensors(reader, layer_count)

@@ -1,0 +1,75 @@
+"""Drive a chain of in-process range engines: the reference pipeline for engine tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from packages.manifest import load_manifest
+from packages.materialize import materialize_stage
+from stage.engine import Step
+from stage.llama_engine import EngineConfig, LlamaRangeEngine
+
+
+def build_chain(package: Path, cuts: list[int], cache: Path, lanes: int = 4,
+                ctx: int = 512) -> list[LlamaRangeEngine]:
+    manifest, sha = load_manifest(package)
+    bounds = [0, *cuts, manifest.layer_count]
+    engines = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        gguf = materialize_stage(package, manifest, sha, a, b, cache)
+        cfg = EngineConfig(first=a == 0, final=b == manifest.layer_count, lanes=lanes,
+                           ctx_per_lane=ctx)
+        engines.append(LlamaRangeEngine(gguf, cfg))
+    return engines
+
+
+def forward(engines: list[LlamaRangeEngine], batch: list[tuple[int, int, list[int]]]) -> list[np.ndarray]:
+    """One pass of several sessions (lane, start, tokens) through every stage; final logits."""
+    data: list[np.ndarray] = [np.asarray(t, dtype=np.int32) for _, _, t in batch]
+    for e in engines:
+        steps = [
+            Step(lane=lane, start=start, tokens=x) if e.first else Step(lane=lane, start=start, hidden=x)
+            for (lane, start, _), x in zip(batch, data, strict=True)
+        ]
+        data = e.step(steps)
+    return data
+
+
+def greedy(engines: list[LlamaRangeEngine], prompt: list[int], n: int, lane: int = 0) -> list[int]:
+    tokens, out = list(prompt), []
+    start = 0
+    for _ in range(n):
+        logits = forward(engines, [(lane, start, tokens[start:])])[0]
+        start = len(tokens)
+        tokens.append(int(np.argmax(logits[-1])))
+        out.append(tokens[-1])
+    return out
+
+
+def close(engines: list[LlamaRangeEngine]) -> None:
+    for e in engines:
+        e.close()
+
+
+def reference_greedy(gguf: Path, prompt: list[int], n: int) -> list[int]:
+    """The unsplit model, run the ordinary way through llama-cpp-python."""
+    llm = llama_cpp.Llama(str(gguf), n_ctx=512, n_threads=2, verbose=False)
+    out: list[int] = []
+    for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        out.append(tok)
+        if len(out) == n:
+            break
+    return out
+
+
+def chat_prompt(gguf: Path, text: str) -> list[int]:
+    llm = llama_cpp.Llama(str(gguf), n_ctx=64, vocab_only=True, verbose=False)
+    arch_turns = {
+        "gemma3": "<start_of_turn>user\n{t}<end_of_turn>\n<start_of_turn>model\n",
+        "llama": "<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n",
+    }
+    template = arch_turns["gemma3" if "gemma" in gguf.name else "llama"]
+    return llm.tokenize(template.format(t=text).encode(), add_bos="gemma" in gguf.name, special=True)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from models import gemma3_path, smollm2_path, write_tiny_llama  # noqa: E402
+
+from packages.manifest import Manifest, load_manifest  # noqa: E402
+from packages.writer import write_package  # noqa: E402
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_package(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Path:
+    out = tmp_path_factory.mktemp("tinypkg") / "pkg"
+    write_package(tiny_gguf, out, model_id="tiny", progress=_quiet)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    return smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_package(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Path:
+    out = tmp_path_factory.mktemp("smolpkg") / "pkg"
+    write_package(smollm2_gguf, out, model_id="smollm2", progress=_quiet)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return gemma3_path(tmp_path_factory.mktemp("gemma"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_package(tmp_path_factory: pytest.TempPathFactory, gemma3_gguf: Path) -> Path:
+    out = tmp_path_factory.mktemp("gemmapkg") / "pkg"
+    write_package(gemma3_gguf, out, model_id="gemma3", progress=_quiet)
+    return out
+
+
+@pytest.fixture(scope="session")
+def stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stage-cache")
+
+
+def manifest_of(package: Path) -> tuple[Manifest, str]:
+    return load_manifest(package)

