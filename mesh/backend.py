@@ -1,0 +1,61 @@
+"""What the HTTP frontend needs from the mesh: tokens in, tokens out, and health.
+
+The coordinator implements `Backend`; the OpenAI-compatible API depends on nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from stage.sampling import SamplingParams
+
+
+class MeshUnavailable(Exception):
+    """The pipeline route is broken (a stage died or refused); maps to HTTP 503."""
+
+
+class RequestRejected(Exception):
+    """The request cannot be served as asked (e.g. prompt longer than the context); HTTP 400."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_tokens: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerationStats:
+    """Filled in by the backend while a generation runs; read after it ends."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "length"  # "stop" when a stop token ended it
+    speculative: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    model_id: str
+    ctx_per_session: int
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> bytes: ...
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The chat template from the GGUF metadata, applied with a generation prompt."""
+        ...
+
+    def eos_tokens(self) -> frozenset[int]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[int]:
+        """Yield generated token ids. Closing the iterator early frees the session on every stage."""
+        ...
