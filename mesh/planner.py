@@ -1,0 +1,48 @@
+"""Split a model's layers into contiguous half-open ranges, one per stage.
+
+Ranges are weighted by each stage's free memory and snapped to the architecture's allowed
+cuts. A plan is computed once and frozen for the topology's lifetime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PlanError(Exception):
+    """No valid split exists for these stages."""
+
+
+@dataclass(frozen=True)
+class StageRange:
+    start: int
+    end: int
+
+    @property
+    def layers(self) -> int:
+        return self.end - self.start
+
+
+def plan_ranges(layer_count: int, allowed_cuts: list[int], weights: list[float]) -> list[StageRange]:
+    """One range per weight; every layer lands in exactly one range, in order."""
+    n = len(weights)
+    if n == 0:
+        raise PlanError("no stages to plan for")
+    cuts = sorted(c for c in set(allowed_cuts) if 0 < c < layer_count)
+    if n - 1 > len(cuts):
+        raise PlanError(
+            f"cannot split {layer_count} layers into {n} stages: only {len(cuts)} allowed cuts"
+        )
+    if any(w <= 0 for w in weights):
+        raise PlanError("stage weights must be positive")
+    total = sum(weights)
+    chosen: list[int] = []
+    for i in range(1, n):
+        ideal = layer_count * sum(weights[:i]) / total
+        # Leave enough cuts after this one for the stages still to come.
+        lo = cuts.index(chosen[-1]) + 1 if chosen else 0
+        hi = len(cuts) - (n - 1 - i)
+        window = cuts[lo:hi]
+        chosen.append(min(window, key=lambda c: (abs(c - ideal), c)))
+    bounds = [0, *chosen, layer_count]
+    return [StageRange(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]

@@ -1,0 +1,194 @@
+"""Build the route: claim stages, plan ranges, prepare, load (final stage first), link up.
+
+Local stages (`--local-stages N`) are `mesh stage` processes on loopback driven through
+exactly the same gRPC calls as remote peers. If any step fails, everything started so far
+is stopped and a RouteError explains which stage said what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from mesh.planner import StageRange, plan_ranges
+from packages.manifest import Manifest
+from proto import meshpipe_pb2 as pb
+from proto import meshpipe_pb2_grpc as pb_grpc
+from proto.version import PROTOCOL_VERSION
+from stage.grpc_auth import token_metadata
+
+V = PROTOCOL_VERSION
+RPC_TIMEOUT = 30.0
+
+
+class RouteError(Exception):
+    """The route could not be built; the message names the stage and the reason."""
+
+
+@dataclass
+class RemoteStage:
+    endpoint: str
+    process: subprocess.Popen[bytes] | None = None
+    channel: grpc.aio.Channel | None = None
+    stub: pb_grpc.StageControlStub | None = None
+    range: StageRange | None = None
+    activation: str = ""
+    status: pb.StatusReply | None = None
+
+
+@dataclass(frozen=True)
+class RouteSettings:
+    token: str | None
+    cache_dir: Path
+    lanes: int
+    ctx_size: int
+    batch: int
+    threads: int
+    wire_dtype: int = pb.F32
+
+
+@dataclass
+class Route:
+    package_dir: Path
+    manifest: Manifest
+    manifest_sha: str
+    settings: RouteSettings
+    stages: list[RemoteStage] = field(default_factory=list)
+    stage0: StageRange | None = None
+    term: int = 0
+    coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def rpc(self, stage: RemoteStage, name: str, request: object) -> object:
+        assert stage.stub is not None
+        call = getattr(stage.stub, name)
+        return call(request, timeout=RPC_TIMEOUT, metadata=token_metadata(self.settings.token))
+
+
+def spawn_local_stage(token: str | None, cache_dir: Path, threads: int) -> RemoteStage:
+    """Start `mesh stage` on a free loopback port and read back where it listens."""
+    cmd = [sys.executable, "-m", "mesh.cli", "stage", "--listen", "127.0.0.1:0",
+           "--cache-dir", str(cache_dir), "--threads", str(threads)]
+    env = dict(os.environ)
+    if token:
+        env["MESHPIPE_TOKEN"] = token
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().strip()
+    if not line.startswith("listening "):
+        proc.kill()
+        raise RouteError(f"local stage failed to start (said {line!r})")
+    return RemoteStage(endpoint=line.split()[1], process=proc)
+
+
+async def connect_stage(route: Route, stage: RemoteStage) -> None:
+    stage.channel = grpc.aio.insecure_channel(stage.endpoint)
+    stage.stub = pb_grpc.StageControlStub(stage.channel)
+    try:
+        stage.status = await route.rpc(stage, "Status", pb.StatusRequest(protocol_version=V))  # type: ignore[misc]
+    except grpc.aio.AioRpcError as exc:
+        raise RouteError(f"stage {stage.endpoint}: {exc.details() or exc.code().name}") from None
+    assert stage.status is not None
+    if stage.status.protocol_version != V:
+        raise RouteError(f"stage {stage.endpoint} speaks protocol {stage.status.protocol_version}, "
+                         f"this coordinator speaks {V}; upgrade meshpipe so they match")
+
+
+async def build(route: Route, own_memory: int, artifact_source: str,
+                say: Callable[[str], None]) -> None:
+    """Claim → plan → Prepare → Inventory → Load (final first). Raises RouteError."""
+    m = route.manifest
+    for stage in route.stages:
+        await connect_stage(route, stage)
+    weights = [float(own_memory)] + [float(s.status.mem_available_bytes) for s in route.stages]  # type: ignore[union-attr]
+    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights)
+    route.stage0 = ranges[0]
+    route.term = time.time_ns() // 1000
+    for stage, rng in zip(route.stages, ranges[1:], strict=True):
+        stage.range = rng
+        await _claim(route, stage)
+    say("plan: " + ", ".join(f"[{r.start},{r.end})" for r in ranges))
+    for stage in route.stages:
+        await _prepare(route, stage, artifact_source)
+    await _await_prepared(route, say)
+    downstream = ""
+    for index in range(len(route.stages), 0, -1):
+        stage = route.stages[index - 1]
+        await _load(route, stage, index, downstream)
+        downstream = stage.activation
+
+
+async def _claim(route: Route, stage: RemoteStage) -> None:
+    reply = await route.rpc(stage, "Claim", pb.ClaimRequest(  # type: ignore[misc]
+        protocol_version=V, coordinator_id=route.coordinator_id, term=route.term,
+        topology_id=route.manifest_sha[:16], run_id=uuid.uuid4().hex[:8],
+        lease_until_ms=int(time.time() * 1000) + 24 * 3600 * 1000))
+    if not reply.ok:
+        raise RouteError(f"stage {stage.endpoint} refused the claim: {reply.message}")
+
+
+async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> None:
+    assert stage.range is not None
+    reply = await route.rpc(stage, "Prepare", pb.PrepareRequest(  # type: ignore[misc]
+        protocol_version=V, term=route.term, package_ref=str(route.package_dir),
+        manifest_sha256=route.manifest_sha, layer_start=stage.range.start,
+        layer_end=stage.range.end, artifact_source=artifact_source))
+    if not reply.accepted:
+        raise RouteError(f"stage {stage.endpoint} refused Prepare: {reply.message}")
+
+
+async def _await_prepared(route: Route, say: Callable[[str], None]) -> None:
+    last_report = 0.0
+    while True:
+        replies = [await route.rpc(s, "Inventory", pb.InventoryRequest(protocol_version=V))
+                   for s in route.stages]
+        for stage, inv in zip(route.stages, replies, strict=True):
+            if inv.state == pb.PREPARE_FAILED:  # type: ignore[attr-defined]
+                raise RouteError(f"stage {stage.endpoint}: {inv.message}")  # type: ignore[attr-defined]
+        done = sum(r.bytes_done for r in replies)  # type: ignore[attr-defined]
+        total = sum(r.bytes_total for r in replies)  # type: ignore[attr-defined]
+        if all(r.state == pb.PREPARED for r in replies):  # type: ignore[attr-defined]
+            say(f"prepared: {done / 1e6:.1f} MB on {len(replies)} stage(s)")
+            return
+        if time.monotonic() - last_report > 2:
+            say(f"preparing: {done / 1e6:.1f}/{max(total, 1) / 1e6:.1f} MB")
+            last_report = time.monotonic()
+        await asyncio.sleep(0.2)
+
+
+async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -> None:
+    s = route.settings
+    assert stage.range is not None
+    reply = await route.rpc(stage, "Load", pb.LoadRequest(  # type: ignore[misc]
+        protocol_version=V, term=route.term, layer_start=stage.range.start,
+        layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
+        final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
+        downstream=downstream, stage_index=index))
+    if not reply.ready:
+        raise RouteError(f"stage {stage.endpoint} failed to load: {reply.message}")
+    stage.activation = reply.endpoint
+
+
+async def teardown(route: Route) -> None:
+    """Stop every stage we claimed and end the processes we spawned."""
+    for stage in route.stages:
+        if stage.stub is not None and route.term:
+            with contextlib.suppress(Exception):
+                await route.rpc(stage, "Stop", pb.StopRequest(protocol_version=V, term=route.term))
+        if stage.channel is not None:
+            await stage.channel.close()
+        if stage.process is not None and stage.process.poll() is None:
+            stage.process.terminate()
+            try:
+                stage.process.wait(5)
+            except subprocess.TimeoutExpired:
+                stage.process.kill()

@@ -1,0 +1,94 @@
+"""`mesh serve`: the coordinator plus the OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from config.paths import cache_dir
+from mesh.coordinator import Coordinator, Topology
+from mesh.metrics import Metrics
+from mesh.model_source import resolve_model
+from mesh.openai_api import build_app
+from mesh.route import RouteSettings
+from proto import meshpipe_pb2 as pb
+
+WIRE_DTYPES = {"f32": pb.F32, "f16": pb.F16, "bf16": pb.BF16}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
+    p.add_argument("--model", default=None,
+                   help="package directory or GGUF file (default: the embedded SmolLM2)")
+    p.add_argument("--listen", default="127.0.0.1:9337", help="HOST:PORT for the HTTP API")
+    p.add_argument("--local-stages", type=int, default=1,
+                   help="split across N stages on this machine: this process is stage 0 and "
+                   "N-1 `mesh stage` processes are spawned on loopback")
+    p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT",
+                   help="a remote `mesh stage` daemon (repeatable, in pipeline order)")
+    p.add_argument("--token", default=None, help="shared mesh token (default: $MESHPIPE_TOKEN)")
+    p.add_argument("--lanes", type=int, default=4, help="concurrent sessions (KV lanes)")
+    p.add_argument("--ctx-size", type=int, default=2048, help="context tokens per session")
+    p.add_argument("--batch", type=int, default=256, help="rows per engine decode")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPES), default="f32",
+                   help="hidden-state dtype on the wire (f32 is exact)")
+    p.add_argument("--artifact-listen", default=None,
+                   help="HOST:PORT for ArtifactTransfer (default: loopback, or 0.0.0.0 with peers)")
+    p.add_argument("--advertise", default=None,
+                   help="address stages use to reach this coordinator (default: auto)")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.local_stages < 1:
+        raise SystemExit("mesh: error: --local-stages must be at least 1")
+    cache = args.cache_dir or cache_dir()
+    package_dir, manifest, sha, model_id = resolve_model(args.model, cache, say=_say)
+    token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
+    settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,
+                             ctx_size=args.ctx_size, batch=args.batch, threads=args.threads,
+                             wire_dtype=WIRE_DTYPES[args.wire_dtype])
+    remote = bool(args.peer)
+    topology = Topology(
+        peers=tuple(args.peer), local_stages=args.local_stages,
+        artifact_listen=args.artifact_listen or ("0.0.0.0:0" if remote else "127.0.0.1:0"),
+        advertise=args.advertise or (_own_address() if remote else "127.0.0.1"),
+    )
+    coordinator = Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say)
+    host, _, port = args.listen.rpartition(":")
+    asyncio.run(_serve(coordinator, host, int(port)))
+    return 0
+
+
+async def _serve(coordinator: Coordinator, host: str, port: int) -> None:
+    await coordinator.start()
+    app = build_app(coordinator, Metrics())
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    _say(f"serving {coordinator.model_id} on http://{host}:{port}/v1")
+    try:
+        await server.serve()
+    finally:
+        await coordinator.stop()
+
+
+def _say(message: str) -> None:
+    print(f"mesh: {message}", file=sys.stderr, flush=True)
+
+
+def _own_address() -> str:
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,330 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PrepareState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IDLE: _ClassVar[PrepareState]
+    PREPARING: _ClassVar[PrepareState]
+    PREPARED: _ClassVar[PrepareState]
+    PREPARE_FAILED: _ClassVar[PrepareState]
+
+class WireDType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    F32: _ClassVar[WireDType]
+    F16: _ClassVar[WireDType]
+    BF16: _ClassVar[WireDType]
+
+class StageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STARTING: _ClassVar[StageState]
+    READY: _ClassVar[StageState]
+    STOPPING: _ClassVar[StageState]
+    STOPPED: _ClassVar[StageState]
+    FAILED: _ClassVar[StageState]
+
+class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FRAME_UNSPECIFIED: _ClassVar[FrameKind]
+    PREFILL: _ClassVar[FrameKind]
+    DECODE: _ClassVar[FrameKind]
+    VERIFY: _ClassVar[FrameKind]
+    TRIM: _ClassVar[FrameKind]
+    END: _ClassVar[FrameKind]
+    REPLY: _ClassVar[FrameKind]
+    ERROR: _ClassVar[FrameKind]
+IDLE: PrepareState
+PREPARING: PrepareState
+PREPARED: PrepareState
+PREPARE_FAILED: PrepareState
+F32: WireDType
+F16: WireDType
+BF16: WireDType
+STARTING: StageState
+READY: StageState
+STOPPING: StageState
+STOPPED: StageState
+FAILED: StageState
+FRAME_UNSPECIFIED: FrameKind
+PREFILL: FrameKind
+DECODE: FrameKind
+VERIFY: FrameKind
+TRIM: FrameKind
+END: FrameKind
+REPLY: FrameKind
+ERROR: FrameKind
+
+class Ack(_message.Message):
+    __slots__ = ("ok", "message")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    message: str
+    def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("protocol_version", "coordinator_id", "term", "topology_id", "run_id", "lease_until_ms")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    coordinator_id: str
+    term: int
+    topology_id: str
+    run_id: str
+    lease_until_ms: int
+    def __init__(self, protocol_version: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., term: _Optional[int] = ..., topology_id: _Optional[str] = ..., run_id: _Optional[str] = ..., lease_until_ms: _Optional[int] = ...) -> None: ...
+
+class ClaimReply(_message.Message):
+    __slots__ = ("ok", "message", "current_term")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TERM_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    message: str
+    current_term: int
+    def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ..., current_term: _Optional[int] = ...) -> None: ...
+
+class PrepareRequest(_message.Message):
+    __slots__ = ("protocol_version", "term", "package_ref", "manifest_sha256", "layer_start", "layer_end", "artifact_source")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    PACKAGE_REF_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    term: int
+    package_ref: str
+    manifest_sha256: str
+    layer_start: int
+    layer_end: int
+    artifact_source: str
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., package_ref: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., artifact_source: _Optional[str] = ...) -> None: ...
+
+class PrepareReply(_message.Message):
+    __slots__ = ("accepted", "message")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    message: str
+    def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CancelPrepareRequest(_message.Message):
+    __slots__ = ("protocol_version", "term")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    term: int
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class InventoryRequest(_message.Message):
+    __slots__ = ("protocol_version",)
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
+
+class InventoryReply(_message.Message):
+    __slots__ = ("state", "message", "bytes_done", "bytes_total", "layer_start", "layer_end", "manifest_sha256")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    state: PrepareState
+    message: str
+    bytes_done: int
+    bytes_total: int
+    layer_start: int
+    layer_end: int
+    manifest_sha256: str
+    def __init__(self, state: _Optional[_Union[PrepareState, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    CTX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    DOWNSTREAM_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    term: int
+    layer_start: int
+    layer_end: int
+    ctx_size: int
+    lanes: int
+    wire_dtype: WireDType
+    final: bool
+    threads: int
+    batch: int
+    upstream: str
+    downstream: str
+    stage_index: int
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ...) -> None: ...
+
+class LoadReply(_message.Message):
+    __slots__ = ("ready", "endpoint", "message")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    endpoint: str
+    message: str
+    def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ("protocol_version", "term")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    term: int
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("protocol_version",)
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("state", "message", "term", "layer_start", "layer_end", "mem_total_bytes", "mem_available_bytes", "rss_bytes", "stage_id", "protocol_version")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    state: StageState
+    message: str
+    term: int
+    layer_start: int
+    layer_end: int
+    mem_total_bytes: int
+    mem_available_bytes: int
+    rss_bytes: int
+    stage_id: str
+    protocol_version: int
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., message: _Optional[str] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_available_bytes: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., stage_id: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("protocol_version", "manifest_sha256", "path", "offset")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    manifest_sha256: str
+    path: str
+    offset: int
+    def __init__(self, protocol_version: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("data", "offset")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class Handshake(_message.Message):
+    __slots__ = ("protocol_version", "token", "role")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    token: str
+    role: str
+    def __init__(self, protocol_version: _Optional[int] = ..., token: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
+class HandshakeReply(_message.Message):
+    __slots__ = ("ok", "message", "protocol_version")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    message: str
+    protocol_version: int
+    def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Hop(_message.Message):
+    __slots__ = ("stage_index", "compute_us", "queue_us", "wire_us")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    WIRE_US_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    compute_us: int
+    queue_us: int
+    wire_us: int
+    def __init__(self, stage_index: _Optional[int] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., wire_us: _Optional[int] = ...) -> None: ...
+
+class HopTimings(_message.Message):
+    __slots__ = ("hops",)
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    hops: _containers.RepeatedCompositeFieldContainer[Hop]
+    def __init__(self, hops: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
+
+class FrameHeader(_message.Message):
+    __slots__ = ("session_id", "window_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    START_POS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WANT_REPLY_FIELD_NUMBER: _ClassVar[int]
+    ALL_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    window_id: int
+    kind: FrameKind
+    start_pos: int
+    dtype: WireDType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    payload_bytes: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    want_reply: bool
+    all_logits: bool
+    sampling: Sampling
+    message: str
+    timings: HopTimings
+    def __init__(self, session_id: _Optional[int] = ..., window_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ...) -> None: ...

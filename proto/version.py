@@ -1,0 +1,13 @@
+"""The protocol version every message carries, and the refusal a mismatch gets."""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = 1
+
+
+def check_version(version: int) -> str | None:
+    """None when compatible, else a message telling the operator what to do."""
+    if version == PROTOCOL_VERSION:
+        return None
+    return (f"protocol version {version} not supported (this node speaks {PROTOCOL_VERSION}); "
+            "run the same meshpipe version on every machine")

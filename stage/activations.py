@@ -1,0 +1,184 @@
+"""The data plane of a loaded stage: frames in, batched engine steps, frames out.
+
+Frames from upstream are admitted in arrival order; their engine work is batched across
+sessions by the Batcher; results leave in the same order, downstream as hidden states or,
+at the final stage, back upstream as sampled tokens. Replies from downstream are relayed
+upstream unchanged, so stage 0 sees one reply stream whatever the depth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from proto import meshpipe_pb2 as pb
+from stage.batcher import Batcher
+from stage.engine import RangeEngine, Step
+from stage.lanes import LanePool, LanesExhausted
+from stage.sampling import SamplingParams, sample_tail
+from stage.transport import Link, LinkClosed, decode_tensor, encode_tensor
+
+log = logging.getLogger("meshpipe.stage")
+COMPUTE_KINDS = (pb.PREFILL, pb.DECODE, pb.VERIFY)
+
+
+@dataclass
+class _Admitted:
+    header: pb.FrameHeader
+    future: asyncio.Future[np.ndarray] | None
+    error: str | None = None
+    admitted_at: float = 0.0
+
+
+def sampling_of(header: pb.FrameHeader) -> SamplingParams:
+    s = header.sampling
+    return SamplingParams(s.temperature, s.top_p or 1.0, s.top_k, s.seed)
+
+
+class ActivationStage:
+    def __init__(self, engine: RangeEngine, stage_index: int, wire_dtype: int,
+                 downstream: Link | None) -> None:
+        self.engine = engine
+        self.index = stage_index
+        self.wire_dtype = wire_dtype
+        self.downstream = downstream
+        self.batcher = Batcher(engine)
+        self.lanes = LanePool(engine.lanes)
+        self.upstream: Link | None = None
+        self.relay: asyncio.Task[None] | None = None
+        self.failed: str | None = None
+
+    def start(self) -> None:
+        self.batcher.start()
+        if self.downstream is not None:
+            self.relay = asyncio.get_running_loop().create_task(self._relay_replies())
+
+    async def stop(self) -> None:
+        if self.relay:
+            self.relay.cancel()
+        await self.batcher.stop()
+        for link in (self.upstream, self.downstream):
+            if link is not None:
+                link.close()
+
+    async def handle_upstream(self, link: Link) -> None:
+        """Serve one upstream connection until it closes."""
+        if self.upstream is not None:
+            self.upstream.close()  # a reconnecting coordinator replaces the old link
+        self.upstream = link
+        outbox: asyncio.Queue[_Admitted | None] = asyncio.Queue()
+        sender = asyncio.get_running_loop().create_task(self._send_results(link, outbox))
+        try:
+            while True:
+                header, payload = await link.recv()
+                outbox.put_nowait(self._admit(header, payload))
+        except (LinkClosed, ConnectionError):
+            pass
+        finally:
+            outbox.put_nowait(None)
+            await asyncio.gather(sender, return_exceptions=True)
+            if self.upstream is link:
+                self.upstream = None
+                await self._free_all()
+
+    def _admit(self, header: pb.FrameHeader, payload: bytes) -> _Admitted:
+        now = time.perf_counter()
+        try:
+            if header.kind in COMPUTE_KINDS:
+                return _Admitted(header, self._submit(header, payload), admitted_at=now)
+            if header.kind == pb.END:
+                lane = self.lanes.release(header.session_id)
+                future = None if lane is None else self._control_trim(lane, 0)
+                return _Admitted(header, future, admitted_at=now)
+            if header.kind == pb.TRIM:
+                lane = self.lanes.lane_for(header.session_id)
+                return _Admitted(header, self._control_trim(lane, header.start_pos), admitted_at=now)
+            return _Admitted(header, None, error=f"unexpected frame kind {header.kind}")
+        except (LanesExhausted, ValueError) as exc:
+            return _Admitted(header, None, error=str(exc))
+
+    def _submit(self, header: pb.FrameHeader, payload: bytes) -> asyncio.Future[np.ndarray]:
+        lane = self.lanes.lane_for(header.session_id)
+        if self.engine.first:
+            tokens = np.asarray(header.tokens, dtype=np.int32)
+            step = Step(lane, header.start_pos, tokens=tokens, all_logits=header.all_logits)
+        else:
+            hidden = decode_tensor(header, payload)
+            step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits)
+        return self.batcher.submit(step)
+
+    def _control_trim(self, lane: int, position: int) -> asyncio.Future[np.ndarray]:
+        return self.batcher.control(lambda: self.engine.trim(lane, position))
+
+    async def _send_results(self, link: Link, outbox: asyncio.Queue[_Admitted | None]) -> None:
+        while (item := await outbox.get()) is not None:
+            try:
+                result = await item.future if item.future is not None else None
+            except Exception as exc:
+                item.error = f"stage {self.index}: {exc}"
+                result = None
+            try:
+                await self._emit(link, item, result)
+            except (LinkClosed, ConnectionError) as exc:
+                log.warning("stage %d: cannot send: %s", self.index, exc)
+
+    async def _emit(self, link: Link, item: _Admitted, result: np.ndarray | None) -> None:
+        h = item.header
+        if item.error is not None:
+            await link.send(pb.FrameHeader(session_id=h.session_id, window_id=h.window_id,
+                                           kind=pb.ERROR, message=item.error))
+            return
+        hop = pb.Hop(stage_index=self.index,
+                     compute_us=int((time.perf_counter() - item.admitted_at) * 1e6))
+        if h.kind not in COMPUTE_KINDS:
+            if self.downstream is not None:
+                await self.downstream.send(h)
+            return
+        assert result is not None
+        if self.downstream is None:
+            if h.want_reply:
+                await link.send(self._reply(h, result, hop))
+            return
+        out = pb.FrameHeader()
+        out.CopyFrom(h)
+        out.timings.hops.append(hop)
+        shape, data = encode_tensor(result, self.wire_dtype)
+        del out.shape[:]
+        out.shape.extend(shape)
+        out.dtype = self.wire_dtype
+        out.payload_bytes = len(data)
+        await self.downstream.send(out, data)
+
+    def _reply(self, h: pb.FrameHeader, logits: np.ndarray, hop: pb.Hop) -> pb.FrameHeader:
+        rows = int(h.shape[0]) if len(h.shape) else len(h.tokens)
+        reply = pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.REPLY,
+                               start_pos=h.start_pos)
+        reply.tokens.extend(sample_tail(logits, sampling_of(h), h.start_pos, rows))
+        reply.timings.CopyFrom(h.timings)
+        reply.timings.hops.append(hop)
+        return reply
+
+    async def _relay_replies(self) -> None:
+        assert self.downstream is not None
+        try:
+            while True:
+                header, payload = await self.downstream.recv()
+                if self.upstream is not None:
+                    await self.upstream.send(header, payload or None)
+        except (LinkClosed, ConnectionError) as exc:
+            self.failed = f"stage {self.index}: downstream link lost ({exc})"
+            log.error(self.failed)
+            if self.upstream is not None:
+                self.upstream.close()  # the coordinator must see the route break now
+
+    async def _free_all(self) -> None:
+        for session in list(self.lanes.by_session):
+            lane = self.lanes.release(session)
+            if lane is not None:
+                with contextlib.suppress(Exception):
+                    await self._control_trim(lane, 0)

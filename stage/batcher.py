@@ -1,0 +1,131 @@
+"""Continuous batching: whatever steps are ready run together in one engine decode.
+
+Sessions submit steps in order and await their outputs. The worker takes everything queued,
+at most one step per lane (a lane's next step depends on the previous one), runs a single
+engine.step in a thread so the event loop keeps moving frames, and resolves the futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stage.engine import RangeEngine, Step
+from stage.llama_engine import EngineError
+
+
+@dataclass
+class _Job:
+    step: Step | None  # None: a control job (trim/free) run between decodes
+    future: asyncio.Future[np.ndarray]
+    control: Callable[[], None] | None = None
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    def __init__(self, engine: RangeEngine, max_rows: int = 512) -> None:
+        self.engine = engine
+        self.max_rows = max_rows
+        self.jobs: list[_Job] = []
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.busy_seconds = 0.0
+        self.decodes = 0
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        for job in self.jobs:
+            if not job.future.done():
+                job.future.set_exception(EngineError("stage stopped"))
+        self.jobs.clear()
+
+    def submit(self, step: Step) -> asyncio.Future[np.ndarray]:
+        return self._enqueue(_Job(step, asyncio.get_running_loop().create_future()))
+
+    def control(self, action: Callable[[], None]) -> asyncio.Future[np.ndarray]:
+        """Run `action` on the engine thread, ordered after every step queued before it."""
+        job = _Job(None, asyncio.get_running_loop().create_future(), control=action)
+        return self._enqueue(job)
+
+    def _enqueue(self, job: _Job) -> asyncio.Future[np.ndarray]:
+        self.jobs.append(job)
+        self.wake.set()
+        return job.future
+
+    def _take(self) -> list[_Job]:
+        """The longest queue prefix that is safe to run as one unit, in order."""
+        if self.jobs[0].step is None:
+            return [self.jobs.pop(0)]
+        taken: list[_Job] = []
+        lanes: set[int] = set()
+        rows = 0
+        for job in self.jobs:
+            if job.step is None or job.step.lane in lanes:
+                break
+            if taken and rows + job.step.n > self.max_rows:
+                break
+            taken.append(job)
+            lanes.add(job.step.lane)
+            rows += job.step.n
+        del self.jobs[: len(taken)]
+        return taken
+
+    async def _run(self) -> None:
+        while True:
+            if not self.jobs:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            batch = self._take()
+            started = time.perf_counter()
+            await asyncio.to_thread(self._execute, batch)
+            self.busy_seconds += time.perf_counter() - started
+            self.decodes += 1
+
+    def _execute(self, batch: list[_Job]) -> None:
+        loop = batch[0].future.get_loop()
+        results: list[np.ndarray | BaseException]
+        try:
+            if batch[0].control is not None:
+                results = [self._guard(batch[0].control)]
+            else:
+                results = self._step_all([j.step for j in batch if j.step is not None])
+        except Exception as exc:  # never let the worker die with futures pending
+            results = [exc] * len(batch)
+        for job, result in zip(batch, results, strict=True):
+            loop.call_soon_threadsafe(_resolve, job.future, result)
+
+    def _step_all(self, steps: list[Step]) -> list[np.ndarray | BaseException]:
+        try:
+            return list(self.engine.step(steps))
+        except EngineError as exc:
+            if len(steps) == 1:
+                return [exc]
+        # One bad step must not fail its neighbours: retry each alone.
+        return [self._guard(lambda s=s: self.engine.step([s])[0]) for s in steps]
+
+    @staticmethod
+    def _guard(action: Callable[[], object]) -> np.ndarray | BaseException:
+        try:
+            result = action()
+            return result if isinstance(result, np.ndarray) else np.empty(0)
+        except Exception as exc:
+            return exc
+
+
+def _resolve(future: asyncio.Future[np.ndarray], result: np.ndarray | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

@@ -1,0 +1,31 @@
+"""Map session ids from the wire onto the engine's KV lanes."""
+
+from __future__ import annotations
+
+
+class LanesExhausted(Exception):
+    pass
+
+
+class LanePool:
+    def __init__(self, lanes: int) -> None:
+        self.free = list(range(lanes - 1, -1, -1))
+        self.by_session: dict[int, int] = {}
+
+    def lane_for(self, session: int) -> int:
+        """The session's lane, taking a free one on first sight."""
+        lane = self.by_session.get(session)
+        if lane is None:
+            if not self.free:
+                raise LanesExhausted(f"no free KV lane for session {session}")
+            lane = self.by_session[session] = self.free.pop()
+        return lane
+
+    def release(self, session: int) -> int | None:
+        lane = self.by_session.pop(session, None)
+        if lane is not None:
+            self.free.append(lane)
+        return lane
+
+    def __len__(self) -> int:
+        return len(self.by_session)

@@ -1,0 +1,101 @@
+"""Get a stage's artifacts (local package, local cache, or the coordinator) and materialize.
+
+Runs in the background after Prepare; Inventory reads `progress`. Only the manifest and the
+artifacts of the stage's own range are fetched, each verified before it is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packages.errors import PackageError
+from packages.integrity import atomic_file, sha256_bytes, sha256_file
+from packages.manifest import MANIFEST_NAME, Artifact, Manifest, load_manifest
+from packages.materialize import materialize_stage
+
+# (path, offset) -> chunks of the file from that offset
+Fetcher = Callable[[str, int], AsyncIterator[bytes]]
+
+
+@dataclass
+class Progress:
+    bytes_done: int = 0
+    bytes_total: int = 0
+
+
+@dataclass(frozen=True)
+class PreparedStage:
+    gguf: Path
+    manifest: Manifest
+    manifest_sha: str
+    start: int
+    end: int
+
+
+async def prepare_stage(
+    package_ref: str,
+    manifest_sha: str,
+    start: int,
+    end: int,
+    cache_dir: Path,
+    fetch: Fetcher | None,
+    progress: Progress,
+) -> PreparedStage:
+    package_dir = await _package_dir(package_ref, manifest_sha, cache_dir, fetch)
+    manifest, sha = load_manifest(package_dir)
+    needed = [*manifest.shared.values(), *manifest.layers[start:end]]
+    progress.bytes_total = sum(a.artifact_bytes for a in needed)
+    for art in needed:
+        await _ensure_artifact(package_dir, art, fetch, progress)
+    gguf = await asyncio.to_thread(
+        materialize_stage, package_dir, manifest, sha, start, end, cache_dir
+    )
+    return PreparedStage(gguf, manifest, sha, start, end)
+
+
+async def _package_dir(
+    package_ref: str, manifest_sha: str, cache_dir: Path, fetch: Fetcher | None
+) -> Path:
+    local = Path(package_ref)
+    if local.is_dir() and _manifest_sha(local) == manifest_sha:
+        return local
+    cached = cache_dir / "packages" / manifest_sha
+    if _manifest_sha(cached) == manifest_sha:
+        return cached
+    if fetch is None:
+        raise PackageError(f"package {package_ref} is not here and no artifact source was given")
+    data = b"".join([chunk async for chunk in fetch(MANIFEST_NAME, 0)])
+    if sha256_bytes(data) != manifest_sha:
+        raise PackageError("manifest from the coordinator does not match manifest_sha256")
+    with atomic_file(cached / MANIFEST_NAME) as tmp:
+        tmp.write_bytes(data)
+    return cached
+
+
+def _manifest_sha(package_dir: Path) -> str | None:
+    path = package_dir / MANIFEST_NAME
+    return sha256_file(path) if path.is_file() else None
+
+
+async def _ensure_artifact(
+    package_dir: Path, art: Artifact, fetch: Fetcher | None, progress: Progress
+) -> None:
+    dest = package_dir / art.path
+    if dest.is_file() and dest.stat().st_size == art.artifact_bytes:
+        if await asyncio.to_thread(sha256_file, dest) == art.sha256:
+            progress.bytes_done += art.artifact_bytes
+            return
+    if fetch is None:
+        raise PackageError(f"missing file: {art.path} and no artifact source to fetch it from")
+    with atomic_file(dest) as tmp:
+        with tmp.open("wb") as out:
+            async for chunk in fetch(art.path, 0):
+                if out.tell() + len(chunk) > art.artifact_bytes:
+                    raise PackageError(f"{art.path}: the source sent more bytes than the manifest says")
+                out.write(chunk)
+                progress.bytes_done += len(chunk)
+        if tmp.stat().st_size != art.artifact_bytes or sha256_file(tmp) != art.sha256:
+            raise PackageError(f"{art.path}: transferred file failed verification")

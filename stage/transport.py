@@ -1,0 +1,225 @@
+"""The activation data plane: one persistent TCP stream per hop (DESIGN.md §4).
+
+Each frame is a 4-byte little-endian header length, a protobuf FrameHeader, then exactly
+`payload_bytes` of raw tensor data. A connection opens with a Handshake (protocol version
+and mesh token). Every size and shape is checked against Limits before anything is
+allocated, because these bytes come from the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import socket
+import ssl
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from proto import meshpipe_pb2 as pb
+from proto.version import PROTOCOL_VERSION, check_version
+
+_LEN = struct.Struct("<I")
+DTYPE_BYTES = {pb.F32: 4, pb.F16: 2, pb.BF16: 2}
+KNOWN_KINDS = {pb.PREFILL, pb.DECODE, pb.VERIFY, pb.TRIM, pb.END, pb.REPLY, pb.ERROR}
+
+
+class LinkClosed(ConnectionError):
+    pass
+
+
+class TransportRefused(ConnectionError):
+    """The peer refused the handshake (wrong token or protocol version)."""
+
+
+class FrameError(ValueError):
+    """A frame broke the limits or contradicted itself."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_header_bytes: int = 1 << 20
+    max_payload_bytes: int = 512 << 20
+    max_rows: int = 8192
+    max_width: int = 65536
+    max_tokens: int = 8192
+
+
+def validate_header(h: pb.FrameHeader, limits: Limits) -> None:
+    if h.kind not in KNOWN_KINDS:
+        raise FrameError(f"unknown frame kind {h.kind}")
+    if len(h.tokens) > limits.max_tokens:
+        raise FrameError(f"{len(h.tokens)} tokens exceed the limit of {limits.max_tokens}")
+    if h.payload_bytes == 0 and not h.shape:
+        return
+    if len(h.shape) != 2:
+        raise FrameError(f"payload shape must be [rows, width], got {list(h.shape)}")
+    rows, width = h.shape
+    if not 0 < rows <= limits.max_rows or not 0 < width <= limits.max_width:
+        raise FrameError(f"payload shape {list(h.shape)} outside limits")
+    if h.dtype not in DTYPE_BYTES:
+        raise FrameError(f"unknown wire dtype {h.dtype}")
+    expected = rows * width * DTYPE_BYTES[h.dtype]
+    if h.payload_bytes != expected or expected > limits.max_payload_bytes:
+        raise FrameError(f"payload of {h.payload_bytes} bytes does not fit shape {list(h.shape)}")
+
+
+def encode_tensor(arr: np.ndarray, dtype: int) -> tuple[list[int], bytes]:
+    rows, width = arr.shape
+    if dtype == pb.F32:
+        data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
+    elif dtype == pb.F16:
+        data = arr.astype(np.float16).tobytes()
+    elif dtype == pb.BF16:
+        bits = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even
+        data = rounded.astype(np.uint16).tobytes()
+    else:
+        raise FrameError(f"unknown wire dtype {dtype}")
+    return [rows, width], data
+
+
+def decode_tensor(h: pb.FrameHeader, payload: bytes) -> np.ndarray:
+    rows, width = h.shape
+    if h.dtype == pb.F32:
+        return np.frombuffer(payload, dtype=np.float32).reshape(rows, width)
+    if h.dtype == pb.F16:
+        return np.frombuffer(payload, dtype=np.float16).astype(np.float32).reshape(rows, width)
+    bits = np.frombuffer(payload, dtype=np.uint16).astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(rows, width)
+
+
+class Link:
+    """One end of an activation stream. Sends are serialized; one task should receive."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 limits: Limits, delay_ms: float = 0.0) -> None:
+        self.reader, self.writer, self.limits = reader, writer, limits
+        self.delay_ms = delay_ms
+        self.lock = asyncio.Lock()
+        self.delayed: asyncio.Queue[tuple[float, list[bytes]]] | None = None
+        self.delayer: asyncio.Task[None] | None = None
+
+    @property
+    def peer(self) -> str:
+        info = self.writer.get_extra_info("peername")
+        return f"{info[0]}:{info[1]}" if info else "?"
+
+    async def send(self, header: pb.FrameHeader, payload: bytes | memoryview | None = None) -> None:
+        head = header.SerializeToString()
+        parts = [_LEN.pack(len(head)), head, *([payload] if payload else [])]
+        if self.delay_ms > 0:
+            self._send_later(parts)
+            return
+        async with self.lock:
+            if self.writer.is_closing():
+                raise LinkClosed("link is closed")
+            self.writer.writelines(parts)  # type: ignore[arg-type]
+            await self.writer.drain()
+
+    def _send_later(self, parts: list[bytes | memoryview]) -> None:
+        # Emulated one-way latency: frames leave in order, each `delay_ms` after it was sent,
+        # without holding back the frames behind it.
+        loop = asyncio.get_running_loop()
+        if self.delayed is None:
+            self.delayed = asyncio.Queue()
+            self.delayer = loop.create_task(self._drain_delayed())
+        self.delayed.put_nowait((loop.time() + self.delay_ms / 1000, [bytes(p) for p in parts]))
+
+    async def _drain_delayed(self) -> None:
+        assert self.delayed is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            due, parts = await self.delayed.get()
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            self.writer.writelines(parts)
+            await self.writer.drain()
+
+    async def recv(self) -> tuple[pb.FrameHeader, bytes]:
+        try:
+            (size,) = _LEN.unpack(await self.reader.readexactly(4))
+            if size > self.limits.max_header_bytes:
+                raise FrameError(f"frame header of {size} bytes exceeds the limit")
+            header = pb.FrameHeader.FromString(await self.reader.readexactly(size))
+            validate_header(header, self.limits)
+            payload = await self.reader.readexactly(header.payload_bytes) if header.payload_bytes else b""
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            raise LinkClosed(str(exc) or "peer closed the link") from None
+        return header, payload
+
+    def close(self) -> None:
+        if self.delayer:
+            self.delayer.cancel()
+        self.writer.close()
+
+
+async def _read_message(reader: asyncio.StreamReader, kind: type, limit: int = 4096):  # type: ignore[no-untyped-def]
+    (size,) = _LEN.unpack(await reader.readexactly(4))
+    if size > limit:
+        raise FrameError("handshake too large")
+    return kind.FromString(await reader.readexactly(size))
+
+
+def _write_message(writer: asyncio.StreamWriter, message: object) -> None:
+    data = message.SerializeToString()  # type: ignore[attr-defined]
+    writer.writelines([_LEN.pack(len(data)), data])
+
+
+def _nodelay(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.SSLContext | None = None,
+                  role: str = "coordinator", limits: Limits = Limits(), delay_ms: float = 0.0,
+                  timeout: float = 10.0) -> Link:
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=ssl_context), timeout)
+    _nodelay(writer)
+    _write_message(writer, pb.Handshake(protocol_version=PROTOCOL_VERSION, token=token or "", role=role))
+    await writer.drain()
+    try:
+        reply = await asyncio.wait_for(_read_message(reader, pb.HandshakeReply), timeout)
+    except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        writer.close()
+        raise TransportRefused(f"{host}:{port} closed the connection during the handshake") from exc
+    if not reply.ok:
+        writer.close()
+        raise TransportRefused(f"{host}:{port} refused the link: {reply.message}")
+    return Link(reader, writer, limits, delay_ms)
+
+
+async def serve(host: str, port: int, handler: Callable[[Link], Awaitable[None]], *,
+                token: str | None, ssl_context: ssl.SSLContext | None = None,
+                limits: Limits = Limits()) -> asyncio.Server:
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _nodelay(writer)
+        try:
+            hello = await asyncio.wait_for(_read_message(reader, pb.Handshake), 10)
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError, TimeoutError, Exception):
+            writer.close()
+            return
+        problem = check_version(hello.protocol_version) or _token_problem(token, hello.token)
+        _write_message(writer, pb.HandshakeReply(ok=problem is None, message=problem or "",
+                                                 protocol_version=PROTOCOL_VERSION))
+        await writer.drain()
+        if problem:
+            writer.close()
+            return
+        await handler(Link(reader, writer, limits))
+
+    return await asyncio.start_server(on_connect, host, port, ssl=ssl_context)
+
+
+def _token_problem(expected: str | None, sent: str) -> str | None:
+    if expected and not hmac.compare_digest(expected.encode(), sent.encode()):
+        return "wrong or missing mesh token"
+    return None
+
+
+def frame_bytes(rows: int, width: int, dtype: int) -> int:
+    return math.prod((rows, width, DTYPE_BYTES[dtype]))
