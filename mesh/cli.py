@@ -5,16 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mesh import package_cli
+from mesh import package_cli, serve_cli, stage_cli, status_cli
+from mesh.planner import PlanError
+from mesh.route import RouteError
 from packages.errors import PackageError
 
 # Errors a user can fix; they print as one line, never as a traceback.
-USER_ERRORS: tuple[type[Exception], ...] = (PackageError,)
+USER_ERRORS: tuple[type[Exception], ...] = (PackageError, RouteError, PlanError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mesh", description="pipeline-parallel LLM serving mesh")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve_cli.add_parser(sub)
+    stage_cli.add_parser(sub)
+    status_cli.add_parser(sub)
     package_cli.add_parser(sub)
     return parser
 

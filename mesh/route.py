@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import grpc
@@ -68,10 +69,15 @@ class Route:
     term: int = 0
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    def rpc(self, stage: RemoteStage, name: str, request: object) -> object:
+    async def rpc(self, stage: RemoteStage, name: str, request: object) -> Any:
         assert stage.stub is not None
         call = getattr(stage.stub, name)
-        return call(request, timeout=RPC_TIMEOUT, metadata=token_metadata(self.settings.token))
+        try:
+            return await call(request, timeout=RPC_TIMEOUT,
+                              metadata=token_metadata(self.settings.token))
+        except grpc.aio.AioRpcError as exc:
+            raise RouteError(f"stage {stage.endpoint}: {name} failed: "
+                             f"{exc.details() or exc.code().name}") from None
 
 
 def spawn_local_stage(token: str | None, cache_dir: Path, threads: int) -> RemoteStage:
@@ -93,11 +99,7 @@ def spawn_local_stage(token: str | None, cache_dir: Path, threads: int) -> Remot
 async def connect_stage(route: Route, stage: RemoteStage) -> None:
     stage.channel = grpc.aio.insecure_channel(stage.endpoint)
     stage.stub = pb_grpc.StageControlStub(stage.channel)
-    try:
-        stage.status = await route.rpc(stage, "Status", pb.StatusRequest(protocol_version=V))  # type: ignore[misc]
-    except grpc.aio.AioRpcError as exc:
-        raise RouteError(f"stage {stage.endpoint}: {exc.details() or exc.code().name}") from None
-    assert stage.status is not None
+    stage.status = await route.rpc(stage, "Status", pb.StatusRequest(protocol_version=V))
     if stage.status.protocol_version != V:
         raise RouteError(f"stage {stage.endpoint} speaks protocol {stage.status.protocol_version}, "
                          f"this coordinator speaks {V}; upgrade meshpipe so they match")
@@ -109,7 +111,7 @@ async def build(route: Route, own_memory: int, artifact_source: str,
     m = route.manifest
     for stage in route.stages:
         await connect_stage(route, stage)
-    weights = [float(own_memory)] + [float(s.status.mem_available_bytes) for s in route.stages]  # type: ignore[union-attr]
+    weights = [float(own_memory)] + [float(s.status.mem_available_bytes) for s in route.stages]
     ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights)
     route.stage0 = ranges[0]
     route.term = time.time_ns() // 1000
@@ -128,7 +130,7 @@ async def build(route: Route, own_memory: int, artifact_source: str,
 
 
 async def _claim(route: Route, stage: RemoteStage) -> None:
-    reply = await route.rpc(stage, "Claim", pb.ClaimRequest(  # type: ignore[misc]
+    reply = await route.rpc(stage, "Claim", pb.ClaimRequest(
         protocol_version=V, coordinator_id=route.coordinator_id, term=route.term,
         topology_id=route.manifest_sha[:16], run_id=uuid.uuid4().hex[:8],
         lease_until_ms=int(time.time() * 1000) + 24 * 3600 * 1000))
@@ -138,7 +140,7 @@ async def _claim(route: Route, stage: RemoteStage) -> None:
 
 async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> None:
     assert stage.range is not None
-    reply = await route.rpc(stage, "Prepare", pb.PrepareRequest(  # type: ignore[misc]
+    reply = await route.rpc(stage, "Prepare", pb.PrepareRequest(
         protocol_version=V, term=route.term, package_ref=str(route.package_dir),
         manifest_sha256=route.manifest_sha, layer_start=stage.range.start,
         layer_end=stage.range.end, artifact_source=artifact_source))
@@ -152,11 +154,11 @@ async def _await_prepared(route: Route, say: Callable[[str], None]) -> None:
         replies = [await route.rpc(s, "Inventory", pb.InventoryRequest(protocol_version=V))
                    for s in route.stages]
         for stage, inv in zip(route.stages, replies, strict=True):
-            if inv.state == pb.PREPARE_FAILED:  # type: ignore[attr-defined]
-                raise RouteError(f"stage {stage.endpoint}: {inv.message}")  # type: ignore[attr-defined]
-        done = sum(r.bytes_done for r in replies)  # type: ignore[attr-defined]
-        total = sum(r.bytes_total for r in replies)  # type: ignore[attr-defined]
-        if all(r.state == pb.PREPARED for r in replies):  # type: ignore[attr-defined]
+            if inv.state == pb.PREPARE_FAILED:
+                raise RouteError(f"stage {stage.endpoint}: {inv.message}")
+        done = sum(r.bytes_done for r in replies)
+        total = sum(r.bytes_total for r in replies)
+        if all(r.state == pb.PREPARED for r in replies):
             say(f"prepared: {done / 1e6:.1f} MB on {len(replies)} stage(s)")
             return
         if time.monotonic() - last_report > 2:
@@ -168,7 +170,7 @@ async def _await_prepared(route: Route, say: Callable[[str], None]) -> None:
 async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -> None:
     s = route.settings
     assert stage.range is not None
-    reply = await route.rpc(stage, "Load", pb.LoadRequest(  # type: ignore[misc]
+    reply = await route.rpc(stage, "Load", pb.LoadRequest(
         protocol_version=V, term=route.term, layer_start=stage.range.start,
         layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,

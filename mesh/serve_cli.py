@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -49,11 +50,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every file
     if args.local_stages < 1:
         raise SystemExit("mesh: error: --local-stages must be at least 1")
     cache = args.cache_dir or cache_dir()
     package_dir, manifest, sha, model_id = resolve_model(args.model, cache, say=_say)
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
+    if token is None and not args.peer and args.local_stages > 1:
+        token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
     settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,
                              ctx_size=args.ctx_size, batch=args.batch, threads=args.threads,
                              wire_dtype=WIRE_DTYPES[args.wire_dtype])
@@ -70,12 +74,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(coordinator: Coordinator, host: str, port: int) -> None:
-    await coordinator.start()
-    app = build_app(coordinator, Metrics())
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    _say(f"serving {coordinator.model_id} on http://{host}:{port}/v1")
     try:
+        await coordinator.start()
+        app = build_app(coordinator, Metrics())
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        server = uvicorn.Server(config)
+        _say(f"serving {coordinator.model_id} on http://{host}:{port}/v1")
         await server.serve()
     finally:
         await coordinator.stop()

@@ -31,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every file
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
     host = args.listen.rpartition(":")[0].strip("[]")
     server_tls, client_tls = tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)

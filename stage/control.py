@@ -129,7 +129,7 @@ class StageControl(pb_grpc.StageControlServicer):
     async def Inventory(self, request: pb.InventoryRequest, context: object) -> pb.InventoryReply:
         problem = check_version(request.protocol_version)
         if problem:
-            return pb.InventoryReply(state=pb.FAILED_PREPARE, message=problem)
+            return pb.InventoryReply(state=pb.PREPARE_FAILED, message=problem)
         task = self.prepare_task
         if task is None:
             state = pb.IDLE
@@ -138,9 +138,9 @@ class StageControl(pb_grpc.StageControlServicer):
         elif self.prepared is not None:
             state = pb.PREPARED
         else:
-            state = pb.FAILED_PREPARE
+            state = pb.PREPARE_FAILED
         sha = self.prepared.manifest_sha if self.prepared else ""
-        return pb.InventoryReply(state=state, message=self.message if state == pb.FAILED_PREPARE else "",
+        return pb.InventoryReply(state=state, message=self.message if state == pb.PREPARE_FAILED else "",
                                  bytes_done=self.progress.bytes_done,
                                  bytes_total=self.progress.bytes_total,
                                  layer_start=self.range[0], layer_end=self.range[1],
@@ -230,9 +230,10 @@ class StageControl(pb_grpc.StageControlServicer):
         )
 
 
-def split_endpoint(endpoint: str) -> tuple[str, int]:
+def split_endpoint(endpoint: str, listening: bool = False) -> tuple[str, int]:
+    """HOST:PORT -> (host, port); port 0 (pick a free one) only for listeners."""
     host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not (0 if listening else 1) <= int(port) < 65536:
         raise ValueError(f"bad endpoint {endpoint!r}: expected HOST:PORT")
     return host.strip("[]"), int(port)
 

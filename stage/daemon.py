@@ -18,7 +18,7 @@ log = logging.getLogger("meshpipe.stage")
 
 async def run_stage(listen: str, options: StageOptions,
                     grpc_credentials: grpc.ServerCredentials | None = None) -> None:
-    host, port = split_endpoint(listen)
+    host, port = split_endpoint(listen, listening=True)
     interceptors = [TokenInterceptor(options.token)] if options.token else []
     server = grpc.aio.server(interceptors=interceptors)
     control = StageControl(options)

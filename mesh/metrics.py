@@ -1,0 +1,33 @@
+"""Prometheus metrics for the coordinator, on a registry of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("meshpipe_requests", "HTTP requests", ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("meshpipe_prompt_tokens", "prompt tokens processed", registry=r)
+        self.generated = Counter("meshpipe_generated_tokens", "tokens generated", registry=r)
+        self.in_flight = Gauge("meshpipe_requests_in_flight", "requests being served", registry=r)
+        self.latency = Histogram("meshpipe_request_seconds", "request latency", registry=r)
+        self.ttft = Histogram("meshpipe_time_to_first_token_seconds", "time to first token",
+                              registry=r)
+        self.spec_windows = Counter("meshpipe_speculative_windows", "verify windows", registry=r)
+        self.spec_proposed = Counter("meshpipe_speculative_proposed_tokens", "draft tokens proposed",
+                                     registry=r)
+        self.spec_accepted = Counter("meshpipe_speculative_accepted_tokens", "draft tokens accepted",
+                                     registry=r)
+
+    def record_speculative(self, spec: dict[str, Any] | None) -> None:
+        if spec:
+            self.spec_windows.inc(spec.get("windows", 0))
+            self.spec_proposed.inc(spec.get("proposed", 0))
+            self.spec_accepted.inc(spec.get("accepted", 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

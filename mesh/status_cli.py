@@ -1,0 +1,38 @@
+"""`mesh status`: the topology a running coordinator serves, as a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.request
+
+from packages.describe import human_bytes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show the stages, ranges, state and memory of a mesh")
+    p.add_argument("--url", default="http://127.0.0.1:9337", help="the coordinator's HTTP address")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        with urllib.request.urlopen(f"{args.url}/health", timeout=10) as resp:
+            state = json.load(resp)
+    except urllib.error.HTTPError as exc:  # 503 still carries the topology
+        state = json.load(exc)
+    except (urllib.error.URLError, OSError) as exc:
+        raise OSError(f"cannot reach the coordinator at {args.url}: {exc}") from None
+    print(f"model: {state.get('model')}   route: {'ok' if state.get('ok') else 'BROKEN'}")
+    for key, label in (("error", "error"), ("speculative", "speculative")):
+        if state.get(key):
+            print(f"{label}: {state[key]}")
+    rows = [("stage", "endpoint", "layers", "state", "rss", "mem free")]
+    for s in state.get("stages", []):
+        rows.append((str(s["stage"]), s["endpoint"], f"[{s['start']},{s['end']})", s["state"],
+                     human_bytes(s["rss_bytes"] or 0), human_bytes(s["mem_available_bytes"] or 0)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    return 0
