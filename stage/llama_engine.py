@@ -65,8 +65,9 @@ class LlamaRangeEngine:
         p.n_ctx = cfg.ctx_per_lane * cfg.lanes
         p.n_batch = p.n_ubatch = cfg.batch
         p.n_seq_max = cfg.lanes
-        # One shared cell pool keeps a multi-session batch in one ubatch, in order.
-        p.kv_unified = True
+        # A KV stream per lane: a session's attention then reads the same contiguous cells
+        # whatever else is batched with it, so batched output equals solo output bit for bit.
+        p.kv_unified = False
         # Match llama-cpp-python's Llama defaults so outputs are comparable token for token.
         p.flash_attn_type = 0
         p.n_threads = p.n_threads_batch = cfg.threads
@@ -177,17 +178,25 @@ class _Segment:
 
 
 def _pack(steps: list[Step], capacity: int) -> list[list[_Segment]]:
-    """Split steps into decode calls of at most `capacity` rows, keeping row order."""
-    calls: list[list[_Segment]] = [[]]
-    room = capacity
-    for index, s in enumerate(steps):
-        offset = 0
-        while offset < s.n:
-            if room == 0:
-                calls.append([])
-                room = capacity
-            count = min(room, s.n - offset)
-            calls[-1].append(_Segment(index, offset, count))
-            offset += count
-            room -= count
+    """Plan decode calls of at most `capacity` rows.
+
+    Each call holds steps of one row count only: with a KV stream per lane, llama.cpp splits
+    a batch into equal-length ubatches, and equal-length steps keep it to one ubatch. Longer
+    steps are chunked.
+    """
+    calls: list[list[_Segment]] = []
+    by_rows: dict[int, list[int]] = {}
+    # Sorted by lane too: the ubatch lists sequences in seq_id order, and the tap's rows
+    # must line up with the batch's.
+    for index in sorted(range(len(steps)), key=lambda i: steps[i].lane):
+        by_rows.setdefault(steps[index].n, []).append(index)
+    for rows, indices in by_rows.items():
+        if rows > capacity:
+            for index in indices:
+                calls += [[_Segment(index, off, min(capacity, rows - off))]
+                          for off in range(0, rows, capacity)]
+            continue
+        per_call = capacity // rows
+        for i in range(0, len(indices), per_call):
+            calls.append([_Segment(index, 0, rows) for index in indices[i : i + per_call]])
     return calls

@@ -85,3 +85,18 @@ def test_engine_rejects_bad_requests(engines):
         last.step([Step(lane=3, start=0, hidden=np.zeros((1, 7), dtype=np.float32))])
     with pytest.raises(EngineError, match="vocabulary"):
         first.step([Step(lane=3, start=0, tokens=np.array([10**7], dtype=np.int32))])
+
+
+def test_batch_in_any_lane_order_matches_solo(engines, smollm2_gguf):
+    prompts = [chat_prompt(smollm2_gguf, p) for p in PROMPTS]
+    lanes = [3, 0, 2]  # deliberately not sorted
+    solo = []
+    for lane, p in zip(lanes, prompts, strict=True):
+        _reset(engines, [lane])
+        solo.append(forward(engines, [(lane, 0, p)])[0][-1])
+        _reset(engines, [lane])
+    for lane, p in zip(lanes, prompts, strict=True):
+        forward(engines, [(lane, 0, p[:-1])])
+    batched = forward(engines, [(lane, len(p) - 1, p[-1:]) for lane, p in zip(lanes, prompts, strict=True)])
+    for want, got in zip(solo, batched, strict=True):
+        assert np.array_equal(want, got[-1])

@@ -1,0 +1,112 @@
+"""`mesh serve --local-stages N` over loopback, driven by the real openai client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import openai
+import pytest
+from chain import reference_greedy
+from mesh_server import mesh_serve
+
+from mesh.model_source import EMBEDDED_ID
+from mesh.tokenizer import Tokenizer
+
+PROMPTS = ["Write a haiku about the sea.", "List three kinds of fruit.",
+           "Explain what a CPU does in one sentence.", "Tell me a joke about cats."]
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="session")
+def serve_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve-cache")
+
+
+@pytest.fixture(scope="session")
+def expected_texts(smollm2_gguf):
+    tok = Tokenizer(smollm2_gguf, EMBEDDED_ID)
+    texts = {}
+    for p in PROMPTS:
+        prompt = tok.tokenize(tok.render_chat([{"role": "user", "content": p}]))
+        out = []
+        for t in reference_greedy(smollm2_gguf, prompt, MAX_TOKENS):
+            if t in tok.eos_tokens():
+                break
+            out.append(t)
+        texts[p] = tok.detokenize(out).decode(errors="replace")
+    return texts
+
+
+def _chat(client: openai.OpenAI, prompt: str, stream: bool = False) -> str:
+    messages = [{"role": "user", "content": prompt}]
+    if not stream:
+        r = client.chat.completions.create(model=EMBEDDED_ID, messages=messages,
+                                           temperature=0, max_tokens=MAX_TOKENS)
+        assert r.usage is not None and r.usage.completion_tokens > 0
+        return r.choices[0].message.content or ""
+    chunks = client.chat.completions.create(model=EMBEDDED_ID, messages=messages, temperature=0,
+                                            max_tokens=MAX_TOKENS, stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_split_serving_matches_unsplit_model(serve_cache, expected_texts, stages):
+    with mesh_serve(serve_cache, "--local-stages", str(stages)) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        health = httpx.get(f"{url}/health").json()
+        assert len(health["stages"]) == stages
+        for prompt in PROMPTS[:2]:
+            assert _chat(client, prompt) == expected_texts[prompt]
+            assert _chat(client, prompt, stream=True) == expected_texts[prompt]
+
+
+@pytest.fixture(scope="module")
+def two_stage(serve_cache):
+    with mesh_serve(serve_cache, "--local-stages", "2", "--lanes", "8", "--ctx-size", "512") as s:
+        yield s
+
+
+def test_eight_concurrent_streams_match_solo_runs(two_stage, expected_texts):
+    url, _ = two_stage
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda p: _chat(client, p, stream=True), prompts))
+    assert outs == [expected_texts[p] for p in prompts]
+
+
+def test_bad_requests_get_openai_errors_and_server_survives(two_stage, expected_texts):
+    url, _ = two_stage
+    chat = f"{url}/v1/chat/completions"
+    bad_json = httpx.post(chat, content=b"{not json", headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["type"] == "invalid_request_error"
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError, match="model_not_found|does not exist"):
+        client.chat.completions.create(model="no-such-model", messages=msgs)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model=EMBEDDED_ID, messages=msgs, max_tokens=-5)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(model=EMBEDDED_ID, max_tokens=8,
+                                       messages=[{"role": "user", "content": "word " * 600}])
+    missing = httpx.post(chat, json={"model": EMBEDDED_ID})
+    assert missing.status_code == 400 and "messages" in missing.text
+    assert _chat(client, PROMPTS[0]) == expected_texts[PROMPTS[0]]
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'meshpipe_requests_total{endpoint="chat",status="400"}' in metrics
+
+
+def test_completions_endpoint_and_stop_strings(two_stage):
+    url, _ = two_stage
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    r = client.completions.create(model=EMBEDDED_ID, prompt="One, two, three,", max_tokens=12,
+                                  temperature=0)
+    assert r.choices[0].text and r.usage.completion_tokens > 0
+    models = client.models.list()
+    assert [m.id for m in models.data] == [EMBEDDED_ID]
+    full = r.choices[0].text
+    word = full.strip().split()[0]
+    cut = client.completions.create(model=EMBEDDED_ID, prompt="One, two, three,", max_tokens=12,
+                                    temperature=0, stop=[word])
+    assert cut.choices[0].finish_reason == "stop" and word not in cut.choices[0].text
