@@ -24,7 +24,7 @@ class RequestRejected(Exception):
 class GenerationRequest:
     prompt: list[int]
     max_tokens: int
-    sampling: SamplingParams = SamplingParams()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
 

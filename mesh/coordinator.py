@@ -22,7 +22,15 @@ import psutil
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import GenerationRequest, GenerationStats, MeshUnavailable, RequestRejected
 from mesh.pipeline import Pipeline, StageFailed
-from mesh.route import RemoteStage, Route, RouteError, RouteSettings, build, spawn_local_stage, teardown
+from mesh.route import (
+    RemoteStage,
+    Route,
+    RouteError,
+    RouteSettings,
+    build,
+    spawn_local_stage,
+    teardown,
+)
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage

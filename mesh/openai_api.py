@@ -15,7 +15,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mesh.backend import Backend, GenerationRequest, GenerationStats, MeshUnavailable, RequestRejected
+from mesh.backend import (
+    Backend,
+    GenerationRequest,
+    GenerationStats,
+    MeshUnavailable,
+    RequestRejected,
+)
 from mesh.metrics import Metrics
 from mesh.tokenizer import TextStream
 from stage.sampling import SamplingParams
@@ -176,7 +182,7 @@ class _Run:
         self.metrics.in_flight.inc()
         self.tokens = self.backend.generate(self.req, self.stats)
         try:
-            self.first = await anext(self.tokens, None)  # type: ignore[arg-type]
+            self.first = await anext(self.tokens, None)
         except BaseException as exc:
             await self._finish(None)
             raise _as_api_error(exc) from None

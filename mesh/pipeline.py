@@ -86,8 +86,9 @@ class Pipeline:
         shape, data = encode_tensor(hidden, self.wire_dtype)
         window = next(self.windows)
         header = pb.FrameHeader(
-            session_id=session, window_id=window, kind=kind if last else pb.PREFILL,
-            start_pos=pos, dtype=self.wire_dtype, shape=shape, payload_bytes=len(data),
+            session_id=session, window_id=window, kind=kind if last else pb.PREFILL,  # type: ignore[arg-type]
+            start_pos=pos, dtype=self.wire_dtype,  # type: ignore[arg-type]
+            shape=shape, payload_bytes=len(data),
             want_reply=last, all_logits=all_logits and last,
             sampling=pb.Sampling(temperature=sampling.temperature, top_p=sampling.top_p,
                                  top_k=sampling.top_k, seed=sampling.seed),

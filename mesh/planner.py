@@ -6,6 +6,7 @@ cuts. A plan is computed once and frozen for the topology's lifetime.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -45,4 +46,4 @@ def plan_ranges(layer_count: int, allowed_cuts: list[int], weights: list[float])
         window = cuts[lo:hi]
         chosen.append(min(window, key=lambda c: (abs(c - ideal), c)))
     bounds = [0, *chosen, layer_count]
-    return [StageRange(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [StageRange(a, b) for a, b in itertools.pairwise(bounds)]

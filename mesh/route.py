@@ -16,8 +16,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -111,7 +111,8 @@ async def build(route: Route, own_memory: int, artifact_source: str,
     m = route.manifest
     for stage in route.stages:
         await connect_stage(route, stage)
-    weights = [float(own_memory)] + [float(s.status.mem_available_bytes) for s in route.stages]
+    weights = [float(own_memory)] + [float(s.status.mem_available_bytes) if s.status else 1.0
+                                     for s in route.stages]
     ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights)
     route.stage0 = ranges[0]
     route.term = time.time_ns() // 1000
@@ -172,7 +173,7 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
     assert stage.range is not None
     reply = await route.rpc(stage, "Load", pb.LoadRequest(
         protocol_version=V, term=route.term, layer_start=stage.range.start,
-        layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
+        layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,  # type: ignore[arg-type]
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
         downstream=downstream, stage_index=index))
     if not reply.ready:

@@ -108,7 +108,8 @@ class _Fields:
     def __init__(self, doc: Any, where: str) -> None:
         if not isinstance(doc, dict):
             raise PackageError(f"{MANIFEST_NAME}: {where or 'document'} must be an object")
-        self.doc, self.where, self.seen = doc, where, set()
+        self.doc, self.where = doc, where
+        self.seen: set[str] = set()
 
     def get(self, key: str, kind: type, optional: bool = False) -> Any:
         self.seen.add(key)
@@ -122,7 +123,7 @@ class _Fields:
             return None
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise PackageError(f"{MANIFEST_NAME}: field '{name}' must be {kind.__name__}")
-        if kind is int and value < 0:
+        if isinstance(value, int) and value < 0:
             raise PackageError(f"{MANIFEST_NAME}: field '{name}' must not be negative")
         return value
 

@@ -27,9 +27,8 @@ def materialize_stage(
     check_range(start, end, manifest.layer_count, manifest.allowed_cuts)
     dest = stage_path(cache_dir, manifest_sha, start, end)
     digest_file = dest.with_suffix(".sha256")
-    if dest.is_file() and digest_file.is_file():
-        if sha256_file(dest) == digest_file.read_text().strip():
-            return dest
+    if dest.is_file() and digest_file.is_file() and sha256_file(dest) == digest_file.read_text().strip():
+        return dest
     needed = [*manifest.shared.values(), *manifest.layers[start:end]]
     for art in needed:
         verify_file(package_dir / art.path, art.artifact_bytes, art.sha256, art.path)

@@ -150,7 +150,7 @@ class ActivationStage:
         shape, data = encode_tensor(result, self.wire_dtype)
         del out.shape[:]
         out.shape.extend(shape)
-        out.dtype = self.wire_dtype
+        out.dtype = self.wire_dtype  # type: ignore[assignment]
         out.payload_bytes = len(data)
         await self.downstream.send(out, data)
 

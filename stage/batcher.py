@@ -8,6 +8,7 @@ engine.step in a thread so the event loop keeps moving frames, and resolves the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,7 +112,10 @@ class Batcher:
             if len(steps) == 1:
                 return [exc]
         # One bad step must not fail its neighbours: retry each alone.
-        return [self._guard(lambda s=s: self.engine.step([s])[0]) for s in steps]
+        return [self._guard(functools.partial(self._one, s)) for s in steps]
+
+    def _one(self, step: Step) -> np.ndarray:
+        return self.engine.step([step])[0]
 
     @staticmethod
     def _guard(action: Callable[[], object]) -> np.ndarray | BaseException:

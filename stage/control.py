@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
 from stage.grpc_auth import token_metadata
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
-from stage.prepare import PreparedStage, Progress, prepare_stage
+from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
 from stage.transport import Limits, connect, serve
 
 log = logging.getLogger("meshpipe.stage")
@@ -39,8 +40,8 @@ class StageOptions:
     cache_dir: Path
     token: str | None
     threads: int
-    server_tls: object | None = None  # ssl.SSLContext for the activation listener
-    client_tls: object | None = None  # ssl.SSLContext for links to downstream stages
+    server_tls: ssl.SSLContext | None = None  # for the activation listener
+    client_tls: ssl.SSLContext | None = None  # for links to downstream stages
 
 
 class StageControl(pb_grpc.StageControlServicer):
@@ -185,12 +186,12 @@ class StageControl(pb_grpc.StageControlServicer):
         if r.downstream:
             host, port = split_endpoint(r.downstream)
             downstream = await connect(host, port, token=self.opt.token, role="stage",
-                                       ssl_context=self.opt.client_tls)  # type: ignore[arg-type]
+                                       ssl_context=self.opt.client_tls)
         limits = Limits(max_width=self.engine.width, max_rows=max(cfg.batch, 4096))
         self.active = ActivationStage(self.engine, r.stage_index, r.wire_dtype, downstream)
         self.active.start()
         self.listener = await serve(self.opt.host, 0, self.active.handle_upstream,
-                                    token=self.opt.token, ssl_context=self.opt.server_tls,  # type: ignore[arg-type]
+                                    token=self.opt.token, ssl_context=self.opt.server_tls,
                                     limits=limits)
         port = self.listener.sockets[0].getsockname()[1]
         return f"{self.opt.advertise}:{port}"
@@ -238,7 +239,7 @@ def split_endpoint(endpoint: str, listening: bool = False) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _fetcher(source: str, manifest_sha: str, token: str | None):  # type: ignore[no-untyped-def]
+def _fetcher(source: str, manifest_sha: str, token: str | None) -> Fetcher | None:
     """Pull files from the coordinator's ArtifactTransfer service, or None without a source."""
     if not source:
         return None

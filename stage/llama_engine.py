@@ -167,7 +167,7 @@ class LlamaRangeEngine:
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             L.llama_model_free(self.model)
-            self.ctx = None
+            self.ctx = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

@@ -84,10 +84,10 @@ async def _ensure_artifact(
     package_dir: Path, art: Artifact, fetch: Fetcher | None, progress: Progress
 ) -> None:
     dest = package_dir / art.path
-    if dest.is_file() and dest.stat().st_size == art.artifact_bytes:
-        if await asyncio.to_thread(sha256_file, dest) == art.sha256:
-            progress.bytes_done += art.artifact_bytes
-            return
+    size_ok = dest.is_file() and dest.stat().st_size == art.artifact_bytes
+    if size_ok and await asyncio.to_thread(sha256_file, dest) == art.sha256:
+        progress.bytes_done += art.artifact_bytes
+        return
     if fetch is None:
         raise PackageError(f"missing file: {art.path} and no artifact source to fetch it from")
     with atomic_file(dest) as tmp:

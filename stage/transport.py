@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 import socket
 import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION, check_version
 
 _LEN = struct.Struct("<I")
-DTYPE_BYTES = {pb.F32: 4, pb.F16: 2, pb.BF16: 2}
+DTYPE_BYTES: dict[int, int] = {pb.F32: 4, pb.F16: 2, pb.BF16: 2}
 KNOWN_KINDS = {pb.PREFILL, pb.DECODE, pb.VERIFY, pb.TRIM, pb.END, pb.REPLY, pb.ERROR}
 
 
@@ -117,7 +117,7 @@ class Link:
         async with self.lock:
             if self.writer.is_closing():
                 raise LinkClosed("link is closed")
-            self.writer.writelines(parts)  # type: ignore[arg-type]
+            self.writer.writelines(parts)
             await self.writer.drain()
 
     def _send_later(self, parts: list[bytes | memoryview]) -> None:
@@ -156,7 +156,7 @@ class Link:
         self.writer.close()
 
 
-async def _read_message(reader: asyncio.StreamReader, kind: type, limit: int = 4096):  # type: ignore[no-untyped-def]
+async def _read_message(reader: asyncio.StreamReader, kind: Any, limit: int = 4096) -> Any:
     (size,) = _LEN.unpack(await reader.readexactly(4))
     if size > limit:
         raise FrameError("handshake too large")
@@ -222,4 +222,4 @@ def _token_problem(expected: str | None, sent: str) -> str | None:
 
 
 def frame_bytes(rows: int, width: int, dtype: int) -> int:
-    return math.prod((rows, width, DTYPE_BYTES[dtype]))
+    return rows * width * DTYPE_BYTES[dtype]

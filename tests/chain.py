@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import llama_cpp
@@ -18,7 +19,7 @@ def build_chain(package: Path, cuts: list[int], cache: Path, lanes: int = 4,
     manifest, sha = load_manifest(package)
     bounds = [0, *cuts, manifest.layer_count]
     engines = []
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         gguf = materialize_stage(package, manifest, sha, a, b, cache)
         cfg = EngineConfig(first=a == 0, final=b == manifest.layer_count, lanes=lanes,
                            ctx_per_lane=ctx)

@@ -7,10 +7,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from models import gemma3_path, smollm2_path, write_tiny_llama  # noqa: E402
+from models import gemma3_path, smollm2_path, write_tiny_llama
 
-from packages.manifest import Manifest, load_manifest  # noqa: E402
-from packages.writer import write_package  # noqa: E402
+from packages.manifest import Manifest, load_manifest
+from packages.writer import write_package
 
 
 def _quiet(_: str) -> None:

@@ -83,7 +83,7 @@ def test_bad_requests_get_openai_errors_and_server_survives(two_stage, expected_
     assert bad_json.status_code == 400 and bad_json.json()["error"]["type"] == "invalid_request_error"
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     msgs = [{"role": "user", "content": "hi"}]
-    with pytest.raises(openai.NotFoundError, match="model_not_found|does not exist"):
+    with pytest.raises(openai.NotFoundError, match=r"model_not_found|does not exist"):
         client.chat.completions.create(model="no-such-model", messages=msgs)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.chat.completions.create(model=EMBEDDED_ID, messages=msgs, max_tokens=-5)

@@ -80,7 +80,7 @@ def test_tampered_layer_is_detected(tiny_package, tmp_path):
     data = bytearray(layer.read_bytes())
     data[-1] ^= 0xFF
     layer.write_bytes(bytes(data))
-    with pytest.raises(PackageError, match="sha256 mismatch in layers/layer-00002.gguf"):
+    with pytest.raises(PackageError, match=r"sha256 mismatch in layers/layer-00002\.gguf"):
         validate_package(pkg)
     manifest, sha = load_manifest(pkg)
     with pytest.raises(PackageError, match="layer-00002"):
@@ -96,7 +96,7 @@ def test_manifest_problems_name_the_field(tiny_package, tmp_path):
         "missing field 'layer_count'": lambda d: d.pop("layer_count"),
         "lists 3 layers but layer_count is 4": lambda d: d["layers"].pop(),
         "escapes the package": lambda d: d["layers"][0].update(path="../../etc/passwd"),
-        "unsafe for llama|allowed_cuts": lambda d: d.update(allowed_cuts=[0]),
+        r"unsafe for llama|allowed_cuts": lambda d: d.update(allowed_cuts=[0]),
     }
     for message, mutate in cases.items():
         bad = json.loads(json.dumps(doc))

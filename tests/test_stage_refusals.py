@@ -1,0 +1,87 @@
+"""A stage daemon refuses a wrong token, a wrong protocol version, and a stale term."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from proto import meshpipe_pb2 as pb
+from proto import meshpipe_pb2_grpc as pb_grpc
+from proto.version import PROTOCOL_VERSION as V
+from stage.grpc_auth import token_metadata
+from stage.transport import TransportRefused, connect, serve
+
+TOKEN = "s3cret-mesh-token"
+
+
+@pytest.fixture(scope="module")
+def stage_endpoint(tmp_path_factory):
+    env = {**os.environ, "MESHPIPE_TOKEN": TOKEN}
+    proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "stage", "--listen", "127.0.0.1:0",
+                             "--cache-dir", str(tmp_path_factory.mktemp("stage"))],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().split()
+    yield line[1]
+    proc.terminate()
+    proc.wait(10)
+
+
+def _call(endpoint: str, method: str, request: object, token: str | None = TOKEN) -> object:
+    async def go() -> object:
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            stub = pb_grpc.StageControlStub(channel)
+            return await getattr(stub, method)(request, metadata=token_metadata(token), timeout=10)
+
+    return asyncio.run(go())
+
+
+def test_wrong_or_missing_token_is_refused(stage_endpoint):
+    for token in ("wrong", None):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            _call(stage_endpoint, "Status", pb.StatusRequest(protocol_version=V), token=token)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    status = _call(stage_endpoint, "Status", pb.StatusRequest(protocol_version=V))
+    assert status.protocol_version == V  # type: ignore[attr-defined]
+
+
+def test_protocol_version_mismatch_is_refused(stage_endpoint):
+    reply = _call(stage_endpoint, "Claim", pb.ClaimRequest(protocol_version=V + 1, term=1))
+    assert not reply.ok and "protocol version" in reply.message  # type: ignore[attr-defined]
+
+
+def test_stale_term_is_refused(stage_endpoint):
+    assert _call(stage_endpoint, "Claim", pb.ClaimRequest(
+        protocol_version=V, term=100, coordinator_id="new", lease_until_ms=2**62)).ok  # type: ignore[attr-defined]
+    old = _call(stage_endpoint, "Claim", pb.ClaimRequest(
+        protocol_version=V, term=50, coordinator_id="old", lease_until_ms=2**62))
+    assert not old.ok and "stale" in old.message  # type: ignore[attr-defined]
+    stop = _call(stage_endpoint, "Stop", pb.StopRequest(protocol_version=V, term=50))
+    assert not stop.ok and "stale coordinator term" in stop.message  # type: ignore[attr-defined]
+    load = _call(stage_endpoint, "Load", pb.LoadRequest(protocol_version=V, term=50))
+    assert not load.ready and "stale" in load.message  # type: ignore[attr-defined]
+
+
+def test_activation_link_checks_token_and_version():
+    async def go() -> None:
+        async def echo(link):  # type: ignore[no-untyped-def]
+            header, payload = await link.recv()
+            await link.send(header, payload)
+
+        server = await serve("127.0.0.1", 0, echo, token=TOKEN)
+        port = server.sockets[0].getsockname()[1]
+        with pytest.raises(TransportRefused, match="token"):
+            await connect("127.0.0.1", port, token="nope")
+        link = await connect("127.0.0.1", port, token=TOKEN)
+        await link.send(pb.FrameHeader(session_id=7, kind=pb.END))
+        header, _ = await link.recv()
+        assert header.session_id == 7
+        link.close()
+        server.close()
+
+    asyncio.run(go())
