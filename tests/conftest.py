@@ -22,11 +22,15 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
 
 
+def _package(factory: pytest.TempPathFactory, gguf: Path, model_id: str) -> Path:
+    out = factory.mktemp(f"{model_id}-pkg") / "pkg"
+    write_package(gguf, out, model_id=model_id, progress=_quiet)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_package(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Path:
-    out = tmp_path_factory.mktemp("tinypkg") / "pkg"
-    write_package(tiny_gguf, out, model_id="tiny", progress=_quiet)
-    return out
+    return _package(tmp_path_factory, tiny_gguf, "tiny")
 
 
 @pytest.fixture(scope="session")
@@ -36,9 +40,7 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_package(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path) -> Path:
-    out = tmp_path_factory.mktemp("smolpkg") / "pkg"
-    write_package(smollm2_gguf, out, model_id="smollm2", progress=_quiet)
-    return out
+    return _package(tmp_path_factory, smollm2_gguf, "smollm2")
 
 
 @pytest.fixture(scope="session")
@@ -48,9 +50,7 @@ def gemma3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma3_package(tmp_path_factory: pytest.TempPathFactory, gemma3_gguf: Path) -> Path:
-    out = tmp_path_factory.mktemp("gemmapkg") / "pkg"
-    write_package(gemma3_gguf, out, model_id="gemma3", progress=_quiet)
-    return out
+    return _package(tmp_path_factory, gemma3_gguf, "gemma3")
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,12 @@ def smol_reference(smollm2_gguf):
 
 @pytest.mark.parametrize("cuts", [[15], [3], [29], [7, 20], [1, 28], [10, 11]])
 def test_smollm2_split_matches_unsplit(smollm2_package, stage_cache, smol_reference, cuts):
-    prompt, expected = smol_reference
-    engines = build_chain(smollm2_package, cuts, stage_cache)
+    _assert_split_matches(smollm2_package, stage_cache, smol_reference, cuts)
+
+
+def _assert_split_matches(package, cache, reference, cuts):
+    prompt, expected = reference
+    engines = build_chain(package, cuts, cache)
     try:
         assert greedy(engines, prompt, N_TOKENS) == expected
     finally:
@@ -36,12 +40,7 @@ def gemma_reference(gemma3_gguf):
 
 @pytest.mark.parametrize("cuts", [[6], [12], [6, 12]])
 def test_gemma3_split_matches_unsplit(gemma3_package, stage_cache, gemma_reference, cuts):
-    prompt, expected = gemma_reference
-    engines = build_chain(gemma3_package, cuts, stage_cache)
-    try:
-        assert greedy(engines, prompt, N_TOKENS) == expected
-    finally:
-        close(engines)
+    _assert_split_matches(gemma3_package, stage_cache, gemma_reference, cuts)
 
 
 @pytest.mark.parametrize("start,end", [(0, 9), (9, 18), (3, 6)])
