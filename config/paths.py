@@ -14,7 +14,3 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(xdg) / "meshpipe"
 
-
-def config_file() -> Path:
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    return Path(xdg) / "meshpipe" / "config.toml"

@@ -119,7 +119,7 @@ class Pipeline:
         lane = self.lanes.release(session)
         if lane is not None:
             with contextlib.suppress(Exception):
-                await self.batcher.control(lambda: self.engine.trim(lane, 0))
+                await self.batcher.trim(lane, 0)
         if self.link is not None and not self.broken:
             with contextlib.suppress(LinkClosed, ConnectionError):
                 await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END))

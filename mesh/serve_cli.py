@@ -19,6 +19,7 @@ from mesh.model_source import resolve_model
 from mesh.openai_api import build_app
 from mesh.route import RouteSettings
 from proto import meshpipe_pb2 as pb
+from stage.control import own_address
 
 WIRE_DTYPES = {"f32": pb.F32, "f16": pb.F16, "bf16": pb.BF16}
 
@@ -65,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages,
         artifact_listen=args.artifact_listen or ("0.0.0.0:0" if remote else "127.0.0.1:0"),
-        advertise=args.advertise or (_own_address() if remote else "127.0.0.1"),
+        advertise=args.advertise or (own_address() if remote else "127.0.0.1"),
     )
     coordinator = Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say)
     host, _, port = args.listen.rpartition(":")
@@ -87,12 +88,3 @@ async def _serve(coordinator: Coordinator, host: str, port: int) -> None:
 
 def _say(message: str) -> None:
     print(f"mesh: {message}", file=sys.stderr, flush=True)
-
-
-def _own_address() -> str:
-    import socket
-
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"

@@ -6,11 +6,10 @@ import argparse
 import asyncio
 import logging
 import os
-import socket
 from pathlib import Path
 
 from config.paths import cache_dir
-from stage.control import StageOptions
+from stage.control import StageOptions, own_address
 from stage.daemon import run_stage, server_credentials, tls_contexts
 
 
@@ -35,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
     host = args.listen.rpartition(":")[0].strip("[]")
     server_tls, client_tls = tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)
-    advertise = args.advertise or (host if host not in ("0.0.0.0", "::", "") else _hostname_ip())
+    advertise = args.advertise or (host if host not in ("0.0.0.0", "::", "") else own_address())
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
                            threads=args.threads, server_tls=server_tls, client_tls=client_tls)
@@ -45,11 +44,3 @@ def _run(args: argparse.Namespace) -> int:
                         args.listen)
     asyncio.run(run_stage(args.listen, options, creds))
     return 0
-
-
-def _hostname_ip() -> str:
-    # Bound to all interfaces: activation endpoints must still name a reachable address.
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"

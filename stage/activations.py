@@ -93,11 +93,11 @@ class ActivationStage:
                 return _Admitted(header, self._submit(header, payload), admitted_at=now)
             if header.kind == pb.END:
                 lane = self.lanes.release(header.session_id)
-                future = None if lane is None else self._control_trim(lane, 0)
+                future = None if lane is None else self.batcher.trim(lane, 0)
                 return _Admitted(header, future, admitted_at=now)
             if header.kind == pb.TRIM:
                 lane = self.lanes.lane_for(header.session_id)
-                return _Admitted(header, self._control_trim(lane, header.start_pos), admitted_at=now)
+                return _Admitted(header, self.batcher.trim(lane, header.start_pos), admitted_at=now)
             return _Admitted(header, None, error=f"unexpected frame kind {header.kind}")
         except (LanesExhausted, ValueError) as exc:
             return _Admitted(header, None, error=str(exc))
@@ -111,9 +111,6 @@ class ActivationStage:
             hidden = decode_tensor(header, payload)
             step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits)
         return self.batcher.submit(step)
-
-    def _control_trim(self, lane: int, position: int) -> asyncio.Future[np.ndarray]:
-        return self.batcher.control(lambda: self.engine.trim(lane, position))
 
     async def _send_results(self, link: Link, outbox: asyncio.Queue[_Admitted | None]) -> None:
         while (item := await outbox.get()) is not None:
@@ -181,4 +178,4 @@ class ActivationStage:
             lane = self.lanes.release(session)
             if lane is not None:
                 with contextlib.suppress(Exception):
-                    await self._control_trim(lane, 0)
+                    await self.batcher.trim(lane, 0)

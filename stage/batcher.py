@@ -57,6 +57,10 @@ class Batcher:
         job = _Job(None, asyncio.get_running_loop().create_future(), control=action)
         return self._enqueue(job)
 
+    def trim(self, lane: int, position: int) -> asyncio.Future[np.ndarray]:
+        """Drop the lane's KV from `position` on, in order with the steps queued before."""
+        return self.control(functools.partial(self.engine.trim, lane, position))
+
     def _enqueue(self, job: _Job) -> asyncio.Future[np.ndarray]:
         self.jobs.append(job)
         self.wake.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import ssl
 import time
 import uuid
@@ -237,6 +238,14 @@ def split_endpoint(endpoint: str, listening: bool = False) -> tuple[str, int]:
     if not sep or not port.isdigit() or not (0 if listening else 1) <= int(port) < 65536:
         raise ValueError(f"bad endpoint {endpoint!r}: expected HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def own_address() -> str:
+    """This host's address as other machines see it, for a listener bound to 0.0.0.0."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _fetcher(source: str, manifest_sha: str, token: str | None) -> Fetcher | None:

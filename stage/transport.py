@@ -220,6 +220,3 @@ def _token_problem(expected: str | None, sent: str) -> str | None:
         return "wrong or missing mesh token"
     return None
 
-
-def frame_bytes(rows: int, width: int, dtype: int) -> int:
-    return rows * width * DTYPE_BYTES[dtype]

@@ -9,7 +9,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from models import gemma3_path, smollm2_path, write_tiny_llama
 
-from packages.manifest import Manifest, load_manifest
 from packages.writer import write_package
 
 
@@ -57,6 +56,3 @@ def gemma3_package(tmp_path_factory: pytest.TempPathFactory, gemma3_gguf: Path) 
 def stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stage-cache")
 
-
-def manifest_of(package: Path) -> tuple[Manifest, str]:
-    return load_manifest(package)

