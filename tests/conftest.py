@@ -56,3 +56,15 @@ def gemma3_package(tmp_path_factory: pytest.TempPathFactory, gemma3_gguf: Path) 
 def stage_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stage-cache")
 
+
+
+@pytest.fixture(scope="session")
+def serve_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve-cache")
+
+
+@pytest.fixture(scope="session")
+def expected_texts(smollm2_gguf: Path) -> dict[str, str]:
+    from chat_reference import unsplit_texts
+
+    return unsplit_texts(smollm2_gguf)

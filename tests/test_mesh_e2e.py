@@ -7,47 +7,11 @@ import concurrent.futures
 import httpx
 import openai
 import pytest
-from chain import reference_greedy
+from chat_reference import PROMPTS
+from chat_reference import chat as _chat
 from mesh_server import mesh_serve
 
 from mesh.model_source import EMBEDDED_ID
-from mesh.tokenizer import Tokenizer
-
-PROMPTS = ["Write a haiku about the sea.", "List three kinds of fruit.",
-           "Explain what a CPU does in one sentence.", "Tell me a joke about cats."]
-MAX_TOKENS = 48
-
-
-@pytest.fixture(scope="session")
-def serve_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("serve-cache")
-
-
-@pytest.fixture(scope="session")
-def expected_texts(smollm2_gguf):
-    tok = Tokenizer(smollm2_gguf, EMBEDDED_ID)
-    texts = {}
-    for p in PROMPTS:
-        prompt = tok.tokenize(tok.render_chat([{"role": "user", "content": p}]))
-        out = []
-        for t in reference_greedy(smollm2_gguf, prompt, MAX_TOKENS):
-            if t in tok.eos_tokens():
-                break
-            out.append(t)
-        texts[p] = tok.detokenize(out).decode(errors="replace")
-    return texts
-
-
-def _chat(client: openai.OpenAI, prompt: str, stream: bool = False) -> str:
-    messages = [{"role": "user", "content": prompt}]
-    if not stream:
-        r = client.chat.completions.create(model=EMBEDDED_ID, messages=messages,
-                                           temperature=0, max_tokens=MAX_TOKENS)
-        assert r.usage is not None and r.usage.completion_tokens > 0
-        return r.choices[0].message.content or ""
-    chunks = client.chat.completions.create(model=EMBEDDED_ID, messages=messages, temperature=0,
-                                            max_tokens=MAX_TOKENS, stream=True)
-    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 @pytest.mark.parametrize("stages", [2, 3])

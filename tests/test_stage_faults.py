@@ -1,0 +1,62 @@
+"""A stage process dies mid-request: the request fails fast, new ones get 503, the mesh heals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+from mesh_server import mesh_serve
+
+from mesh.model_source import EMBEDDED_ID
+
+MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+
+
+def _stage_pids(serve_pid: int) -> list[int]:
+    kids = psutil.Process(serve_pid).children(recursive=True)
+    return [k.pid for k in kids if "stage" in k.cmdline()]
+
+
+def _wait_for(predicate, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise TimeoutError(f"condition not met within {timeout}s")
+
+
+@pytest.mark.parametrize("victim", [0, 1], ids=["middle-stage", "final-stage"])
+def test_killed_stage_fails_request_then_route_rebuilds(tmp_path, victim):
+    with mesh_serve(tmp_path, "--local-stages", "3") as (url, proc):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30)
+        stages = _stage_pids(proc.pid)
+        assert len(stages) == 2
+        stream = client.chat.completions.create(model=EMBEDDED_ID, messages=MESSAGES,
+                                                max_tokens=1500, temperature=0, stream=True,
+                                                extra_body={"ignore_eos": True})
+        received = 0
+        with pytest.raises(openai.APIError, match=r"mesh unavailable|stage"):
+            for _chunk in stream:
+                received += 1
+                if received == 5:
+                    os.kill(stages[victim], signal.SIGKILL)
+                    killed_at = time.monotonic()
+        assert time.monotonic() - killed_at < 5, "the in-flight request must fail within seconds"
+
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model=EMBEDDED_ID, messages=MESSAGES, max_tokens=4)
+        assert refused.value.status_code == 503 and "mesh unavailable" in str(refused.value)
+
+        _wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=120)
+        assert psutil.Process(proc.pid).is_running()
+        new_stages = _stage_pids(proc.pid)
+        assert len(new_stages) == 2 and not set(new_stages) & set(stages)
+        again = client.chat.completions.create(model=EMBEDDED_ID, messages=MESSAGES, max_tokens=8,
+                                               temperature=0)
+        assert again.usage is not None and again.usage.completion_tokens == 8
