@@ -39,6 +39,7 @@ from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.control import split_endpoint
 from stage.grpc_auth import TokenInterceptor
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
+from stage.tls import add_port, client_ssl
 from stage.transport import connect
 
 log = logging.getLogger("meshpipe.coordinator")
@@ -84,7 +85,7 @@ class Coordinator:
         server = grpc.aio.server(interceptors=[TokenInterceptor(token)] if token else [])
         pb_grpc.add_ArtifactTransferServicer_to_server(
             ArtifactServer(self.package_dir, self.manifest, self.manifest_sha), server)
-        port = server.add_insecure_port(self.topology.artifact_listen)
+        port = add_port(server, self.topology.artifact_listen, self.settings.tls)
         await server.start()
         self.artifact_server = server
         self.artifact_source = f"{self.topology.advertise}:{port}"
@@ -93,9 +94,7 @@ class Coordinator:
         route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings)
         try:
             for _ in range(max(self.topology.local_stages - 1, 0)):
-                route.stages.append(await asyncio.to_thread(
-                    spawn_local_stage, self.settings.token, self.settings.cache_dir,
-                    self.settings.threads))
+                route.stages.append(await asyncio.to_thread(spawn_local_stage, self.settings))
             route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
             await build(route, psutil.virtual_memory().available, self.artifact_source, self.say)
             await self._start_stage0(route)
@@ -119,7 +118,8 @@ class Coordinator:
         link = None
         if route.stages:
             host, port = split_endpoint(route.stages[0].activation)
-            link = await connect(host, port, token=s.token, role="coordinator")
+            link = await connect(host, port, token=s.token, role="coordinator",
+                                 ssl_context=client_ssl(s.tls))
         self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype)
         self.pipeline.start()
 

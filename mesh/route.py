@@ -27,6 +27,7 @@ from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.version import PROTOCOL_VERSION
 from stage.grpc_auth import token_metadata
+from stage.tls import MeshTls, channel
 
 V = PROTOCOL_VERSION
 RPC_TIMEOUT = 30.0
@@ -56,6 +57,7 @@ class RouteSettings:
     batch: int
     threads: int
     wire_dtype: int = pb.F32
+    tls: MeshTls | None = None
 
 
 @dataclass
@@ -80,13 +82,15 @@ class Route:
                              f"{exc.details() or exc.code().name}") from None
 
 
-def spawn_local_stage(token: str | None, cache_dir: Path, threads: int) -> RemoteStage:
+def spawn_local_stage(s: RouteSettings) -> RemoteStage:
     """Start `mesh stage` on a free loopback port and read back where it listens."""
     cmd = [sys.executable, "-m", "mesh.cli", "stage", "--listen", "127.0.0.1:0",
-           "--cache-dir", str(cache_dir), "--threads", str(threads)]
+           "--cache-dir", str(s.cache_dir), "--threads", str(s.threads)]
+    if s.tls:
+        cmd += ["--tls-cert", str(s.tls.cert), "--tls-key", str(s.tls.key), "--tls-ca", str(s.tls.ca)]
     env = dict(os.environ)
-    if token:
-        env["MESHPIPE_TOKEN"] = token
+    if s.token:
+        env["MESHPIPE_TOKEN"] = s.token
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()
@@ -97,7 +101,7 @@ def spawn_local_stage(token: str | None, cache_dir: Path, threads: int) -> Remot
 
 
 async def connect_stage(route: Route, stage: RemoteStage) -> None:
-    stage.channel = grpc.aio.insecure_channel(stage.endpoint)
+    stage.channel = channel(stage.endpoint, route.settings.tls)
     stage.stub = pb_grpc.StageControlStub(stage.channel)
     stage.status = await route.rpc(stage, "Status", pb.StatusRequest(protocol_version=V))
     if stage.status.protocol_version != V:

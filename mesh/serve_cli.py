@@ -18,6 +18,7 @@ from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
 from mesh.openai_api import build_app
 from mesh.route import RouteSettings
+from mesh.tls_args import add_tls_arguments, tls_of
 from proto import meshpipe_pb2 as pb
 from stage.control import own_address
 
@@ -46,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--advertise", default=None,
                    help="address stages use to reach this coordinator (default: auto)")
     p.add_argument("--cache-dir", type=Path, default=None)
+    add_tls_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -61,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
     settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,
                              ctx_size=args.ctx_size, batch=args.batch, threads=args.threads,
-                             wire_dtype=WIRE_DTYPES[args.wire_dtype])
+                             wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args, "serve"))
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages,

@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 
 from config.paths import cache_dir
+from mesh.tls_args import add_tls_arguments, tls_of
 from stage.control import StageOptions, own_address
-from stage.daemon import run_stage, server_credentials, tls_contexts
+from stage.daemon import run_stage
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,9 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--advertise", help="address other stages use to reach this one "
                    "(default: the --listen host, or this host's address when listening on 0.0.0.0)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--tls-cert", help="PEM certificate for gRPC and activation listeners")
-    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
-    p.add_argument("--tls-ca", help="PEM CA bundle to verify downstream stages")
+    add_tls_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -33,14 +32,13 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every file
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
     host = args.listen.rpartition(":")[0].strip("[]")
-    server_tls, client_tls = tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)
+    tls = tls_of(args, "stage")
     advertise = args.advertise or (host if host not in ("0.0.0.0", "::", "") else own_address())
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
-                           threads=args.threads, server_tls=server_tls, client_tls=client_tls)
-    creds = server_credentials(args.tls_cert, args.tls_key) if server_tls else None
+                           threads=args.threads, tls=tls)
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)
-    asyncio.run(run_stage(args.listen, options, creds))
+    asyncio.run(run_stage(args.listen, options))
     return 0

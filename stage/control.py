@@ -11,14 +11,12 @@ import asyncio
 import logging
 import os
 import socket
-import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import psutil
 
 from proto import meshpipe_pb2 as pb
@@ -28,6 +26,8 @@ from stage.activations import ActivationStage
 from stage.grpc_auth import token_metadata
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
+from stage.tls import MeshTls, client_ssl, server_ssl
+from stage.tls import channel as tls_channel
 from stage.transport import Limits, connect, serve
 
 log = logging.getLogger("meshpipe.stage")
@@ -41,8 +41,7 @@ class StageOptions:
     cache_dir: Path
     token: str | None
     threads: int
-    server_tls: ssl.SSLContext | None = None  # for the activation listener
-    client_tls: ssl.SSLContext | None = None  # for links to downstream stages
+    tls: MeshTls | None = None
 
 
 class StageControl(pb_grpc.StageControlServicer):
@@ -98,7 +97,7 @@ class StageControl(pb_grpc.StageControlServicer):
         self.progress = Progress()
         self.prepared = None
         self.range = (request.layer_start, request.layer_end)
-        fetch = _fetcher(request.artifact_source, request.manifest_sha256, self.opt.token)
+        fetch = _fetcher(request.artifact_source, request.manifest_sha256, self.opt)
         self.prepare_task = asyncio.get_running_loop().create_task(prepare_stage(
             request.package_ref, request.manifest_sha256, request.layer_start, request.layer_end,
             self.opt.cache_dir, fetch, self.progress))
@@ -187,12 +186,12 @@ class StageControl(pb_grpc.StageControlServicer):
         if r.downstream:
             host, port = split_endpoint(r.downstream)
             downstream = await connect(host, port, token=self.opt.token, role="stage",
-                                       ssl_context=self.opt.client_tls)
+                                       ssl_context=client_ssl(self.opt.tls))
         limits = Limits(max_width=self.engine.width, max_rows=max(cfg.batch, 4096))
         self.active = ActivationStage(self.engine, r.stage_index, r.wire_dtype, downstream)
         self.active.start()
         self.listener = await serve(self.opt.host, 0, self.active.handle_upstream,
-                                    token=self.opt.token, ssl_context=self.opt.server_tls,
+                                    token=self.opt.token, ssl_context=server_ssl(self.opt.tls),
                                     limits=limits)
         port = self.listener.sockets[0].getsockname()[1]
         return f"{self.opt.advertise}:{port}"
@@ -248,17 +247,18 @@ def own_address() -> str:
         return "127.0.0.1"
 
 
-def _fetcher(source: str, manifest_sha: str, token: str | None) -> Fetcher | None:
+def _fetcher(source: str, manifest_sha: str, opt: StageOptions) -> Fetcher | None:
     """Pull files from the coordinator's ArtifactTransfer service, or None without a source."""
     if not source:
         return None
 
     async def fetch(path: str, offset: int) -> AsyncIterator[bytes]:
-        async with grpc.aio.insecure_channel(source) as channel:
+        async with tls_channel(source, opt.tls) as channel:
             stub = pb_grpc.ArtifactTransferStub(channel)
             request = pb.FetchRequest(protocol_version=PROTOCOL_VERSION,
                                       manifest_sha256=manifest_sha, path=path, offset=offset)
-            async for chunk in stub.Fetch(request, metadata=token_metadata(token), timeout=3600):
+            async for chunk in stub.Fetch(request, metadata=token_metadata(opt.token),
+                                         timeout=3600):
                 yield chunk.data
 
     return fetch

@@ -5,27 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import ssl
 
 import grpc
 
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.control import StageControl, StageOptions, split_endpoint
 from stage.grpc_auth import TokenInterceptor
+from stage.tls import add_port
 
 log = logging.getLogger("meshpipe.stage")
 
 
-async def run_stage(listen: str, options: StageOptions,
-                    grpc_credentials: grpc.ServerCredentials | None = None) -> None:
+async def run_stage(listen: str, options: StageOptions) -> None:
     host, port = split_endpoint(listen, listening=True)
     interceptors = [TokenInterceptor(options.token)] if options.token else []
     server = grpc.aio.server(interceptors=interceptors)
     control = StageControl(options)
     pb_grpc.add_StageControlServicer_to_server(control, server)
     address = f"{host}:{port}"
-    bound = (server.add_secure_port(address, grpc_credentials) if grpc_credentials
-             else server.add_insecure_port(address))
+    bound = add_port(server, address, options.tls)
     if bound == 0:
         raise OSError(f"cannot listen on {address}")
     await server.start()
@@ -39,17 +37,3 @@ async def run_stage(listen: str, options: StageOptions,
     await stop.wait()
     await control._unload()
     await server.stop(grace=1)
-
-
-def server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
-    with open(cert, "rb") as c, open(key, "rb") as k:
-        return grpc.ssl_server_credentials([(k.read(), c.read())])
-
-
-def tls_contexts(cert: str | None, key: str | None, ca: str | None
-                 ) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
-    from stage.tls import client_context, server_context
-
-    server = server_context(cert, key) if cert and key else None
-    client = client_context(ca) if ca else None
-    return server, client

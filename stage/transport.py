@@ -21,6 +21,7 @@ import numpy as np
 
 from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION, check_version
+from stage.tls import MESH_NAME
 
 _LEN = struct.Struct("<I")
 DTYPE_BYTES: dict[int, int] = {pb.F32: 4, pb.F16: 2, pb.BF16: 2}
@@ -178,7 +179,8 @@ async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.S
                   role: str = "coordinator", limits: Limits = Limits(), delay_ms: float = 0.0,
                   timeout: float = 10.0) -> Link:
     reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=ssl_context), timeout)
+        asyncio.open_connection(host, port, ssl=ssl_context,
+                                server_hostname=MESH_NAME if ssl_context else None), timeout)
     _nodelay(writer)
     _write_message(writer, pb.Handshake(protocol_version=PROTOCOL_VERSION, token=token or "", role=role))
     await writer.drain()

@@ -1,0 +1,22 @@
+"""The --tls-* options that `mesh serve` and `mesh stage` share."""
+
+from __future__ import annotations
+
+import argparse
+
+from stage.tls import MeshTls, TlsConfigError
+
+
+def add_tls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-cert", help="PEM certificate of this node (subjectAltName DNS:meshpipe); "
+                   "turns on TLS for gRPC and activation links")
+    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--tls-ca", help="PEM mesh CA that signed every node's certificate "
+                   "(default: --tls-cert itself, for one self-signed certificate shared by all)")
+
+
+def tls_of(args: argparse.Namespace, command: str) -> MeshTls | None:
+    try:
+        return MeshTls.from_args(args.tls_cert, args.tls_key, args.tls_ca)
+    except TlsConfigError as exc:
+        raise SystemExit(f"mesh {command}: error: {exc}") from None
