@@ -1,0 +1,294 @@
+"""`mesh bench`: the mesh measured side by side with single-node llama.cpp, in one run.
+
+Every scenario shares the invocation with the baseline and their repeats are interleaved,
+so ratios hold on a noisy machine; medians are quoted. EOS is ignored so every run decodes
+the same number of tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from config.paths import cache_dir
+from mesh.bench_client import StreamTiming, stream_chat
+from mesh.local_server import LocalServer, local_serve
+from mesh.model_source import resolve_model
+from mesh.proc_memory import peak_rss
+from mesh.tokenizer import Tokenizer
+from packages.manifest import Manifest
+from packages.materialize import materialize_stage
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "List ten things to pack for a week of hiking in the mountains.",
+    "Write a Python function that checks whether a string is a palindrome, with tests.",
+    "Why is the sky blue? Explain it to a curious ten-year-old.",
+    "Tell a story about a robot learning to paint.",
+    "List the planets of the solar system with one fact about each.",
+    "Write a JavaScript function that debounces another function, and explain it.",
+    "What are the main causes of inflation, and how do central banks respond?",
+]
+LONG_PROMPT_TOKENS = 512
+
+
+@dataclass
+class Row:
+    scenario: str
+    metric: str
+    value: float
+    baseline: float | None = None
+    goal: str = ""
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.baseline if self.baseline else None
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: str | None
+    model_id: str
+    quant: str
+    gguf: Path
+    manifest: Manifest
+    tokens: int
+    threads: int
+    ctx: int
+    cache: Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark the mesh against single-node llama.cpp")
+    p.add_argument("--model", default=None, help="package dir or GGUF (default: the embedded SmolLM2)")
+    p.add_argument("--scenarios", default="split,concurrency,memory",
+                   help="comma-separated: split, concurrency, memory (the baseline always runs)")
+    p.add_argument("--stages", default="1,2,3", help="split-N scenarios to run")
+    p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
+    p.add_argument("--tokens", type=int, default=128, help="tokens decoded per request")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is quoted")
+    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many built-in prompts to use")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="engine threads per process")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    setup = _setup(args)
+    scenarios = set(args.scenarios.split(","))
+    stages = [int(s) for s in args.stages.split(",")]
+    prompts = PROMPTS[: args.prompts]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-") as tmp, contextlib.ExitStack() as stack:
+        base = stack.enter_context(baseline_worker(setup))
+        servers = {n: stack.enter_context(_serve(setup, Path(tmp), n)) for n in stages}
+        rows += _decode_rows(setup, base, servers, prompts, args.repeats)
+        if "concurrency" in scenarios and 2 in servers:
+            rows += _concurrency_rows(setup, servers[2], prompts, [int(s) for s in args.streams.split(",")],
+                                      args.repeats)
+        if "memory" in scenarios:
+            rows += _memory_rows(setup, base, servers)
+    header = _header(setup, args)
+    print(format_table(header, rows))
+    if args.json:
+        args.json.write_text(json.dumps({"setup": header, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]},
+                                        indent=2))
+    return 0
+
+
+def _setup(args: argparse.Namespace) -> Setup:
+    cache = args.cache_dir or cache_dir()
+    say: Callable[[str], None] = lambda m: print(f"bench: {m}", file=sys.stderr)  # noqa: E731
+    package, manifest, sha, model_id = resolve_model(args.model, cache, say=say)
+    gguf = materialize_stage(package, manifest, sha, 0, manifest.layer_count, cache)
+    return Setup(args.model, model_id, manifest.quantization, gguf, manifest, args.tokens, args.threads,
+                 ctx=max(1024, LONG_PROMPT_TOKENS + args.tokens + 64), cache=cache)
+
+
+# -- the single-node baseline -----------------------------------------------------------------
+
+class Baseline:
+    def __init__(self, proc: subprocess.Popen[str], tokenizer: Tokenizer) -> None:
+        self.proc, self.tokenizer = proc, tokenizer
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the baseline process died")
+        return dict(json.loads(line))
+
+    def chat(self, prompt: str, n: int) -> dict[str, float]:
+        text = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
+        return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n})
+
+
+@contextlib.contextmanager
+def baseline_worker(setup: Setup) -> Iterator[Baseline]:
+    cmd = [sys.executable, "-m", "mesh.bench_baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        baseline = Baseline(proc, Tokenizer(setup.gguf, setup.model_id))
+        assert proc.stdout is not None
+        if not proc.stdout.readline():
+            raise RuntimeError("the baseline process failed to load the model")
+        yield baseline
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _serve(setup: Setup, tmp: Path, stages: int, *extra: str) -> contextlib.AbstractContextManager[LocalServer]:
+    args = ["--local-stages", str(stages), "--threads", str(setup.threads), "--lanes", "8",
+            "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), *extra]
+    if setup.model:
+        args += ["--model", setup.model]
+    return local_serve(args, tmp)
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+def long_prompt(tokenizer: Tokenizer) -> str:
+    """A chat prompt of about LONG_PROMPT_TOKENS tokens, for time to first token."""
+    words = " ".join(PROMPTS).split()
+    text, i = "Summarize the following notes.\n", 0
+    while len(tokenizer.tokenize(text, False)) < LONG_PROMPT_TOKENS - 40:
+        text += words[i % len(words)] + " "
+        i += 1
+    return text
+
+
+def _decode_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], prompts: list[str],
+                 repeats: int) -> list[Row]:
+    long = long_prompt(base.tokenizer)
+    tps: dict[str, list[float]] = {"baseline": []}
+    ttft: dict[str, list[float]] = {"baseline": []}
+    for rep in range(repeats):
+        units = ["baseline", *[f"split-{n}" for n in servers]]
+        units = units[rep % len(units):] + units[: rep % len(units)]  # rotate to spread drift
+        for unit in units:
+            if unit == "baseline":
+                tps[unit] += [base.chat(p, setup.tokens)["decode_tps"] for p in prompts]
+                ttft[unit].append(base.chat(long, 2)["ttft"])
+                continue
+            url = servers[int(unit.split("-")[1])].url
+            tps.setdefault(unit, []).extend(
+                stream_chat(url, setup.model_id, p, setup.tokens).decode_tps for p in prompts)
+            ttft.setdefault(unit, []).append(stream_chat(url, setup.model_id, long, 2).ttft)
+    b_tps, b_ttft = statistics.median(tps["baseline"]), statistics.median(ttft["baseline"])
+    rows = [Row("baseline", "decode tok/s", b_tps, b_tps, samples=tps["baseline"]),
+            Row("baseline", "TTFT 512-token prompt (s)", b_ttft, b_ttft, samples=ttft["baseline"])]
+    goals = {2: (">= 0.95", "<= 1.15"), 3: (">= 0.90", "")}
+    for n in servers:
+        unit = f"split-{n}"
+        g_tps, g_ttft = goals.get(n, ("", ""))
+        rows.append(Row(unit, "decode tok/s", statistics.median(tps[unit]), b_tps, g_tps, tps[unit]))
+        rows.append(Row(unit, "TTFT 512-token prompt (s)", statistics.median(ttft[unit]), b_ttft, g_ttft,
+                        ttft[unit]))
+    return rows
+
+
+def _concurrency_rows(setup: Setup, server: LocalServer, prompts: list[str], streams: list[int],
+                      repeats: int) -> list[Row]:
+    agg: dict[int, list[float]] = {n: [] for n in streams}
+    gaps: dict[int, list[float]] = {n: [] for n in streams}
+    for _ in range(repeats):
+        for n in streams:
+            total, wall, timings = _parallel(server.url, setup, [prompts[i % len(prompts)] for i in range(n)])
+            agg[n].append(total / wall)
+            gaps[n] += [g for t in timings for g in t.gaps()]
+    one = statistics.median(agg[streams[0]])
+    rows = []
+    for n in streams:
+        goal = ">= 3.0" if n == 8 else ""
+        rows.append(Row(f"concurrency-{n}", "aggregate tok/s (vs 1 stream)", statistics.median(agg[n]), one,
+                        goal, agg[n]))
+        q = statistics.quantiles(gaps[n], n=20)
+        rows.append(Row(f"concurrency-{n}", "inter-token p50 (ms)", statistics.median(gaps[n]) * 1e3))
+        rows.append(Row(f"concurrency-{n}", "inter-token p95 (ms)", q[18] * 1e3))
+    return rows
+
+
+def _parallel(url: str, setup: Setup, prompts: list[str]) -> tuple[int, float, list[StreamTiming]]:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        timings = list(pool.map(lambda p: stream_chat(url, setup.model_id, p, setup.tokens), prompts))
+    wall = time.perf_counter() - start
+    return sum(t.completion_tokens for t in timings), wall, timings
+
+
+def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer]) -> list[Row]:
+    base_rss = float(base.ask({"memory": True})["peak_rss"])
+    rows = [Row("memory", "baseline peak RSS (MB)", base_rss / 1e6, base_rss / 1e6)]
+    for n, server in servers.items():
+        if n == 1:
+            continue
+        stages = httpx.get(f"{server.url}/health", timeout=10).json()["stages"]
+        pids = [server.process.pid, *_stage_pids(server.process.pid)]
+        for stage, pid in zip(stages, pids, strict=False):
+            share = _weight_share(setup.manifest, stage["start"], stage["end"])
+            rows.append(Row(f"split-{n} stage {stage['stage']}", f"peak RSS (MB), layers [{stage['start']},"
+                            f"{stage['end']}), weights {share / 1e6:.0f} MB", peak_rss(pid) / 1e6,
+                            base_rss / 1e6, f"<= {(share + 200e6) / 1e6:.0f} MB"))
+    return rows
+
+
+def _stage_pids(pid: int) -> list[int]:
+    kids = psutil.Process(pid).children(recursive=True)
+    return [k.pid for k in sorted(kids, key=lambda k: k.create_time()) if "stage" in k.cmdline()]
+
+
+def _weight_share(m: Manifest, start: int, end: int) -> int:
+    share = sum(a.artifact_bytes for a in m.layers[start:end])
+    share += m.shared["metadata"].artifact_bytes if "metadata" in m.shared else 0
+    if start == 0 and "embeddings" in m.shared:
+        share += m.shared["embeddings"].artifact_bytes
+    if end == m.layer_count and "output" in m.shared:
+        share += m.shared["output"].artifact_bytes
+    return share
+
+
+# -- output ---------------------------------------------------------------------------------
+
+def _header(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
+    return {"model": setup.model_id, "quant": setup.quant, "threads": setup.threads,
+            "tokens": setup.tokens, "repeats": args.repeats, "prompts": args.prompts,
+            "machine": f"{platform.node()}, {_cpu_name()}, {os.cpu_count()} cores"}
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown cpu"
+
+
+def format_table(header: dict[str, Any], rows: list[Row]) -> str:
+    lines = [" · ".join(f"{k} {v}" for k, v in header.items()), "",
+             "| scenario | metric | value | baseline | ratio | goal |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r.ratio:.3f}" if r.ratio is not None else ""
+        base = f"{r.baseline:.2f}" if r.baseline is not None else ""
+        lines.append(f"| {r.scenario} | {r.metric} | {r.value:.2f} | {base} | {ratio} | {r.goal} |")
+    return "\n".join(lines)

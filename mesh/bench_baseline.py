@@ -1,0 +1,40 @@
+"""The single-node baseline for `mesh bench`: plain llama-cpp-python in a process of its own.
+
+It reads one JSON request per line on stdin and answers one JSON line on stdout, so the
+bench can interleave it with the mesh runs and read this process's own peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import llama_cpp
+
+from mesh.proc_memory import peak_rss
+
+
+def _generate(llm: llama_cpp.Llama, tokens: list[int], n: int) -> dict[str, float]:
+    start = time.perf_counter()
+    times = []
+    for _ in llm.generate(tokens, temp=0.0, top_k=1, reset=True):
+        times.append(time.perf_counter() - start)
+        if len(times) == n:
+            break
+    span = times[-1] - times[0]
+    return {"ttft": times[0], "decode_tps": (len(times) - 1) / span if span > 0 else 0.0}
+
+
+def main() -> None:
+    gguf, ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    llm = llama_cpp.Llama(gguf, n_ctx=ctx, n_threads=threads, n_batch=256, verbose=False)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        reply = {"peak_rss": peak_rss()} if req.get("memory") else _generate(llm, req["tokens"], req["n"])
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    main()

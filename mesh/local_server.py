@@ -1,0 +1,69 @@
+"""Run `mesh serve` as a child process and wait until it answers /health (bench and tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def local_serve(args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                timeout: float = 180) -> Iterator[LocalServer]:
+    port = free_port()
+    log = log_dir / f"serve-{port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mesh.cli", "serve", "--listen", f"127.0.0.1:{port}", *args],
+            env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)  # one process group: stage children die with it
+        server = LocalServer(f"http://127.0.0.1:{port}", proc, log)
+        try:
+            wait_healthy(server, timeout)
+            yield server
+        finally:
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_healthy(server: LocalServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"mesh serve exited early:\n{server.log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"mesh serve not healthy after {timeout}s:\n{server.log.read_text()[-3000:]}")
