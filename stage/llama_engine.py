@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,11 +89,15 @@ class LlamaRangeEngine:
             self._pos[lane] = max(position, 0)
 
     def step(self, steps: list[Step]) -> list[np.ndarray]:
-        for s in steps:
-            self._prepare(s)
         outputs: list[list[np.ndarray]] = [[] for _ in steps]
-        for call in _pack(steps, self.cfg.batch):
-            self._decode(steps, call, outputs)
+        for round_ in _rounds(steps):
+            for s in round_:
+                self._prepare(s)
+            results: list[list[np.ndarray]] = [[] for _ in round_]
+            for call in _pack(round_, self.cfg.batch):
+                self._decode(round_, call, results)
+            for s, out in zip(round_, results, strict=True):
+                outputs[s.origin].extend(out)
         return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
 
     def _prepare(self, s: Step) -> None:
@@ -108,7 +113,7 @@ class LlamaRangeEngine:
             raise EngineError(f"stage needs hidden states of width {self.width}")
         self.trim(lane, s.start)
 
-    def _decode(self, steps: list[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
+    def _decode(self, steps: Sequence[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
         b = self.batch
         row = 0
         logit_rows: list[tuple[int, int, int]] = []  # (step index, first row, rows)
@@ -177,7 +182,35 @@ class _Segment:
     count: int
 
 
-def _pack(steps: list[Step], capacity: int) -> list[list[_Segment]]:
+@dataclass(frozen=True)
+class _Sub(Step):
+    origin: int = 0  # index of the step this row or rows came from
+
+
+def _rounds(steps: list[Step]) -> list[list[_Sub]]:
+    """Split verify steps (all_logits) into one row per decode; other steps go in round 0.
+
+    llama.cpp computes attention for several rows of one sequence with other kernels than
+    for one row, and the logits differ (by up to ~1 on SmolLM2). Feeding a speculative
+    window row by row keeps every row's numbers exactly those of plain decoding, so greedy
+    output with a draft equals output without one. Sessions still batch with each other:
+    one row per lane per decode is what plain decoding of several sessions does too.
+    """
+    rounds: list[list[_Sub]] = [[]]
+    for origin, s in enumerate(steps):
+        if not (s.all_logits and s.n > 1) or (s.hidden is None and s.tokens is None):
+            rounds[0].append(_Sub(s.lane, s.start, s.tokens, s.hidden, s.all_logits, origin))
+            continue
+        for i in range(s.n):
+            if i >= len(rounds):
+                rounds.append([])
+            rows = slice(i, i + 1)
+            rounds[i].append(_Sub(s.lane, s.start + i, None if s.tokens is None else s.tokens[rows],
+                                  None if s.hidden is None else s.hidden[rows], True, origin))
+    return [r for r in rounds if r]
+
+
+def _pack(steps: Sequence[Step], capacity: int) -> list[list[_Segment]]:
     """Plan decode calls of at most `capacity` rows.
 
     Each call holds steps of one row count only: with a KV stream per lane, llama.cpp splits
