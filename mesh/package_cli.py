@@ -1,4 +1,4 @@
-"""`mesh package write|validate|inspect`."""
+"""`mesh package write|validate|inspect|materialize|publish|pull`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import sys
 from pathlib import Path
 
 from config.paths import cache_dir
+from packages import hub
 from packages.describe import describe, format_table, human_bytes
 from packages.materialize import materialize_stage
+from packages.publish import format_plan, plan_publish, publish
+from packages.refs import HubRef, parse_hub_ref, parse_package_ref
 from packages.validate import validate_package
 from packages.writer import write_package
 
@@ -24,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=_write)
 
     v = cmds.add_parser("validate", help="check schema, sizes and sha256 of a package")
-    v.add_argument("package", type=Path)
+    v.add_argument("package", help="package directory or hf://org/name[@rev]")
     v.set_defaults(func=_validate)
 
     i = cmds.add_parser("inspect", help="summarize a package directory or a GGUF")
@@ -37,6 +40,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--cache-dir", type=Path, default=cache_dir())
     m.set_defaults(func=_materialize)
 
+    p = cmds.add_parser("publish", help="upload a package to the Hugging Face Hub (manifest last)")
+    p.add_argument("package", type=Path, help="package directory")
+    p.add_argument("--repo", required=True, help="target model repo, org/name")
+    p.add_argument("--revision", default=None, help="branch to publish to (default: main)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--dry-run", action="store_true", help="print the files, sizes and total; upload nothing")
+    p.set_defaults(func=_publish)
+
+    pl = cmds.add_parser("pull", help="fetch a Hub package, or one layer range of it, into the HF cache")
+    pl.add_argument("ref", help="hf://org/name[@rev]")
+    pl.add_argument("--range", type=layer_range, default=None, help="only layers START:END (plus shared files)")
+    pl.set_defaults(func=_pull)
+
 
 def _write(args: argparse.Namespace) -> int:
     m = write_package(args.src, args.out_dir, model_id=args.model_id)
@@ -46,7 +62,8 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    m, sha = validate_package(args.package, progress=lambda s: print(s, file=sys.stderr))
+    package = _local_package(args.package)
+    m, sha = validate_package(package, progress=lambda s: print(s, file=sys.stderr))
     print(f"ok: {m.model_id} ({m.layer_count} layers, {len(m.artifacts())} artifacts), "
           f"manifest sha256 {sha}")
     return 0
@@ -70,3 +87,26 @@ def _materialize(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     print(format_table(describe(args.target)))
     return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    plan = plan_publish(args.package, args.repo, args.revision, args.private)
+    if args.dry_run:
+        print(format_plan(plan))
+        return 0
+    ref = publish(plan, say=lambda s: print(s, file=sys.stderr))
+    print(ref)
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    ref = parse_hub_ref(args.ref)
+    pkg = hub.fetch_package(ref) if args.range is None else hub.fetch_range(ref, *args.range)
+    print(f"{pkg.ref} verified in {pkg.root}")
+    return 0
+
+
+def _local_package(text: str) -> Path:
+    """A package ref as a directory on disk: Hub packages are fetched whole into the HF cache first."""
+    ref = parse_package_ref(text)
+    return hub.fetch_package(ref).root if isinstance(ref, HubRef) else ref

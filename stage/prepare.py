@@ -1,20 +1,29 @@
-"""Get a stage's artifacts (local package, local cache, or the coordinator) and materialize.
+"""Get a stage's artifacts (local package, local cache, the coordinator, the Hub) and materialize.
 
 Runs in the background after Prepare; Inventory reads `progress`. Only the manifest and the
-artifacts of the stage's own range are fetched, each verified before it is installed.
+artifacts of the stage's own range are fetched, each verified before it is installed. When the
+package ref is a pinned `hf://` ref, the HF cache is tried before the coordinator, and the Hub
+after it: peer transfer stays the default, so stages need no Hub access or token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
+from packages import hub
 from packages.errors import PackageError
 from packages.integrity import atomic_file, sha256_bytes, sha256_file
 from packages.manifest import MANIFEST_NAME, Artifact, Manifest, load_manifest
 from packages.materialize import materialize_stage
+from packages.refs import HubRef, is_hub_ref, parse_hub_ref
+
+log = logging.getLogger("meshpipe.stage")
 
 # (path, offset) -> chunks of the file from that offset
 Fetcher = Callable[[str, int], AsyncIterator[bytes]]
@@ -44,29 +53,68 @@ async def prepare_stage(
     fetch: Fetcher | None,
     progress: Progress,
 ) -> PreparedStage:
-    package_dir = await _package_dir(package_ref, manifest_sha, cache_dir, fetch)
+    hub_ref = parse_hub_ref(package_ref) if is_hub_ref(package_ref) else None
+    package_dir, fetch = await _package_dir(package_ref, manifest_sha, cache_dir, fetch, hub_ref, start, end)
     manifest, sha = load_manifest(package_dir)
     needed = [*manifest.shared.values(), *manifest.layers[start:end]]
     progress.bytes_total = sum(a.artifact_bytes for a in needed)
-    for art in needed:
-        await _ensure_artifact(package_dir, art, fetch, progress)
+    try:
+        for art in needed:
+            await _ensure_artifact(package_dir, art, fetch, progress)
+    except _COORDINATOR_FAILURES as exc:
+        if hub_ref is None or fetch is None:
+            raise
+        log.warning("the coordinator could not supply the artifacts (%s); fetching them from the Hub", exc)
+        progress.bytes_done = 0
+        package_dir = await _from_hub(hub_ref, manifest_sha, start, end, progress)
     gguf = await asyncio.to_thread(
         materialize_stage, package_dir, manifest, sha, start, end, cache_dir
     )
     return PreparedStage(gguf, manifest, sha, start, end)
 
 
+# What a failed pull from the coordinator raises: it lacks the file, is unreachable, or sent bad bytes.
+_COORDINATOR_FAILURES = (grpc.RpcError, PackageError, OSError)
+
+
 async def _package_dir(
-    package_ref: str, manifest_sha: str, cache_dir: Path, fetch: Fetcher | None
-) -> Path:
+    package_ref: str, manifest_sha: str, cache_dir: Path, fetch: Fetcher | None,
+    hub_ref: HubRef | None, start: int, end: int,
+) -> tuple[Path, Fetcher | None]:
+    """The package directory to use, and the fetcher for what it lacks (None: it lacks nothing)."""
     local = Path(package_ref)
     if local.is_dir() and _manifest_sha(local) == manifest_sha:
-        return local
+        return local, fetch
     cached = cache_dir / "packages" / manifest_sha
     if _manifest_sha(cached) == manifest_sha:
-        return cached
-    if fetch is None:
+        return cached, fetch
+    if hub_ref is not None:
+        # A `mesh package pull`ed range (or the coordinator's own download on this host) needs no transfer.
+        pulled = await asyncio.to_thread(hub.cached_range, hub_ref, start, end, manifest_sha)
+        if pulled is not None:
+            return pulled.root, None
+    if fetch is not None:
+        try:
+            return await _fetch_manifest(cached, manifest_sha, fetch), fetch
+        except _COORDINATOR_FAILURES as exc:
+            if hub_ref is None:
+                raise
+            log.warning("the coordinator could not supply %s (%s); fetching from the Hub", MANIFEST_NAME, exc)
+    if hub_ref is None:
         raise PackageError(f"package {package_ref} is not here and no artifact source was given")
+    return await _from_hub(hub_ref, manifest_sha, start, end, Progress()), None
+
+
+async def _from_hub(hub_ref: HubRef, manifest_sha: str, start: int, end: int, progress: Progress) -> Path:
+    """The range straight from the Hub into the HF cache, verified; a different manifest is refused."""
+    def count(n: int) -> None:
+        progress.bytes_done += n
+
+    pkg = await asyncio.to_thread(hub.fetch_range, hub_ref, start, end, manifest_sha, False, count)
+    return pkg.root
+
+
+async def _fetch_manifest(cached: Path, manifest_sha: str, fetch: Fetcher) -> Path:
     data = b"".join([chunk async for chunk in fetch(MANIFEST_NAME, 0)])
     if sha256_bytes(data) != manifest_sha:
         raise PackageError("manifest from the coordinator does not match manifest_sha256")

@@ -22,9 +22,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mesh_serve(cache: Path, *args: str, timeout: float = 180) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None
+               ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
-    env = {**os.environ, "MESHPIPE_CACHE": str(cache)}
+    env = {**os.environ, "MESHPIPE_CACHE": str(cache), **(env or {})}
     log = (cache / f"serve-{port}.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mesh.cli", "serve", "--listen", f"127.0.0.1:{port}",
