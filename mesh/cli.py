@@ -13,13 +13,14 @@ import sys
 # it loads, so it must be set before llama_cpp is imported; stage children inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
+from config.settings import ConfigError
 from mesh import bench, package_cli, serve_cli, stage_cli, status_cli
 from mesh.planner import PlanError
 from mesh.route import RouteError
 from packages.errors import PackageError
 
 # Errors a user can fix; they print as one line, never as a traceback.
-USER_ERRORS: tuple[type[Exception], ...] = (PackageError, RouteError, PlanError, OSError)
+USER_ERRORS: tuple[type[Exception], ...] = (PackageError, RouteError, PlanError, ConfigError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:

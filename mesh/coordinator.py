@@ -21,6 +21,7 @@ import psutil
 
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import GenerationRequest, GenerationStats, MeshUnavailable, RequestRejected
+from mesh.draft import Draft, draft_path, vocab_mismatch
 from mesh.pipeline import Pipeline, StageFailed
 from mesh.route import (
     RemoteStage,
@@ -31,10 +32,12 @@ from mesh.route import (
     spawn_local_stage,
     teardown,
 )
+from mesh.spec_plan import SpecPlan
+from mesh.speculative import generate
 from mesh.tokenizer import Tokenizer
+from mesh.window import controller_for
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
-from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.control import split_endpoint
 from stage.grpc_auth import TokenInterceptor
@@ -56,7 +59,8 @@ class Topology:
 class Coordinator:
     def __init__(self, package_dir: Path, manifest: Manifest, manifest_sha: str,
                  settings: RouteSettings, topology: Topology, model_id: str | None = None,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, spec: SpecPlan | None = None,
+                 spec_note: str = "", wire_delay_ms: float = 0.0) -> None:
         self.package_dir, self.manifest, self.manifest_sha = package_dir, manifest, manifest_sha
         self.settings, self.topology, self.say = settings, topology, say
         self.model_id = model_id or manifest.model_id
@@ -71,12 +75,40 @@ class Coordinator:
         self.artifact_source = ""
         self.rebuilding: asyncio.Task[None] | None = None
         self.last_error = ""
+        self.spec, self.spec_note, self.wire_delay_ms = spec, spec_note, wire_delay_ms
+        self.draft: Draft | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
         await self._start_artifact_server()
         await self._build()
+        await self._load_draft()
+
+    async def _load_draft(self) -> None:
+        """Load the planned draft; on any problem serve on without speculation, loudly."""
+        if self.spec is None:
+            self.say(f"speculative: {self.spec_note}")
+            return
+        try:
+            gguf = await asyncio.to_thread(draft_path, self.spec, self.package_dir)
+            draft = await asyncio.to_thread(Draft, gguf, self.settings.lanes, self.settings.ctx_size,
+                                             self.settings.threads)
+        except Exception as exc:
+            return self._no_speculation(f"draft {self.spec.draft_model} unavailable: {exc}")
+        assert self.engine is not None
+        mismatch = vocab_mismatch(self.engine, draft.engine)
+        if mismatch:
+            await draft.stop()
+            return self._no_speculation(f"draft {self.spec.draft_model} refused: {mismatch}")
+        draft.start()
+        self.draft = draft
+        self.say(f"speculative: {self.spec.describe()}")
+
+    def _no_speculation(self, reason: str) -> None:
+        self.spec, self.spec_note = None, f"off: {reason}"
+        log.warning("speculative decoding disabled: %s; serving without it", reason)
+        self.say(f"WARNING: speculative decoding disabled: {reason}")
 
     async def _start_artifact_server(self) -> None:
         if not self.topology.peers and self.topology.local_stages <= 1:
@@ -120,12 +152,17 @@ class Coordinator:
             host, port = split_endpoint(route.stages[0].activation)
             link = await connect(host, port, token=s.token, role="coordinator",
                                  ssl_context=client_ssl(s.tls))
-        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype)
+        link_delay = self.wire_delay_ms if link is not None else 0.0
+        if link is not None:
+            link.delay_ms = link_delay
+        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, reply_delay_ms=link_delay)
         self.pipeline.start()
 
     async def stop(self) -> None:
         if self.rebuilding:
             self.rebuilding.cancel()
+        if self.draft is not None:
+            await self.draft.stop()
         await self._drop_route()
         if self.artifact_server is not None:
             await self.artifact_server.stop(grace=1)
@@ -182,7 +219,8 @@ class Coordinator:
     def health(self) -> dict[str, Any]:
         broken = self.pipeline is None or self.pipeline.broken is not None
         return {"ok": not broken, "model": self.model_id, "route": self.describe_route(),
-                "stages": self.stage_rows(), "error": self.last_error or None}
+                "stages": self.stage_rows(), "error": self.last_error or None,
+                "speculative": self.spec.describe() if self.spec else self.spec_note}
 
     def describe_route(self) -> str:
         if self.route is None or self.route.stage0 is None:
@@ -220,8 +258,12 @@ class Coordinator:
         async with self.admission:
             pipeline = self._live_pipeline()
             session = next(self.sessions)
+            lane = pipeline.lanes.lane_for(session)
+            draft = self.draft if self.spec is not None else None
+            window = controller_for(self.spec.window) if self.spec is not None else None
             try:
-                async for token in self._decode(pipeline, session, req, stats):
+                async for token in generate(pipeline, session, req, stats, self.ctx_per_session,
+                                            draft, window):
                     yield token
             except MeshUnavailable as exc:
                 self._route_broken(str(exc))
@@ -229,6 +271,8 @@ class Coordinator:
             except StageFailed as exc:
                 raise MeshUnavailable(f"a stage failed this request: {exc}") from None
             finally:
+                if draft is not None:
+                    draft.forget(lane)
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pipeline.end(session))
 
@@ -240,20 +284,3 @@ class Coordinator:
                 self._route_broken(reason)
             raise MeshUnavailable(f"mesh unavailable: {reason}")
         return p
-
-    async def _decode(self, pipeline: Pipeline, session: int, req: GenerationRequest,
-                      stats: GenerationStats) -> AsyncIterator[int]:
-        stops = set() if req.ignore_eos else set(req.stop_tokens) | set(self.eos_tokens())
-        tokens = list(req.prompt)
-        (token,) = await pipeline.run(session, 0, tokens, req.sampling, kind=pb.PREFILL)
-        while True:
-            if token in stops:
-                stats.finish_reason = "stop"
-                return
-            stats.completion_tokens += 1
-            yield token
-            if stats.completion_tokens >= req.max_tokens:
-                stats.finish_reason = "length"
-                return
-            tokens.append(token)
-            (token,) = await pipeline.run(session, len(tokens) - 1, [token], req.sampling)

@@ -12,11 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from packages.errors import PackageError
+from packages.hub import fetch_package
 from packages.manifest import Manifest
-from packages.validate import validate_package
+from packages.refs import is_hub_ref, parse_hub_ref
+from packages.requantize import requantize
+from packages.validate import check_metadata_agrees, validate_package
 from packages.writer import write_package
 
 EMBEDDED_ID = "smollm2-135m-instruct"
+EMBEDDED_DRAFT_QUANT = "Q4_0"
 
 
 def embedded_gguf() -> Path:
@@ -31,10 +35,15 @@ def resolve_model(ref: str | None, cache: Path, say: Callable[[str], None]
                   ) -> tuple[Path, Manifest, str, str]:
     """Return (package_dir, manifest, manifest_sha, model_id) for a model reference."""
     if ref is None:
-        package = _packaged(embedded_gguf(), cache / "packages" / f"embedded-{EMBEDDED_ID}",
-                            EMBEDDED_ID, say)
+        package = _embedded_package(cache, say)
         manifest, sha = validate_package(package)
         return package, manifest, sha, EMBEDDED_ID
+    if is_hub_ref(ref):
+        # Pinned here, once: every stage is then handed the same commit (see packages.hub.package_ref).
+        hub_package = fetch_package(parse_hub_ref(ref))
+        check_metadata_agrees(hub_package.root, hub_package.manifest)
+        say(f"serving {hub_package.ref}")
+        return hub_package.root, hub_package.manifest, hub_package.manifest_sha, hub_package.manifest.model_id
     path = Path(ref).expanduser()
     if path.is_dir():
         manifest, sha = validate_package(path)
@@ -49,8 +58,21 @@ def resolve_model(ref: str | None, cache: Path, say: Callable[[str], None]
     raise PackageError(f"model not found: {ref} (expected a package directory or a GGUF file)")
 
 
-def _packaged(gguf: Path, dest: Path, model_id: str, say: Callable[[str], None]) -> Path:
+def _embedded_package(cache: Path, say: Callable[[str], None]) -> Path:
+    """SmolLM2 as a package that declares its own draft: the same model requantized to Q4_0."""
+    dest = cache / "packages" / f"embedded-{EMBEDDED_ID}-v2"  # v2: declares the draft
+    if not (dest / "model-package.json").is_file():
+        draft = cache / "drafts" / f"{EMBEDDED_ID}-{EMBEDDED_DRAFT_QUANT.lower()}.gguf"
+        if not draft.is_file():
+            say(f"making the embedded draft: {EMBEDDED_ID} requantized to {EMBEDDED_DRAFT_QUANT}")
+            requantize(embedded_gguf(), draft, EMBEDDED_DRAFT_QUANT)
+        return _packaged(embedded_gguf(), dest, EMBEDDED_ID, say, draft=str(draft))
+    return dest
+
+
+def _packaged(gguf: Path, dest: Path, model_id: str, say: Callable[[str], None],
+              draft: str | None = None) -> Path:
     if not (dest / "model-package.json").is_file():
         say(f"writing layer package for {gguf.name} into {dest} (first run only)")
-        write_package(gguf, dest, model_id=model_id, progress=lambda _: None)
+        write_package(gguf, dest, model_id=model_id, progress=lambda _: None, draft=draft)
     return dest

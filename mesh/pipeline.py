@@ -31,12 +31,13 @@ class StageFailed(Exception):
 
 class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
-                 chunk: int = 128, reply_timeout: float = 60.0) -> None:
+                 chunk: int = 128, reply_timeout: float = 60.0, reply_delay_ms: float = 0.0) -> None:
         self.engine = engine
         self.link = link
         self.wire_dtype = wire_dtype
         self.chunk = chunk
         self.reply_timeout = reply_timeout
+        self.reply_delay = reply_delay_ms / 1000  # emulated wire latency, for benchmarks
         self.batcher = Batcher(engine)
         self.lanes = LanePool(engine.lanes)
         self.windows = itertools.count(1)
@@ -130,8 +131,10 @@ class Pipeline:
             while True:
                 header, _ = await self.link.recv()
                 future = self.waiters.pop((header.session_id, header.window_id), None)
-                if future is not None and not future.done():
-                    future.set_result(header)
+                if future is not None and self.reply_delay:
+                    asyncio.get_running_loop().call_later(self.reply_delay, _deliver, future, header)
+                elif future is not None:
+                    _deliver(future, header)
         except (LinkClosed, ConnectionError) as exc:
             self._break(f"activation link to stage 1 lost: {exc or 'closed'}")
 
@@ -143,3 +146,8 @@ class Pipeline:
             if not future.done():
                 future.set_exception(MeshUnavailable(reason))
         self.waiters.clear()
+
+
+def _deliver(future: asyncio.Future[pb.FrameHeader], header: pb.FrameHeader) -> None:
+    if not future.done():
+        future.set_result(header)

@@ -10,6 +10,7 @@ from packages.errors import PackageError
 from packages.gguf_files import architecture_of, field_value, open_gguf
 from packages.integrity import verify_file
 from packages.manifest import Manifest, load_manifest
+from packages.speculative import declared, verify_draft
 
 
 def validate_package(
@@ -24,6 +25,9 @@ def validate_package(
         if progress:
             progress(f"[{i}/{len(manifest.artifacts())}] ok {art.path}")
     check_metadata_agrees(package_dir, manifest)
+    for strategy in declared(manifest.generation)[1].values():
+        if strategy.in_package:
+            verify_draft(package_dir, strategy)
     return manifest, manifest_sha
 
 

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType, ReaderTensor
 
@@ -24,6 +25,7 @@ from packages.gguf_files import (
 )
 from packages.integrity import atomic_dir, sha256_file
 from packages.manifest import MANIFEST_NAME, Artifact, LayerArtifact, Manifest, SourceModel
+from packages.speculative import DraftStrategy, block_for, bundle_draft, declared
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 Progress = Callable[[str], None]
@@ -39,9 +41,15 @@ def layer_path(index: int) -> str:
 
 
 def write_package(
-    src: Path, out_dir: Path, model_id: str | None = None, progress: Progress | None = None
+    src: Path, out_dir: Path, model_id: str | None = None, progress: Progress | None = None,
+    draft: str | None = None, window: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Split `src` into `out_dir`; on any failure `out_dir` is left as it was."""
+    """Split `src` into `out_dir`; on any failure `out_dir` is left as it was.
+
+    `draft` declares a draft-model strategy: a local GGUF is copied into the package,
+    an `hf://` or `org/repo:QUANT` ref is recorded as given. `window` holds the
+    DraftStrategy window fields (window_policy, initial_window, min_window, max_window).
+    """
     say = progress or _stderr_progress
     reader = open_gguf(src)
     arch = architecture_of(reader)
@@ -69,12 +77,25 @@ def write_package(
             allowed_cuts=cuts,
             shared=shared,
             layers=layers,
-            generation={},
+            generation=_generation(draft, window or {}, tmp, model_id or src.stem),
             created_at_unix_secs=int(time.time()),
         )
         (tmp / MANIFEST_NAME).write_bytes(manifest.to_json())
     say(f"wrote {out_dir}")
     return manifest
+
+
+def _generation(draft: str | None, window: dict[str, Any], package_dir: Path, name: str) -> dict[str, Any]:
+    if draft is None:
+        return {}
+    strategy = DraftStrategy(f"{name}-draft", draft, **window)
+    if strategy.in_package:
+        local = Path(draft).expanduser()
+        if not local.is_file():
+            raise PackageError(f"draft model not found: {draft}")
+        strategy = bundle_draft(local, package_dir, f"{name}-draft", window)
+    declared(block_for(strategy))  # the same checks `validate` runs
+    return block_for(strategy)
 
 
 def _group_tensors(reader: GGUFReader, layer_count: int) -> dict[int | None, list[ReaderTensor]]:

@@ -1,0 +1,138 @@
+"""The TOML config (DESIGN.md §7): typed, frozen, and strict about unknown keys.
+
+`--config FILE`, default ~/.config/meshpipe/config.toml (absent is fine). Every unknown
+key is an error naming its full path, e.g. `models[0].speculative.max_windw`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+CONFIG_VERSION = 1
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """One level of the precedence chain; None means "not set here"."""
+
+    strategy: str | None = None  # auto | disabled | a package strategy name
+    draft_model: str | None = None
+    window_policy: str | None = None  # fixed | adaptive | cost-aware
+    initial_window: int | None = None
+    min_window: int | None = None
+    max_window: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    model: str
+    speculative: Speculative = field(default_factory=Speculative)
+
+
+@dataclass(frozen=True)
+class MeshSection:
+    listen: str | None = None
+    peers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    version: int = CONFIG_VERSION
+    mesh: MeshSection = field(default_factory=MeshSection)
+    defaults: Speculative = field(default_factory=Speculative)
+    models: tuple[ModelEntry, ...] = ()
+
+    def model(self, names: set[str]) -> ModelEntry | None:
+        """The [[models]] entry whose `model` is one of the served model's names."""
+        return next((m for m in self.models if m.model in names), None)
+
+
+def default_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "meshpipe" / "config.toml"
+
+
+def load_config(path: Path | None) -> Config:
+    """Read `path` (or the default location, which may be absent)."""
+    explicit = path is not None
+    path = path or default_path()
+    if not path.is_file():
+        if explicit:
+            raise ConfigError(f"config file not found: {path}")
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def parse_config(data: dict[str, Any]) -> Config:
+    _only(data, {"version", "mesh", "defaults", "models"}, "")
+    version = data.get("version", CONFIG_VERSION)
+    if version != CONFIG_VERSION:
+        raise ConfigError(f"version: this meshpipe reads config version {CONFIG_VERSION}, not {version!r}")
+    mesh = _table(data.get("mesh", {}), "mesh")
+    _only(mesh, {"listen", "peers"}, "mesh")
+    peers = mesh.get("peers", [])
+    if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
+        raise ConfigError("mesh.peers: expected a list of \"HOST:PORT\" strings")
+    defaults = _table(data.get("defaults", {}), "defaults")
+    _only(defaults, {"speculative"}, "defaults")
+    models = data.get("models", [])
+    if not isinstance(models, list):
+        raise ConfigError("models: expected [[models]] tables")
+    return Config(version=version,
+                  mesh=MeshSection(_opt_str(mesh, "listen", "mesh"), tuple(peers)),
+                  defaults=_speculative(defaults.get("speculative", {}), "defaults.speculative"),
+                  models=tuple(_model(m, f"models[{i}]") for i, m in enumerate(models)))
+
+
+def _model(raw: Any, where: str) -> ModelEntry:
+    table = _table(raw, where)
+    _only(table, {"model", "speculative"}, where)
+    if not isinstance(table.get("model"), str):
+        raise ConfigError(f"{where}.model: required, a model ref or id")
+    return ModelEntry(table["model"], _speculative(table.get("speculative", {}), f"{where}.speculative"))
+
+
+def _speculative(raw: Any, where: str) -> Speculative:
+    table = _table(raw, where)
+    names = {f.name: f.type for f in fields(Speculative)}
+    _only(table, set(names), where)
+    for key, value in table.items():
+        want = int if "int" in str(names[key]) else str
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected {want.__name__}, got {value!r}")
+    return Speculative(**table)
+
+
+def _table(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table")
+    return raw
+
+
+def _only(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            path = f"{where}.{key}" if where else key
+            raise ConfigError(f"{path}: unknown key (allowed here: {', '.join(sorted(allowed))})")
+
+
+def _opt_str(table: dict[str, Any], key: str, where: str) -> str | None:
+    value = table.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{where}.{key}: expected a string")
+    return value

@@ -1,0 +1,85 @@
+"""The draft model: a whole small GGUF at stage 0 with a KV lane per session.
+
+It proposes greedily. Proposals only decide what gets verified; every emitted token is
+the target's own sample, so a poor draft costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+from llama_cpp import llama_cpp as L
+
+from mesh.spec_plan import SpecPlan
+from packages.speculative import verify_draft
+from stage.batcher import Batcher
+from stage.engine import Step
+from stage.llama_engine import EngineConfig, LlamaRangeEngine
+
+
+class Draft:
+    def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int) -> None:
+        self.gguf = gguf
+        self.engine = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=lanes,
+                                                          ctx_per_lane=ctx_per_lane, threads=threads))
+        self.batcher = Batcher(self.engine)
+        self.held: list[list[int]] = [[] for _ in range(lanes)]  # the tokens each lane's KV holds
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+        await asyncio.to_thread(self.engine.close)
+
+    async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
+        """k greedy tokens to follow `sequence`; KV past what still matches is dropped."""
+        start = min(_common_prefix(self.held[lane], sequence), len(sequence) - 1)
+        held, feed = sequence[:start], sequence[start:]
+        out: list[int] = []
+        for _ in range(k):
+            # Catch-up rows after a verify go one by one (all_logits), the way the target ran
+            # them, so a draft identical to the target agrees with it exactly.
+            step = Step(lane, start, tokens=np.asarray(feed, dtype=np.int32), all_logits=start > 0)
+            logits = await self.batcher.submit(step)
+            start += len(feed)
+            held += feed
+            out.append(int(np.argmax(logits[-1])))
+            feed = [out[-1]]
+        self.held[lane] = held  # the last proposal is not in the KV yet
+        return out
+
+    def forget(self, lane: int) -> None:
+        self.held[lane] = []
+        self.batcher.trim(lane, 0)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def draft_path(plan: SpecPlan, package_dir: Path) -> Path:
+    """The draft GGUF on disk: verified from the package, or resolved like any draft ref."""
+    s = plan.strategy
+    if s is not None and s.draft_model == plan.draft_model and s.in_package:
+        return verify_draft(package_dir, s)
+    from packages.hub import resolve_draft
+
+    return resolve_draft(plan.draft_model, package_dir)
+
+
+def vocab_mismatch(target: LlamaRangeEngine, draft: LlamaRangeEngine) -> str | None:
+    """Why the draft's tokenizer differs from the target's, or None when they agree."""
+    if target.n_vocab != draft.n_vocab:
+        return f"its vocabulary has {draft.n_vocab} tokens, the target's {target.n_vocab}"
+    for token in range(target.n_vocab):
+        if L.llama_vocab_get_text(target.vocab, token) != L.llama_vocab_get_text(draft.vocab, token):
+            return f"token {token} differs between the draft's and the target's tokenizer"
+    return None

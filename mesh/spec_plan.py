@@ -1,0 +1,79 @@
+"""Which draft and window the coordinator uses, and where each choice came from.
+
+Precedence, field by field: CLI > [[models]] speculative for this model > [defaults.speculative]
+> the package's declared strategy > built-in (off). `--no-draft` turns it all off and the
+draft is never loaded or downloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from config.settings import Config, ConfigError, Speculative
+from mesh.window import WindowPolicy
+from packages.manifest import Manifest
+from packages.speculative import DraftStrategy, declared
+
+_WINDOW_FIELDS = {"window_policy": "policy", "initial_window": "initial", "min_window": "min",
+                  "max_window": "max"}
+
+
+@dataclass(frozen=True)
+class SpecPlan:
+    draft_model: str
+    window: WindowPolicy
+    source: str  # where the draft choice came from, for the log line and /health
+    strategy: DraftStrategy | None  # the package strategy in use, if any
+
+    def describe(self) -> str:
+        name = self.strategy.name if self.strategy and self.strategy.draft_model == self.draft_model \
+            else self.draft_model
+        return f"draft {name} ({self.source}), {self.window.describe()}"
+
+
+def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: set[str],
+                 manifest: Manifest) -> tuple[SpecPlan | None, str]:
+    """(the plan or None, one line saying what was decided and why)."""
+    if no_draft:
+        return None, "off (--no-draft)"
+    entry = config.model(model_names)
+    levels = [("CLI", cli), ("config [[models]]", entry.speculative if entry else Speculative()),
+              ("config [defaults.speculative]", config.defaults)]
+    strategy_name, where = _first(levels, "strategy") or ("auto", "built-in")
+    if strategy_name == "disabled":
+        return None, f"off (strategy = \"disabled\", {where})"
+    default, strategies = declared(manifest.generation)
+    if strategy_name != "auto" and strategy_name not in strategies:
+        known = ", ".join(sorted(strategies)) or "none"
+        raise ConfigError(f"speculative strategy {strategy_name!r} ({where}) is not declared by the "
+                          f"package (it declares: {known})")
+    key = default if strategy_name == "auto" else strategy_name
+    package = strategies.get(key) if key else None
+    chosen = _first(levels, "draft_model")
+    if chosen is None and package is None:
+        return None, "off (no draft declared by the package or configured)"
+    draft, source = chosen or (package.draft_model, "package default")  # type: ignore[union-attr]
+    window = _window(levels, package)
+    return SpecPlan(draft, window, source, package), ""
+
+
+def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[str, str] | None:
+    for where, level in levels:
+        value = getattr(level, name)
+        if value is not None:
+            return value, where
+    return None
+
+
+def _window(levels: list[tuple[str, Speculative]], package: DraftStrategy | None) -> WindowPolicy:
+    values = {f.name: getattr(WindowPolicy(), f.name) for f in fields(WindowPolicy)}
+    for key, attr in _WINDOW_FIELDS.items():
+        found = _first(levels, key)
+        if found is not None:
+            values[attr] = found[0]
+        elif package is not None:
+            values[attr] = getattr(package, key)
+    try:
+        return WindowPolicy(**values)
+    except ValueError as exc:
+        raise ConfigError(f"speculative window: {exc}") from None

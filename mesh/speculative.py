@@ -1,0 +1,81 @@
+"""The generate loop at stage 0, with or without a draft (DESIGN.md §6).
+
+Each round the draft proposes k tokens; stage 0 sends [last, d1..dk] through the pipeline
+as one VERIFY pass; the final stage samples the target's token at every position; the
+longest prefix where draft == target is accepted, plus the target's own next token. The
+next frame starts at the accepted position, which trims every stage's KV (and the draft's).
+With k = 0 a round is a plain decode step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from mesh.backend import GenerationRequest, GenerationStats
+from mesh.draft import Draft
+from mesh.pipeline import Pipeline
+from mesh.window import Controller
+from proto import meshpipe_pb2 as pb
+
+
+@dataclass
+class Acceptance:
+    windows: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        if proposed:
+            self.windows += 1
+            self.proposed += proposed
+            self.accepted += accepted
+
+    def report(self) -> dict[str, float | int]:
+        return {"windows": self.windows, "proposed": self.proposed, "accepted": self.accepted,
+                "accept_rate": round(self.accepted / self.proposed, 4) if self.proposed else 0.0,
+                "mean_window": round(self.proposed / self.windows, 3) if self.windows else 0.0}
+
+
+def accepted_prefix(drafts: list[int], target: list[int]) -> int:
+    n = 0
+    while n < len(drafts) and drafts[n] == target[n]:
+        n += 1
+    return n
+
+
+async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, stats: GenerationStats,
+                   ctx: int, draft: Draft | None = None, window: Controller | None = None
+                   ) -> AsyncIterator[int]:
+    stops = set() if req.ignore_eos else set(req.stop_tokens)
+    tokens = list(req.prompt)
+    pending = await pipeline.run(session, 0, tokens, req.sampling, kind=pb.PREFILL)
+    acceptance = Acceptance() if draft is not None else None
+    lane = pipeline.lanes.lane_for(session)
+    while True:
+        for token in pending:
+            if token in stops:
+                stats.finish_reason = "stop"
+                return
+            stats.completion_tokens += 1
+            tokens.append(token)
+            yield token
+            if stats.completion_tokens >= req.max_tokens:
+                stats.finish_reason = "length"
+                return
+        # the last token is not in any KV yet; room bounds the window by context and budget
+        room = min(ctx - len(tokens), req.max_tokens - stats.completion_tokens) - 1
+        k = max(0, min(window.next_window() if window else 0, room))
+        began = time.perf_counter()
+        drafts = await draft.propose(lane, tokens, k) if draft and k else []
+        drafted = time.perf_counter()
+        target = await pipeline.run(session, len(tokens) - 1, [tokens[-1], *drafts], req.sampling,
+                                    all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE)
+        n = accepted_prefix(drafts, target)
+        if window is not None:
+            window.record(k, n, drafted - began, time.perf_counter() - drafted)
+        if acceptance is not None:
+            acceptance.add(k, n)
+            stats.speculative = acceptance.report()
+        pending = target[: n + 1]

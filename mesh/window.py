@@ -1,0 +1,142 @@
+"""How many draft tokens to propose next: the speculative window controllers.
+
+`fixed` always proposes the same number. `adaptive` grows by one after a full accept and
+shrinks by one after an early reject, within [min, max]. `cost-aware` measures draft step
+time, verify time and acceptance, and picks the window (0 = off) that maximizes expected
+tokens per second; when it has turned speculation off it probes again every so often.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+POLICIES = ("fixed", "adaptive", "cost-aware")
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    policy: str = "adaptive"
+    initial: int = 4
+    min: int = 1
+    max: int = 16
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"window policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
+        if not 1 <= self.min <= self.initial <= self.max <= 64:
+            raise ValueError(f"windows need 1 <= min ({self.min}) <= initial ({self.initial}) "
+                             f"<= max ({self.max}) <= 64")
+
+    def describe(self) -> str:
+        if self.policy == "fixed":
+            return f"fixed {self.initial}"
+        return f"{self.policy} {self.initial} [{self.min},{self.max}]"
+
+
+class Controller(Protocol):
+    def next_window(self) -> int: ...
+
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None: ...
+
+
+@dataclass
+class Fixed:
+    policy: WindowPolicy
+
+    def next_window(self) -> int:
+        return self.policy.initial
+
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        pass
+
+
+@dataclass
+class Adaptive:
+    policy: WindowPolicy
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        self.window = self.policy.initial
+
+    def next_window(self) -> int:
+        return self.window
+
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        if proposed == 0:
+            return
+        step = 1 if accepted == proposed else -1
+        self.window = max(self.policy.min, min(self.policy.max, self.window + step))
+
+
+def _ewma(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+@dataclass
+class CostAware:
+    """Maximizes E[tokens per window] / time per window from running measurements.
+
+    With per-token acceptance a, a window of k yields (1 - a^(k+1)) / (1 - a) tokens and
+    costs k draft steps plus one verify pass, modelled as verify(k) = base + per_row * k.
+    """
+
+    policy: WindowPolicy
+    probe_every: int = 32  # windows spent off before trying again
+    accept: float | None = None
+    draft_step: float | None = None
+    verify_base: float | None = None  # seconds for a window of 0 (a plain decode)
+    verify_row: float = 0.0
+    off_for: int = 0
+    window: int = 0
+    _verify: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.window = self.policy.initial
+
+    def next_window(self) -> int:
+        if self._verify and 0 not in self._verify:
+            return 0  # one plain decode, to know what speculation must beat
+        if self.window == 0:
+            self.off_for += 1
+            if self.off_for >= self.probe_every:
+                self.off_for = 0
+                return self.policy.min  # re-probe: conditions may have changed
+        return self.window
+
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self._verify[proposed] = _ewma(self._verify.get(proposed), verify_s)
+        if proposed:
+            self.accept = _ewma(self.accept, min(accepted / proposed, 0.99))
+            self.draft_step = _ewma(self.draft_step, draft_s / proposed)
+        self._fit_verify()
+        self.window = self._best()
+
+    def _fit_verify(self) -> None:
+        ks = sorted(self._verify)
+        self.verify_base = self._verify.get(0, self.verify_base)
+        if len(ks) >= 2:
+            (k0, t0), (k1, t1) = (ks[0], self._verify[ks[0]]), (ks[-1], self._verify[ks[-1]])
+            self.verify_row = max((t1 - t0) / (k1 - k0), 0.0)
+            if self.verify_base is None:
+                self.verify_base = max(t0 - self.verify_row * k0, 1e-6)
+
+    def _best(self) -> int:
+        if self.accept is None or self.draft_step is None or self.verify_base is None:
+            return self.window  # not enough measurements yet: keep exploring
+        a = self.accept
+        best_k, best_rate = 0, 1.0 / self.verify_base
+        for k in range(self.policy.min, self.policy.max + 1):
+            tokens = (1 - a ** (k + 1)) / (1 - a)
+            seconds = k * self.draft_step + self.verify_base + self.verify_row * k
+            if tokens / seconds > best_rate:
+                best_k, best_rate = k, tokens / seconds
+        return best_k
+
+
+def controller_for(policy: WindowPolicy) -> Controller:
+    if policy.policy == "fixed":
+        return Fixed(policy)
+    if policy.policy == "adaptive":
+        return Adaptive(policy)
+    return CostAware(policy)
