@@ -12,6 +12,7 @@ from packages.describe import describe, format_table, human_bytes
 from packages.materialize import materialize_stage
 from packages.publish import format_plan, plan_publish, publish
 from packages.refs import HubRef, parse_hub_ref, parse_package_ref
+from packages.speculative import WINDOW_POLICIES
 from packages.validate import validate_package
 from packages.writer import write_package
 
@@ -24,6 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("src", type=Path, help="source GGUF file")
     w.add_argument("out_dir", type=Path, help="package directory to create")
     w.add_argument("--model-id", help="model id recorded in the manifest (default: file stem)")
+    w.add_argument("--draft", metavar="REF", help="declare a draft-model strategy: a local GGUF (copied "
+                   "into draft/ with its sha256), hf://org/repo@rev/file.gguf or org/repo:QUANT")
+    w.add_argument("--window-policy", choices=WINDOW_POLICIES, default="adaptive")
+    w.add_argument("--initial-window", type=int, default=4)
+    w.add_argument("--min-window", type=int, default=1)
+    w.add_argument("--max-window", type=int, default=16)
     w.set_defaults(func=_write)
 
     v = cmds.add_parser("validate", help="check schema, sizes and sha256 of a package")
@@ -55,7 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _write(args: argparse.Namespace) -> int:
-    m = write_package(args.src, args.out_dir, model_id=args.model_id)
+    window = {"window_policy": args.window_policy, "initial_window": args.initial_window,
+              "min_window": args.min_window, "max_window": args.max_window}
+    m = write_package(args.src, args.out_dir, model_id=args.model_id, draft=args.draft, window=window)
     total = sum(a.artifact_bytes for a in m.artifacts())
     print(f"{args.out_dir}: {m.architecture}, {m.layer_count} layers, {human_bytes(total)}")
     return 0

@@ -51,6 +51,8 @@ def write_package(
     DraftStrategy window fields (window_policy, initial_window, min_window, max_window).
     """
     say = progress or _stderr_progress
+    if draft and DraftStrategy("draft", draft).in_package and not Path(draft).expanduser().is_file():
+        raise PackageError(f"draft model not found: {draft}")  # before minutes of splitting
     reader = open_gguf(src)
     arch = architecture_of(reader)
     require_supported(arch)

@@ -1,0 +1,95 @@
+"""Speculative serving end to end: lossless on 1, 2 and 3 stages, and what decides the plan."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+from mesh_server import mesh_serve
+
+from mesh.bench import PROMPTS
+from mesh.model_source import EMBEDDED_ID
+
+TOKENS = 128
+
+
+def _complete(url: str, prompt: str) -> tuple[str, dict]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model=EMBEDDED_ID, messages=[{"role": "user", "content": prompt}],
+                                       max_tokens=TOKENS, temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage is not None and r.usage.completion_tokens == TOKENS
+    return r.choices[0].message.content or "", r.usage.model_dump()
+
+
+@pytest.fixture(scope="module")
+def no_draft_texts(serve_cache) -> dict[str, str]:
+    with mesh_serve(serve_cache, "--no-draft") as (url, _):
+        health = httpx.get(f"{url}/health").json()
+        assert health["speculative"] == "off (--no-draft)"
+        texts = {}
+        for p in PROMPTS:
+            texts[p], usage = _complete(url, p)
+            assert "speculative" not in usage
+        return texts
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_texts, stages):
+    with mesh_serve(serve_cache, "--local-stages", str(stages)) as (url, _):
+        assert "package default" in httpx.get(f"{url}/health").json()["speculative"]
+        proposed = accepted = 0
+        for p in PROMPTS:
+            text, usage = _complete(url, p)
+            assert text == no_draft_texts[p], p
+            proposed += usage["speculative"]["proposed"]
+            accepted += usage["speculative"]["accepted"]
+        assert proposed > accepted > 0
+        if stages == 2:  # four sessions at once, each with its own window, batched at every stage
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                outs = list(pool.map(lambda p: _complete(url, p)[0], PROMPTS[:4]))
+            assert outs == [no_draft_texts[p] for p in PROMPTS[:4]]
+            metrics = httpx.get(f"{url}/metrics").text
+            assert "meshpipe_speculative_accepted_tokens_total" in metrics
+
+
+def test_unresolvable_draft_serves_on_without_speculation(serve_cache, no_draft_texts):
+    with mesh_serve(serve_cache, "--draft", "/nonexistent/draft.gguf") as (url, _):
+        note = httpx.get(f"{url}/health").json()["speculative"]
+        assert note.startswith("off: draft /nonexistent/draft.gguf unavailable")
+        text, usage = _complete(url, PROMPTS[0])
+        assert text == no_draft_texts[PROMPTS[0]] and "speculative" not in usage
+
+
+def test_draft_with_another_tokenizer_is_refused(serve_cache, gemma3_gguf):
+    with mesh_serve(serve_cache, "--draft", str(gemma3_gguf)) as (url, _):
+        note = httpx.get(f"{url}/health").json()["speculative"]
+        assert "refused" in note and "vocabulary" in note
+        status = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": EMBEDDED_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert status.status_code == 200
+
+
+def test_config_file_sets_the_window_and_cli_overrides_it(serve_cache, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(f'version = 1\n[defaults.speculative]\nwindow_policy = "fixed"\ninitial_window = 2\n'
+                      f'[[models]]\nmodel = "{EMBEDDED_ID}"\n[models.speculative]\ninitial_window = 3\n'
+                      f'max_window = 3\n')
+    with mesh_serve(serve_cache, "--config", str(config)) as (url, _):
+        assert httpx.get(f"{url}/health").json()["speculative"].endswith("fixed 3")
+        _, usage = _complete(url, PROMPTS[1])
+        assert usage["speculative"]["mean_window"] <= 3
+    with mesh_serve(serve_cache, "--config", str(config), "--draft-window", "5") as (url, _):
+        assert httpx.get(f"{url}/health").json()["speculative"].endswith("fixed 5")
+
+
+def test_unknown_config_key_is_an_error_naming_its_path(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nmodel = "x"\n[models.speculative]\nmax_windw = 3\n')
+    done = subprocess.run([sys.executable, "-m", "mesh.cli", "serve", "--config", str(config)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "models[0].speculative.max_windw: unknown key" in done.stderr
