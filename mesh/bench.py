@@ -78,8 +78,9 @@ class Setup:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark the mesh against single-node llama.cpp")
     p.add_argument("--model", default=None, help="package dir or GGUF (default: the embedded SmolLM2)")
-    p.add_argument("--scenarios", default="split,concurrency,memory",
-                   help="comma-separated: split, concurrency, memory (the baseline always runs)")
+    p.add_argument("--scenarios", default="split,spec,concurrency,memory",
+                   help="comma-separated: split, spec, concurrency, memory (the baseline always runs)")
+    p.add_argument("--wire-delays", default="0,20", help="one-way ms on the stage link for the spec scenario")
     p.add_argument("--stages", default="1,2,3", help="split-N scenarios to run")
     p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
     p.add_argument("--tokens", type=int, default=128, help="tokens decoded per request")
@@ -101,6 +102,9 @@ def _run(args: argparse.Namespace) -> int:
         base = stack.enter_context(baseline_worker(setup))
         servers = {n: stack.enter_context(_serve(setup, Path(tmp), n)) for n in stages}
         rows += _decode_rows(setup, base, servers, prompts, args.repeats)
+        if "spec" in scenarios:
+            delays = [float(d) for d in args.wire_delays.split(",")]
+            rows += _spec_rows(setup, stack, Path(tmp), prompts, delays, args.repeats)
         if "concurrency" in scenarios and 2 in servers:
             rows += _concurrency_rows(setup, servers[2], prompts, [int(s) for s in args.streams.split(",")],
                                       args.repeats)
@@ -158,9 +162,12 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
         proc.wait()
 
 
-def _serve(setup: Setup, tmp: Path, stages: int, *extra: str) -> contextlib.AbstractContextManager[LocalServer]:
+def _serve(setup: Setup, tmp: Path, stages: int, draft: bool = False,
+           delay_ms: float = 0.0) -> contextlib.AbstractContextManager[LocalServer]:
+    """`mesh serve --local-stages N`; without the package's draft unless asked."""
     args = ["--local-stages", str(stages), "--threads", str(setup.threads), "--lanes", "8",
-            "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), *extra]
+            "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
+    args += [] if draft else ["--no-draft"]
     if setup.model:
         args += ["--model", setup.model]
     return local_serve(args, tmp)
@@ -205,6 +212,35 @@ def _decode_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
         rows.append(Row(unit, "decode tok/s", statistics.median(tps[unit]), b_tps, g_tps, tps[unit]))
         rows.append(Row(unit, "TTFT 512-token prompt (s)", statistics.median(ttft[unit]), b_ttft, g_ttft,
                         ttft[unit]))
+    return rows
+
+
+def _spec_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: list[str], delays: list[float],
+               repeats: int) -> list[Row]:
+    """split-2 with the package's draft against --no-draft, at each emulated wire delay."""
+    servers = {(d, spec): stack.enter_context(_serve(setup, tmp, 2, draft=spec, delay_ms=d))
+               for d in delays for spec in (True, False)}
+    tps: dict[tuple[float, bool], list[float]] = {key: [] for key in servers}
+    spec_stats: dict[float, list[dict[str, Any]]] = {d: [] for d in delays}
+    for _ in range(repeats):
+        for key, server in servers.items():
+            for p in prompts:
+                timing = stream_chat(server.url, setup.model_id, p, setup.tokens)
+                tps[key].append(timing.decode_tps)
+                if key[1] and timing.speculative:
+                    spec_stats[key[0]].append(timing.speculative)
+    rows = []
+    for d in delays:
+        plain, spec = statistics.median(tps[(d, False)]), statistics.median(tps[(d, True)])
+        stats = spec_stats[d]
+        proposed = sum(s["proposed"] for s in stats)
+        accept = sum(s["accepted"] for s in stats) / proposed if proposed else 0.0
+        windows = sum(s["windows"] for s in stats)
+        goal = ">= 1.5" if d >= 20 else ">= 0.95" if d == 0 else ""
+        rows.append(Row(f"spec {d:g} ms", "no-draft decode tok/s", plain, samples=tps[(d, False)]))
+        rows.append(Row(f"spec {d:g} ms", "draft decode tok/s (vs no-draft)", spec, plain, goal, tps[(d, True)]))
+        rows.append(Row(f"spec {d:g} ms", "accept rate", accept))
+        rows.append(Row(f"spec {d:g} ms", "mean window", proposed / windows if windows else 0.0))
     return rows
 
 

@@ -35,7 +35,7 @@ from mesh.route import (
 from mesh.spec_plan import SpecPlan
 from mesh.speculative import generate
 from mesh.tokenizer import Tokenizer
-from mesh.window import controller_for
+from mesh.window import Controller, controller_for
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
@@ -77,6 +77,7 @@ class Coordinator:
         self.last_error = ""
         self.spec, self.spec_note, self.wire_delay_ms = spec, spec_note, wire_delay_ms
         self.draft: Draft | None = None
+        self.shared_window: Controller | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -260,7 +261,7 @@ class Coordinator:
             session = next(self.sessions)
             lane = pipeline.lanes.lane_for(session)
             draft = self.draft if self.spec is not None else None
-            window = controller_for(self.spec.window) if self.spec is not None else None
+            window = self._window()
             try:
                 async for token in generate(pipeline, session, req, stats, self.ctx_per_session,
                                             draft, window):
@@ -275,6 +276,17 @@ class Coordinator:
                     draft.forget(lane)
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pipeline.end(session))
+
+    def _window(self) -> Controller | None:
+        """A window controller for a new session. Cost-aware is shared by every session: step
+        and verify costs are the machine's, and short requests cannot learn them alone."""
+        if self.spec is None:
+            return None
+        if self.spec.window.policy != "cost-aware":
+            return controller_for(self.spec.window)
+        if self.shared_window is None:
+            self.shared_window = controller_for(self.spec.window)
+        return self.shared_window
 
     def _live_pipeline(self) -> Pipeline:
         p = self.pipeline

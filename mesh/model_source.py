@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from packages.errors import PackageError
 from packages.hub import fetch_package
@@ -60,19 +61,22 @@ def resolve_model(ref: str | None, cache: Path, say: Callable[[str], None]
 
 def _embedded_package(cache: Path, say: Callable[[str], None]) -> Path:
     """SmolLM2 as a package that declares its own draft: the same model requantized to Q4_0."""
-    dest = cache / "packages" / f"embedded-{EMBEDDED_ID}-v2"  # v2: declares the draft
+    dest = cache / "packages" / f"embedded-{EMBEDDED_ID}-v2"  # v2: declares a draft
     if not (dest / "model-package.json").is_file():
         draft = cache / "drafts" / f"{EMBEDDED_ID}-{EMBEDDED_DRAFT_QUANT.lower()}.gguf"
         if not draft.is_file():
             say(f"making the embedded draft: {EMBEDDED_ID} requantized to {EMBEDDED_DRAFT_QUANT}")
             requantize(embedded_gguf(), draft, EMBEDDED_DRAFT_QUANT)
-        return _packaged(embedded_gguf(), dest, EMBEDDED_ID, say, draft=str(draft))
+        # cost-aware: the draft costs about what the target does, so it pays only when
+        # the network between stages is slow; the controller measures and decides.
+        window = {"window_policy": "cost-aware", "initial_window": 4, "min_window": 1, "max_window": 8}
+        return _packaged(embedded_gguf(), dest, EMBEDDED_ID, say, draft=str(draft), window=window)
     return dest
 
 
 def _packaged(gguf: Path, dest: Path, model_id: str, say: Callable[[str], None],
-              draft: str | None = None) -> Path:
+              draft: str | None = None, window: dict[str, Any] | None = None) -> Path:
     if not (dest / "model-package.json").is_file():
         say(f"writing layer package for {gguf.name} into {dest} (first run only)")
-        write_package(gguf, dest, model_id=model_id, progress=lambda _: None, draft=draft)
+        write_package(gguf, dest, model_id=model_id, progress=lambda _: None, draft=draft, window=window)
     return dest

@@ -4,9 +4,10 @@ Sessions submit steps in order and await their outputs. The worker takes everyth
 at most one step per lane (a lane's next step depends on the previous one), runs a single
 engine.step in a thread so the event loop keeps moving frames, and resolves the futures.
 
-Every engine call runs on one dedicated thread. llama.cpp's CPU backend keeps a thread team
-per calling thread; spreading calls over a pool's threads left several teams spinning on
-the same cores and made decode three to four times slower.
+Every engine call in the process runs on one thread, shared by all batchers (stage 0 and
+the draft at the coordinator). llama.cpp's CPU backend keeps an OpenMP thread team per
+calling thread: calls spread over a pool's threads made decode three to four times
+slower, and a second engine on its own thread made speculative windows ten times slower.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import numpy as np
 
 from stage.engine import RangeEngine, Step
 from stage.llama_engine import EngineError
+
+ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="llama")
 
 
 @dataclass
@@ -41,7 +44,6 @@ class Batcher:
         self.task: asyncio.Task[None] | None = None
         self.busy_seconds = 0.0
         self.decodes = 0
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -54,7 +56,6 @@ class Batcher:
             if not job.future.done():
                 job.future.set_exception(EngineError("stage stopped"))
         self.jobs.clear()
-        self.thread.shutdown(wait=False)
 
     def submit(self, step: Step) -> asyncio.Future[np.ndarray]:
         return self._enqueue(_Job(step, asyncio.get_running_loop().create_future()))
@@ -99,7 +100,7 @@ class Batcher:
                 continue
             batch = self._take()
             started = time.perf_counter()
-            await asyncio.get_running_loop().run_in_executor(self.thread, self._execute, batch)
+            await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, self._execute, batch)
             self.busy_seconds += time.perf_counter() - started
             self.decodes += 1
 
