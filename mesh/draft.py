@@ -7,6 +7,7 @@ the target's own sample, so a poor draft costs speed, never correctness.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from stage.batcher import Batcher
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
+CATCH_UP_ROWS = 4
+
 
 class Draft:
     def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int) -> None:
@@ -26,6 +29,7 @@ class Draft:
                                                           ctx_per_lane=ctx_per_lane, threads=threads))
         self.batcher = Batcher(self.engine)
         self.held: list[list[int]] = [[] for _ in range(lanes)]  # the tokens each lane's KV holds
+        self.step_seconds = 0.0  # what one proposal step costs, catch-ups left out
 
     def start(self) -> None:
         self.batcher.start()
@@ -39,16 +43,24 @@ class Draft:
         start = min(_common_prefix(self.held[lane], sequence), len(sequence) - 1)
         held, feed = sequence[:start], sequence[start:]
         out: list[int] = []
+        timed: list[float] = []
         for _ in range(k):
-            # Catch-up rows after a verify go one by one (all_logits), the way the target ran
-            # them, so a draft identical to the target agrees with it exactly.
-            step = Step(lane, start, tokens=np.asarray(feed, dtype=np.int32), all_logits=start > 0)
+            # A short catch-up after a verify goes row by row (all_logits), the way the target
+            # ran those rows, so a draft identical to the target agrees with it exactly. A
+            # long one (the draft sat out while the window was 0) goes in one decode.
+            step = Step(lane, start, tokens=np.asarray(feed, dtype=np.int32),
+                        all_logits=start > 0 and len(feed) <= CATCH_UP_ROWS)
+            began = time.perf_counter()
             logits = await self.batcher.submit(step)
+            if len(feed) == 1:  # a catch-up is not what a proposal costs
+                timed.append(time.perf_counter() - began)
             start += len(feed)
             held += feed
             out.append(int(np.argmax(logits[-1])))
             feed = [out[-1]]
         self.held[lane] = held  # the last proposal is not in the KV yet
+        if timed:
+            self.step_seconds = sum(timed) / len(timed)
         return out
 
     def forget(self, lane: int) -> None:

@@ -67,14 +67,14 @@ async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, sta
         # the last token is not in any KV yet; room bounds the window by context and budget
         room = min(ctx - len(tokens), req.max_tokens - stats.completion_tokens) - 1
         k = max(0, min(window.next_window() if window else 0, room))
-        began = time.perf_counter()
         drafts = await draft.propose(lane, tokens, k) if draft and k else []
-        drafted = time.perf_counter()
+        sent = time.perf_counter()
         target = await pipeline.run(session, len(tokens) - 1, [tokens[-1], *drafts], req.sampling,
                                     all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE)
         n = accepted_prefix(drafts, target)
         if window is not None:
-            window.record(k, n, drafted - began, time.perf_counter() - drafted)
+            draft_s = draft.step_seconds * k if draft else 0.0
+            window.record(k, n, draft_s, time.perf_counter() - sent)
         if acceptance is not None:
             acceptance.add(k, n)
             stats.speculative = acceptance.report()

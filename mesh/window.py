@@ -82,7 +82,8 @@ class CostAware:
     """
 
     policy: WindowPolicy
-    probe_every: int = 32  # windows spent off before trying again
+    probe_every: int = 32  # rounds spent off before trying again; doubles while probes fail
+    max_probe_every: int = 1024
     accept: float | None = None
     draft_step: float | None = None
     verify_base: float | None = None  # seconds for a window of 0 (a plain decode)
@@ -110,7 +111,11 @@ class CostAware:
             self.accept = _ewma(self.accept, min(accepted / proposed, 0.99))
             self.draft_step = _ewma(self.draft_step, draft_s / proposed)
         self._fit_verify()
-        self.window = self._best()
+        was_off, self.window = self.window == 0, self._best()
+        if was_off and proposed and self.window == 0:
+            self.probe_every = min(self.probe_every * 2, self.max_probe_every)
+        elif self.window:
+            self.probe_every = CostAware.probe_every
 
     def _fit_verify(self) -> None:
         ks = sorted(self._verify)
