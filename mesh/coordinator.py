@@ -274,6 +274,8 @@ class Coordinator:
             finally:
                 if draft is not None:
                     draft.forget(lane)
+                    log.info("session %d: %d tokens, speculative %s", session, stats.completion_tokens,
+                             stats.speculative)
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pipeline.end(session))
 

@@ -60,3 +60,19 @@ def test_killed_stage_fails_request_then_route_rebuilds(tmp_path, victim):
         again = client.chat.completions.create(model=EMBEDDED_ID, messages=MESSAGES, max_tokens=8,
                                                temperature=0)
         assert again.usage is not None and again.usage.completion_tokens == 8
+
+
+def test_client_disconnect_frees_the_session_on_every_stage(tmp_path):
+    """One KV lane per stage: unless a dropped stream frees its session everywhere, the next
+    request would wait for admission at stage 0 or find no free lane at stage 1."""
+    with mesh_serve(tmp_path, "--local-stages", "2", "--lanes", "1") as (url, _):
+        body = {"model": EMBEDDED_ID, "messages": MESSAGES, "max_tokens": 1000, "stream": True,
+                "ignore_eos": True}
+        for _ in range(3):
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
+                lines = r.iter_lines()
+                assert sum(1 for _, line in zip(range(6), lines, strict=False) if line) > 0
+            # leaving the block drops the connection mid-stream
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30)
+        done = client.chat.completions.create(model=EMBEDDED_ID, messages=MESSAGES, max_tokens=8)
+        assert done.usage is not None and done.usage.completion_tokens > 0
