@@ -90,6 +90,9 @@ def _run(args: argparse.Namespace) -> int:
         artifact_listen=args.artifact_listen or ("0.0.0.0:0" if remote else "127.0.0.1:0"),
         advertise=args.advertise or (own_address() if remote else "127.0.0.1"),
     )
+    if remote and topology.advertise.startswith("127."):
+        _say(f"WARNING: stages will reach this coordinator at {topology.advertise}, a loopback "
+             "address; pass --advertise with an address they can dial")
     coordinator = Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say,
                               spec=spec, spec_note=note, wire_delay_ms=args.wire_delay_ms)
     host, _, port = args.listen.rpartition(":")

@@ -16,7 +16,7 @@ from stage.daemon import run_stage
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stage", help="run a stage daemon that serves a layer range")
-    p.add_argument("--listen", default="0.0.0.0:7070", help="HOST:PORT for control (gRPC)")
+    p.add_argument("--listen", default="0.0.0.0:7070", help="HOST:PORT for control (gRPC; default: %(default)s)")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--token", default=None,
                    help="shared mesh token (default: $MESHPIPE_TOKEN); required on every call")
@@ -34,6 +34,8 @@ def _run(args: argparse.Namespace) -> int:
     host = args.listen.rpartition(":")[0].strip("[]")
     tls = tls_of(args, "stage")
     advertise = args.advertise or (host if host not in ("0.0.0.0", "::", "") else own_address())
+    if advertise.startswith("127.") and host not in ("127.0.0.1", "localhost"):
+        logging.warning("advertising %s, which other machines cannot reach; pass --advertise", advertise)
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
                            threads=args.threads, tls=tls)

@@ -8,6 +8,7 @@ and the activation listener and answers with its endpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -240,7 +241,17 @@ def split_endpoint(endpoint: str, listening: bool = False) -> tuple[str, int]:
 
 
 def own_address() -> str:
-    """This host's address as other machines see it, for a listener bound to 0.0.0.0."""
+    """This host's address as other machines see it, for a listener bound to 0.0.0.0.
+
+    The host name often resolves to 127.0.1.1 (Debian, Ubuntu), which other machines cannot
+    dial; the source address of the default route is the better guess. Callers warn when
+    even that is a loopback address.
+    """
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1; connecting a UDP socket sends nothing
+        address = str(s.getsockname()[0])
+        if not address.startswith("127."):
+            return address
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
