@@ -39,6 +39,7 @@ from mesh.window import Controller, controller_for
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
+from stage.batcher import close_engine
 from stage.control import split_endpoint
 from stage.grpc_auth import TokenInterceptor
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
@@ -152,11 +153,9 @@ class Coordinator:
         if route.stages:
             host, port = split_endpoint(route.stages[0].activation)
             link = await connect(host, port, token=s.token, role="coordinator",
-                                 ssl_context=client_ssl(s.tls))
-        link_delay = self.wire_delay_ms if link is not None else 0.0
-        if link is not None:
-            link.delay_ms = link_delay
-        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, reply_delay_ms=link_delay)
+                                 ssl_context=client_ssl(s.tls), delay_ms=self.wire_delay_ms)
+        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype,
+                                 reply_delay_ms=self.wire_delay_ms)
         self.pipeline.start()
 
     async def stop(self) -> None:
@@ -174,7 +173,7 @@ class Coordinator:
             self.pipeline = None
         if self.engine is not None:
             engine, self.engine = self.engine, None
-            await asyncio.to_thread(engine.close)
+            await close_engine(engine)
         if self.route is not None:
             await teardown(self.route)
             self.route = None

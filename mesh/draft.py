@@ -6,7 +6,6 @@ the target's own sample, so a poor draft costs speed, never correctness.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -14,8 +13,9 @@ import numpy as np
 from llama_cpp import llama_cpp as L
 
 from mesh.spec_plan import SpecPlan
+from packages.hub import resolve_draft
 from packages.speculative import verify_draft
-from stage.batcher import Batcher
+from stage.batcher import Batcher, close_engine
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
@@ -24,7 +24,6 @@ CATCH_UP_ROWS = 4
 
 class Draft:
     def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int) -> None:
-        self.gguf = gguf
         self.engine = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=lanes,
                                                           ctx_per_lane=ctx_per_lane, threads=threads))
         self.batcher = Batcher(self.engine)
@@ -36,11 +35,11 @@ class Draft:
 
     async def stop(self) -> None:
         await self.batcher.stop()
-        await asyncio.to_thread(self.engine.close)
+        await close_engine(self.engine)
 
     async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
         """k greedy tokens to follow `sequence`; KV past what still matches is dropped."""
-        start = min(_common_prefix(self.held[lane], sequence), len(sequence) - 1)
+        start = min(common_prefix(self.held[lane], sequence), len(sequence) - 1)
         held, feed = sequence[:start], sequence[start:]
         out: list[int] = []
         timed: list[float] = []
@@ -68,7 +67,9 @@ class Draft:
         self.batcher.trim(lane, 0)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share: what the draft's KV still matches, and
+    how many draft tokens the target accepted."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -82,8 +83,6 @@ def draft_path(plan: SpecPlan, package_dir: Path) -> Path:
     s = plan.strategy
     if s is not None and s.draft_model == plan.draft_model and s.in_package:
         return verify_draft(package_dir, s)
-    from packages.hub import resolve_draft
-
     return resolve_draft(plan.draft_model, package_dir)
 
 

@@ -91,9 +91,11 @@ class CostAware:
     off_for: int = 0
     window: int = 0
     _verify: dict[int, float] = field(default_factory=dict)
+    _probe_base: int = 0
 
     def __post_init__(self) -> None:
         self.window = self.policy.initial
+        self._probe_base = self.probe_every
 
     def next_window(self) -> int:
         if self._verify and 0 not in self._verify:
@@ -115,7 +117,7 @@ class CostAware:
         if was_off and proposed and self.window == 0:
             self.probe_every = min(self.probe_every * 2, self.max_probe_every)
         elif self.window:
-            self.probe_every = CostAware.probe_every
+            self.probe_every = self._probe_base
 
     def _fit_verify(self) -> None:
         ks = sorted(self._verify)

@@ -27,6 +27,11 @@ from stage.llama_engine import EngineError
 ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="llama")
 
 
+async def close_engine(engine: RangeEngine) -> None:
+    """Free an engine on the engine thread, after any decode still running there."""
+    await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, engine.close)
+
+
 @dataclass
 class _Job:
     step: Step | None  # None: a control job (trim/free) run between decodes

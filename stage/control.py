@@ -24,6 +24,7 @@ from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
+from stage.batcher import close_engine
 from stage.grpc_auth import token_metadata
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
@@ -206,7 +207,7 @@ class StageControl(pb_grpc.StageControlServicer):
             self.active = None
         if self.engine is not None:
             engine, self.engine = self.engine, None
-            await asyncio.to_thread(engine.close)
+            await close_engine(engine)
         if not keep_state:
             self.state = pb.STARTING
 
