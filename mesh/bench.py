@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 from config.paths import cache_dir
 from mesh.bench_client import StreamTiming, stream_chat
-from mesh.local_server import LocalServer, local_serve
+from mesh.local_server import LocalServer, local_serve, stage_pids
 from mesh.model_source import resolve_model
 from mesh.proc_memory import peak_rss
 from mesh.tokenizer import Tokenizer
@@ -280,18 +279,13 @@ def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer]) 
         if n == 1:
             continue
         stages = httpx.get(f"{server.url}/health", timeout=10).json()["stages"]
-        pids = [server.process.pid, *_stage_pids(server.process.pid)]
+        pids = [server.process.pid, *stage_pids(server.process.pid)]
         for stage, pid in zip(stages, pids, strict=False):
             share = _weight_share(setup.manifest, stage["start"], stage["end"])
             rows.append(Row(f"split-{n} stage {stage['stage']}", f"peak RSS (MB), layers [{stage['start']},"
                             f"{stage['end']}), weights {share / 1e6:.0f} MB", peak_rss(pid) / 1e6,
                             base_rss / 1e6, f"<= {(share + 200e6) / 1e6:.0f} MB"))
     return rows
-
-
-def _stage_pids(pid: int) -> list[int]:
-    kids = psutil.Process(pid).children(recursive=True)
-    return [k.pid for k in sorted(kids, key=lambda k: k.create_time()) if "stage" in k.cmdline()]
 
 
 def _weight_share(m: Manifest, start: int, end: int) -> int:

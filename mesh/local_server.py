@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,9 @@ def wait_healthy(server: LocalServer, timeout: float) -> None:
                 return
         time.sleep(0.5)
     raise TimeoutError(f"mesh serve not healthy after {timeout}s:\n{server.log.read_text()[-3000:]}")
+
+
+def stage_pids(serve_pid: int) -> list[int]:
+    """The `mesh stage` processes a `mesh serve` spawned, oldest first (pipeline order)."""
+    kids = psutil.Process(serve_pid).children(recursive=True)
+    return [k.pid for k in sorted(kids, key=lambda k: k.create_time()) if "stage" in k.cmdline()]

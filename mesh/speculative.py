@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from mesh.backend import GenerationRequest, GenerationStats
-from mesh.draft import Draft
+from mesh.draft import Draft, common_prefix
 from mesh.pipeline import Pipeline
 from mesh.window import Controller
 from proto import meshpipe_pb2 as pb
@@ -36,13 +36,6 @@ class Acceptance:
         return {"windows": self.windows, "proposed": self.proposed, "accepted": self.accepted,
                 "accept_rate": round(self.accepted / self.proposed, 4) if self.proposed else 0.0,
                 "mean_window": round(self.proposed / self.windows, 3) if self.windows else 0.0}
-
-
-def accepted_prefix(drafts: list[int], target: list[int]) -> int:
-    n = 0
-    while n < len(drafts) and drafts[n] == target[n]:
-        n += 1
-    return n
 
 
 async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, stats: GenerationStats,
@@ -71,7 +64,7 @@ async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, sta
         sent = time.perf_counter()
         target = await pipeline.run(session, len(tokens) - 1, [tokens[-1], *drafts], req.sampling,
                                     all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE)
-        n = accepted_prefix(drafts, target)
+        n = common_prefix(drafts, target)
         if window is not None:
             draft_s = draft.step_seconds * k if draft else 0.0
             window.record(k, n, draft_s, time.perf_counter() - sent)

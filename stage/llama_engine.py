@@ -198,7 +198,7 @@ def _rounds(steps: list[Step]) -> list[list[_Sub]]:
     """
     rounds: list[list[_Sub]] = [[]]
     for origin, s in enumerate(steps):
-        if not (s.all_logits and s.n > 1) or (s.hidden is None and s.tokens is None):
+        if not (s.all_logits and s.n > 1):
             rounds[0].append(_Sub(s.lane, s.start, s.tokens, s.hidden, s.all_logits, origin))
             continue
         for i in range(s.n):

@@ -16,9 +16,9 @@ import pytest
 from chain import chat_prompt
 
 from mesh.backend import GenerationRequest, GenerationStats
-from mesh.draft import Draft
+from mesh.draft import Draft, common_prefix
 from mesh.pipeline import Pipeline
-from mesh.speculative import accepted_prefix, generate
+from mesh.speculative import generate
 from mesh.tokenizer import Tokenizer
 from mesh.window import Adaptive, CostAware, WindowPolicy, controller_for
 from packages.manifest import load_manifest
@@ -202,9 +202,9 @@ def _chi_square_fits(samples: np.ndarray, probs: np.ndarray) -> None:
 
 
 def test_accepted_prefix():
-    assert accepted_prefix([1, 2, 3], [1, 2, 4, 9]) == 2
-    assert accepted_prefix([], [7]) == 0
-    assert accepted_prefix([5], [5, 6]) == 1
+    assert common_prefix([1, 2, 3], [1, 2, 4, 9]) == 2
+    assert common_prefix([], [7]) == 0
+    assert common_prefix([5], [5, 6]) == 1
 
 
 def test_adaptive_window_moves_within_bounds():

@@ -12,14 +12,10 @@ import psutil
 import pytest
 from mesh_server import mesh_serve
 
+from mesh.local_server import stage_pids
 from mesh.model_source import EMBEDDED_ID
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
-
-
-def _stage_pids(serve_pid: int) -> list[int]:
-    kids = psutil.Process(serve_pid).children(recursive=True)
-    return [k.pid for k in kids if "stage" in k.cmdline()]
 
 
 def _wait_for(predicate, timeout: float) -> float:
@@ -35,7 +31,7 @@ def _wait_for(predicate, timeout: float) -> float:
 def test_killed_stage_fails_request_then_route_rebuilds(tmp_path, victim):
     with mesh_serve(tmp_path, "--local-stages", "3") as (url, proc):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30)
-        stages = _stage_pids(proc.pid)
+        stages = stage_pids(proc.pid)
         assert len(stages) == 2
         stream = client.chat.completions.create(model=EMBEDDED_ID, messages=MESSAGES,
                                                 max_tokens=1500, temperature=0, stream=True,
@@ -55,7 +51,7 @@ def test_killed_stage_fails_request_then_route_rebuilds(tmp_path, victim):
 
         _wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=120)
         assert psutil.Process(proc.pid).is_running()
-        new_stages = _stage_pids(proc.pid)
+        new_stages = stage_pids(proc.pid)
         assert len(new_stages) == 2 and not set(new_stages) & set(stages)
         again = client.chat.completions.create(model=EMBEDDED_ID, messages=MESSAGES, max_tokens=8,
                                                temperature=0)
