@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from typing import Any
 import httpx
 
 from config.paths import cache_dir
+from mesh.bench_breakdown import measure
 from mesh.bench_client import StreamTiming, stream_chat
 from mesh.local_server import LocalServer, local_serve, stage_pids
 from mesh.model_source import resolve_model
@@ -86,6 +88,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is quoted")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many built-in prompts to use")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="engine threads per process")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also show where a frame's time goes, per stage and part (one more pass)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.set_defaults(func=_run)
@@ -109,6 +113,9 @@ def _run(args: argparse.Namespace) -> int:
                                       args.repeats)
         if "memory" in scenarios:
             rows += _memory_rows(setup, base, servers)
+        if args.breakdown:
+            streams = max(int(s) for s in args.streams.split(",")) if "concurrency" in scenarios else 0
+            rows += _breakdown_rows(setup, servers, prompts, streams)
     header = _header(setup, args)
     print(format_table(header, rows))
     if args.json:
@@ -262,6 +269,25 @@ def _concurrency_rows(setup: Setup, server: LocalServer, prompts: list[str], str
         rows.append(Row(f"concurrency-{n}", "inter-token p50 (ms)", statistics.median(gaps[n]) * 1e3))
         rows.append(Row(f"concurrency-{n}", "inter-token p95 (ms)", q[18] * 1e3))
     return rows
+
+
+def _breakdown_rows(setup: Setup, servers: dict[int, LocalServer], prompts: list[str],
+                    streams: int) -> list[Row]:
+    """One more pass per split server, one stream (and `streams` at once on split-2)."""
+    units = [(f"split-{n}", server, 1) for n, server in servers.items()]
+    if streams > 1 and 2 in servers:
+        units.append((f"concurrency-{streams}", servers[2], streams))
+    rows = []
+    for unit, server, n in units:
+        asked = [prompts[i % len(prompts)] for i in range(max(n, len(prompts)))]
+        batches = [asked[i : i + n] for i in range(0, len(asked), n)]
+        run = functools.partial(_run_batches, server.url, setup, batches)
+        rows += [Row(f"breakdown {unit}", f"{part} (ms/frame)", ms) for part, ms in measure(server.url, n, run)]
+    return rows
+
+
+def _run_batches(url: str, setup: Setup, batches: list[list[str]]) -> int:
+    return sum(_parallel(url, setup, batch)[0] for batch in batches)
 
 
 def _parallel(url: str, setup: Setup, prompts: list[str]) -> tuple[int, float, list[StreamTiming]]:

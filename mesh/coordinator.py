@@ -22,6 +22,7 @@ import psutil
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import GenerationRequest, GenerationStats, MeshUnavailable, RequestRejected
 from mesh.draft import Draft, draft_path, vocab_mismatch
+from mesh.hop_timing import HopTotals
 from mesh.pipeline import Pipeline, StageFailed
 from mesh.route import (
     RemoteStage,
@@ -79,6 +80,7 @@ class Coordinator:
         self.spec, self.spec_note, self.wire_delay_ms = spec, spec_note, wire_delay_ms
         self.draft: Draft | None = None
         self.shared_window: Controller | None = None
+        self.hops = HopTotals()  # outlives route rebuilds, like the other counters
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -94,8 +96,8 @@ class Coordinator:
             return
         try:
             gguf = await asyncio.to_thread(draft_path, self.spec, self.package_dir)
-            draft = await asyncio.to_thread(Draft, gguf, self.settings.lanes, self.settings.ctx_size,
-                                             self.settings.threads)
+            s = self.settings
+            draft = await asyncio.to_thread(Draft, gguf, s.lanes, s.ctx_size, s.threads, s.cpu_lock)
         except Exception as exc:
             return self._no_speculation(f"draft {self.spec.draft_model} unavailable: {exc}")
         assert self.engine is not None
@@ -147,7 +149,7 @@ class Coordinator:
         if self.tokenizer is None:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, self.model_id)
         cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,
-                           ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.threads)
+                           ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.threads, cpu_lock=s.cpu_lock)
         self.engine = await asyncio.to_thread(LlamaRangeEngine, gguf, cfg)
         link = None
         if route.stages:
@@ -155,7 +157,7 @@ class Coordinator:
             link = await connect(host, port, token=s.token, role="coordinator",
                                  ssl_context=client_ssl(s.tls), delay_ms=self.wire_delay_ms)
         self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype,
-                                 reply_delay_ms=self.wire_delay_ms)
+                                 reply_delay_ms=self.wire_delay_ms, hops=self.hops)
         self.pipeline.start()
 
     async def stop(self) -> None:

@@ -23,9 +23,11 @@ CATCH_UP_ROWS = 4
 
 
 class Draft:
-    def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int) -> None:
-        self.engine = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=lanes,
-                                                          ctx_per_lane=ctx_per_lane, threads=threads))
+    def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int,
+                 cpu_lock: Path | None = None) -> None:
+        cfg = EngineConfig(first=True, final=True, lanes=lanes, ctx_per_lane=ctx_per_lane,
+                           threads=threads, cpu_lock=cpu_lock)
+        self.engine = LlamaRangeEngine(gguf, cfg)
         self.batcher = Batcher(self.engine)
         self.held: list[list[int]] = [[] for _ in range(lanes)]  # the tokens each lane's KV holds
         self.step_seconds = 0.0  # what one proposal step costs, catch-ups left out

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from mesh.hop_timing import HopTotals
 
 
 class Metrics:
@@ -29,5 +33,24 @@ class Metrics:
             self.spec_proposed.inc(spec.get("proposed", 0))
             self.spec_accepted.inc(spec.get("accepted", 0))
 
+    def watch_hops(self, totals: HopTotals) -> None:
+        """Export where frames spent their time: per stage and part, plus the wire."""
+        self.registry.register(_HopCollector(totals))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HopCollector:
+    def __init__(self, totals: HopTotals) -> None:
+        self.totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        frames = CounterMetricFamily("meshpipe_frames", "frames that came back through the pipeline")
+        frames.add_metric([], self.totals.frames)
+        seconds = CounterMetricFamily("meshpipe_hop_seconds", "frame time by stage and part",
+                                      labels=["stage", "part"])
+        for (stage, part), value in sorted(self.totals.seconds.items()):
+            seconds.add_metric([stage, part], value)
+        yield frames
+        yield seconds

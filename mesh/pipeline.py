@@ -11,12 +11,16 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from mesh.backend import MeshUnavailable
+from mesh.hop_timing import HopTotals
 from proto import meshpipe_pb2 as pb
-from stage.batcher import Batcher
+from stage.activations import hop
+from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
 from stage.lanes import LanePool
 from stage.sampling import SamplingParams, sample_tail
@@ -29,9 +33,17 @@ class StageFailed(Exception):
     """A stage reported an error for this request (the route itself may be fine)."""
 
 
+@dataclass(frozen=True)
+class _Waiter:
+    future: asyncio.Future[pb.FrameHeader]
+    own: pb.Hop  # stage 0's part of the frame
+    sent_at: float
+
+
 class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
-                 chunk: int = 128, reply_timeout: float = 60.0, reply_delay_ms: float = 0.0) -> None:
+                 chunk: int = 128, reply_timeout: float = 60.0, reply_delay_ms: float = 0.0,
+                 hops: HopTotals | None = None) -> None:
         self.engine = engine
         self.link = link
         self.wire_dtype = wire_dtype
@@ -41,7 +53,8 @@ class Pipeline:
         self.batcher = Batcher(engine)
         self.lanes = LanePool(engine.lanes)
         self.windows = itertools.count(1)
-        self.waiters: dict[tuple[int, int], asyncio.Future[pb.FrameHeader]] = {}
+        self.waiters: dict[tuple[int, int], _Waiter] = {}
+        self.hops = hops or HopTotals()
         self.broken: str | None = None
         self.replies: asyncio.Task[None] | None = None
 
@@ -70,21 +83,31 @@ class Pipeline:
             last = i == len(pieces) - 1
             step = Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
                         all_logits=all_logits and last)
-            out = await self.batcher.submit(step)
+            clock = StepClock()
+            out = await self.batcher.submit(step, clock)
             if self.link is None:
                 if last:
-                    return sample_tail(out, sampling, pos, len(piece))
+                    return self._sample_here(out, sampling, pos, len(piece), clock)
             else:
-                reply = await self._send(session, pos, piece, out, sampling, kind, last, all_logits)
+                reply = await self._send(session, pos, out, clock, sampling, kind, last, all_logits)
             pos += len(piece)
         assert reply is not None
         return await self._await_reply(reply)
 
-    async def _send(self, session: int, pos: int, piece: list[int], hidden: np.ndarray,
+    def _sample_here(self, logits: np.ndarray, sampling: SamplingParams, pos: int, rows: int,
+                     clock: StepClock) -> list[int]:
+        started = time.perf_counter()
+        tokens = sample_tail(logits, sampling, pos, rows)
+        self.hops.record(hop(0, clock, sample_s=time.perf_counter() - started))
+        return tokens
+
+    async def _send(self, session: int, pos: int, hidden: np.ndarray, clock: StepClock,
                     sampling: SamplingParams, kind: int, last: bool, all_logits: bool
                     ) -> asyncio.Future[pb.FrameHeader] | None:
         assert self.link is not None
+        encoding = time.perf_counter()
         shape, data = encode_tensor(hidden, self.wire_dtype)
+        own = hop(0, clock, codec_s=time.perf_counter() - encoding)
         window = next(self.windows)
         header = pb.FrameHeader(
             session_id=session, window_id=window, kind=kind if last else pb.PREFILL,  # type: ignore[arg-type]
@@ -97,7 +120,7 @@ class Pipeline:
         future = None
         if last:
             future = asyncio.get_running_loop().create_future()
-            self.waiters[(session, window)] = future
+            self.waiters[(session, window)] = _Waiter(future, own, time.perf_counter())
         try:
             await self.link.send(header, data)
         except (LinkClosed, ConnectionError) as exc:
@@ -130,11 +153,11 @@ class Pipeline:
         try:
             while True:
                 header, _ = await self.link.recv()
-                future = self.waiters.pop((header.session_id, header.window_id), None)
-                if future is not None and self.reply_delay:
-                    asyncio.get_running_loop().call_later(self.reply_delay, _deliver, future, header)
-                elif future is not None:
-                    _deliver(future, header)
+                waiter = self.waiters.pop((header.session_id, header.window_id), None)
+                if waiter is not None and self.reply_delay:
+                    asyncio.get_running_loop().call_later(self.reply_delay, self._deliver, waiter, header)
+                elif waiter is not None:
+                    self._deliver(waiter, header)
         except (LinkClosed, ConnectionError) as exc:
             self._break(f"activation link to stage 1 lost: {exc or 'closed'}")
 
@@ -142,12 +165,15 @@ class Pipeline:
         if self.broken is None:
             self.broken = reason
             log.error("route broken: %s", reason)
-        for future in self.waiters.values():
-            if not future.done():
-                future.set_exception(MeshUnavailable(reason))
+        for waiter in self.waiters.values():
+            if not waiter.future.done():
+                waiter.future.set_exception(MeshUnavailable(reason))
         self.waiters.clear()
 
+    def _deliver(self, waiter: _Waiter, header: pb.FrameHeader) -> None:
+        if waiter.future.done():
+            return
+        if header.kind == pb.REPLY:
+            self.hops.record(waiter.own, header.timings.hops, time.perf_counter() - waiter.sent_at)
+        waiter.future.set_result(header)
 
-def _deliver(future: asyncio.Future[pb.FrameHeader], header: pb.FrameHeader) -> None:
-    if not future.done():
-        future.set_result(header)

@@ -59,6 +59,7 @@ class RouteSettings:
     threads: int
     wire_dtype: int = pb.F32
     tls: MeshTls | None = None
+    cpu_lock: Path | None = None  # shared with local stages, which run on the same cores
 
 
 @dataclass
@@ -89,6 +90,8 @@ def spawn_local_stage(s: RouteSettings) -> RemoteStage:
            "--cache-dir", str(s.cache_dir), "--threads", str(s.threads)]
     if s.tls:
         cmd += ["--tls-cert", str(s.tls.cert), "--tls-key", str(s.tls.key), "--tls-ca", str(s.tls.ca)]
+    if s.cpu_lock:
+        cmd += ["--cpu-lock", str(s.cpu_lock)]
     env = dict(os.environ)
     if s.token:
         env["MESHPIPE_TOKEN"] = s.token

@@ -23,6 +23,7 @@ from mesh.spec_plan import resolve_plan
 from mesh.tls_args import add_tls_arguments, tls_of
 from proto import meshpipe_pb2 as pb
 from stage.control import own_address
+from stage.cpu_lock import HELP as CPU_LOCK_HELP
 
 WIRE_DTYPES = {"f32": pb.F32, "f16": pb.F16, "bf16": pb.BF16}
 
@@ -55,6 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx-size", type=int, default=2048, help="context tokens per session")
     p.add_argument("--batch", type=int, default=256, help="rows per engine decode")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--cpu-lock", default=None, help=CPU_LOCK_HELP + "; 'off' to never take turns "
+                   "(default: CACHE/cpu.lock when --local-stages times --threads exceeds the cores)")
     p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPES), default="f32",
                    help="hidden-state dtype on the wire (f32 is exact)")
     p.add_argument("--artifact-listen", default=None,
@@ -83,7 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
     settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,
                              ctx_size=args.ctx_size, batch=args.batch, threads=args.threads,
-                             wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args, "serve"))
+                             wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args, "serve"),
+                             cpu_lock=_cpu_lock(args, cache))
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages,
@@ -100,6 +104,15 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cpu_lock(args: argparse.Namespace, cache: Path) -> Path | None:
+    if args.cpu_lock == "off":
+        return None
+    if args.cpu_lock:
+        return Path(args.cpu_lock)
+    oversubscribed = args.threads * args.local_stages > (os.cpu_count() or 1)
+    return cache / "cpu.lock" if args.local_stages > 1 and oversubscribed else None
+
+
 def _cli_speculative(args: argparse.Namespace) -> Speculative:
     if args.draft_window is not None and args.draft_window < 1:
         raise SystemExit("mesh serve: error: --draft-window must be at least 1")
@@ -112,7 +125,9 @@ def _cli_speculative(args: argparse.Namespace) -> Speculative:
 async def _serve(coordinator: Coordinator, host: str, port: int) -> None:
     try:
         await coordinator.start()
-        app = build_app(coordinator, Metrics())
+        metrics = Metrics()
+        metrics.watch_hops(coordinator.hops)
+        app = build_app(coordinator, metrics)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         server = uvicorn.Server(config)
         _say(f"serving {coordinator.model_id} on http://{host}:{port}/v1")

@@ -11,6 +11,7 @@ from pathlib import Path
 from config.paths import cache_dir
 from mesh.tls_args import add_tls_arguments, tls_of
 from stage.control import StageOptions, own_address
+from stage.cpu_lock import HELP as CPU_LOCK_HELP
 from stage.daemon import run_stage
 
 
@@ -23,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--advertise", help="address other stages use to reach this one "
                    "(default: the --listen host, or this host's address when listening on 0.0.0.0)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--cpu-lock", type=Path, default=None, help=CPU_LOCK_HELP)
     add_tls_arguments(p)
     p.set_defaults(func=_run)
 
@@ -38,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
         logging.warning("advertising %s, which other machines cannot reach; pass --advertise", advertise)
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
-                           threads=args.threads, tls=tls)
+                           threads=args.threads, tls=tls, cpu_lock=args.cpu_lock)
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)

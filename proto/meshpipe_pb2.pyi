@@ -282,16 +282,18 @@ class Sampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Hop(_message.Message):
-    __slots__ = ("stage_index", "compute_us", "queue_us", "wire_us")
+    __slots__ = ("stage_index", "compute_us", "queue_us", "codec_us", "sample_us")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
-    WIRE_US_FIELD_NUMBER: _ClassVar[int]
+    CODEC_US_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_US_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     compute_us: int
     queue_us: int
-    wire_us: int
-    def __init__(self, stage_index: _Optional[int] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., wire_us: _Optional[int] = ...) -> None: ...
+    codec_us: int
+    sample_us: int
+    def __init__(self, stage_index: _Optional[int] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., codec_us: _Optional[int] = ..., sample_us: _Optional[int] = ...) -> None: ...
 
 class HopTimings(_message.Message):
     __slots__ = ("hops",)

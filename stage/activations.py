@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from proto import meshpipe_pb2 as pb
-from stage.batcher import Batcher
+from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
 from stage.lanes import LanePool, LanesExhausted
 from stage.sampling import SamplingParams, sample_tail
@@ -32,7 +32,15 @@ class _Admitted:
     header: pb.FrameHeader
     future: asyncio.Future[np.ndarray] | None
     error: str | None = None
-    admitted_at: float = 0.0
+    clock: StepClock = field(default_factory=StepClock)
+    codec_s: float = 0.0  # decoding the payload; encoding the output adds to it
+
+
+def hop(stage_index: int, clock: StepClock, codec_s: float = 0.0, sample_s: float = 0.0) -> pb.Hop:
+    """The timings a stage stamps on a frame it ran."""
+    return pb.Hop(stage_index=stage_index, queue_us=int(clock.queue_s * 1e6),
+                  compute_us=int(clock.compute_s * 1e6), codec_us=int(codec_s * 1e6),
+                  sample_us=int(sample_s * 1e6))
 
 
 def sampling_of(header: pb.FrameHeader) -> SamplingParams:
@@ -87,22 +95,22 @@ class ActivationStage:
                 await self._free_all()
 
     def _admit(self, header: pb.FrameHeader, payload: bytes) -> _Admitted:
-        now = time.perf_counter()
         try:
             if header.kind in COMPUTE_KINDS:
-                return _Admitted(header, self._submit(header, payload), admitted_at=now)
+                return self._submit(header, payload)
             if header.kind == pb.END:
                 lane = self.lanes.release(header.session_id)
                 future = None if lane is None else self.batcher.trim(lane, 0)
-                return _Admitted(header, future, admitted_at=now)
+                return _Admitted(header, future)
             if header.kind == pb.TRIM:
                 lane = self.lanes.lane_for(header.session_id)
-                return _Admitted(header, self.batcher.trim(lane, header.start_pos), admitted_at=now)
+                return _Admitted(header, self.batcher.trim(lane, header.start_pos))
             return _Admitted(header, None, error=f"unexpected frame kind {header.kind}")
         except (LanesExhausted, ValueError) as exc:
             return _Admitted(header, None, error=str(exc))
 
-    def _submit(self, header: pb.FrameHeader, payload: bytes) -> asyncio.Future[np.ndarray]:
+    def _submit(self, header: pb.FrameHeader, payload: bytes) -> _Admitted:
+        clock = StepClock()
         lane = self.lanes.lane_for(header.session_id)
         if self.engine.first:
             tokens = np.asarray(header.tokens, dtype=np.int32)
@@ -110,7 +118,8 @@ class ActivationStage:
         else:
             hidden = decode_tensor(header, payload)
             step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits)
-        return self.batcher.submit(step)
+        codec_s = time.perf_counter() - clock.queued
+        return _Admitted(header, self.batcher.submit(step, clock), clock=clock, codec_s=codec_s)
 
     async def _send_results(self, link: Link, outbox: asyncio.Queue[_Admitted | None]) -> None:
         while (item := await outbox.get()) is not None:
@@ -130,8 +139,6 @@ class ActivationStage:
             await link.send(pb.FrameHeader(session_id=h.session_id, window_id=h.window_id,
                                            kind=pb.ERROR, message=item.error))
             return
-        hop = pb.Hop(stage_index=self.index,
-                     compute_us=int((time.perf_counter() - item.admitted_at) * 1e6))
         if h.kind not in COMPUTE_KINDS:
             if self.downstream is not None:
                 await self.downstream.send(h)
@@ -139,26 +146,32 @@ class ActivationStage:
         assert result is not None
         if self.downstream is None:
             if h.want_reply:
-                await link.send(self._reply(h, result, hop))
+                await link.send(self._reply(item, result))
             return
         out = pb.FrameHeader()
         out.CopyFrom(h)
-        out.timings.hops.append(hop)
+        encoding = time.perf_counter()
         shape, data = encode_tensor(result, self.wire_dtype)
+        out.timings.hops.append(self._hop(item, codec_s=time.perf_counter() - encoding))
         del out.shape[:]
         out.shape.extend(shape)
         out.dtype = self.wire_dtype  # type: ignore[assignment]
         out.payload_bytes = len(data)
         await self.downstream.send(out, data)
 
-    def _reply(self, h: pb.FrameHeader, logits: np.ndarray, hop: pb.Hop) -> pb.FrameHeader:
+    def _reply(self, item: _Admitted, logits: np.ndarray) -> pb.FrameHeader:
+        h = item.header
         rows = int(h.shape[0]) if len(h.shape) else len(h.tokens)
         reply = pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.REPLY,
                                start_pos=h.start_pos)
+        sampling = time.perf_counter()
         reply.tokens.extend(sample_tail(logits, sampling_of(h), h.start_pos, rows))
         reply.timings.CopyFrom(h.timings)
-        reply.timings.hops.append(hop)
+        reply.timings.hops.append(self._hop(item, sample_s=time.perf_counter() - sampling))
         return reply
+
+    def _hop(self, item: _Admitted, codec_s: float = 0.0, sample_s: float = 0.0) -> pb.Hop:
+        return hop(self.index, item.clock, item.codec_s + codec_s, sample_s)
 
     async def _relay_replies(self) -> None:
         assert self.downstream is not None

@@ -33,11 +33,32 @@ async def close_engine(engine: RangeEngine) -> None:
 
 
 @dataclass
+class StepClock:
+    """When a step was queued, and when the decode that ran it started and ended.
+
+    perf_counter seconds in this process. The decode's time is shared by every step batched
+    into it, so `compute_s` is the wall time a step waited on the engine, not its share.
+    """
+
+    queued: float = field(default_factory=time.perf_counter)
+    started: float = 0.0
+    finished: float = 0.0
+
+    @property
+    def queue_s(self) -> float:
+        return max(self.started - self.queued, 0.0)
+
+    @property
+    def compute_s(self) -> float:
+        return max(self.finished - self.started, 0.0)
+
+
+@dataclass
 class _Job:
     step: Step | None  # None: a control job (trim/free) run between decodes
     future: asyncio.Future[np.ndarray]
     control: Callable[[], None] | None = None
-    queued_at: float = field(default_factory=time.perf_counter)
+    clock: StepClock = field(default_factory=StepClock)
 
 
 class Batcher:
@@ -62,8 +83,10 @@ class Batcher:
                 job.future.set_exception(EngineError("stage stopped"))
         self.jobs.clear()
 
-    def submit(self, step: Step) -> asyncio.Future[np.ndarray]:
-        return self._enqueue(_Job(step, asyncio.get_running_loop().create_future()))
+    def submit(self, step: Step, clock: StepClock | None = None) -> asyncio.Future[np.ndarray]:
+        """Queue `step`; `clock`, if given, is stamped when its decode starts and ends."""
+        future = asyncio.get_running_loop().create_future()
+        return self._enqueue(_Job(step, future, clock=clock or StepClock()))
 
     def control(self, action: Callable[[], None]) -> asyncio.Future[np.ndarray]:
         """Run `action` on the engine thread, ordered after every step queued before it."""
@@ -112,6 +135,7 @@ class Batcher:
     def _execute(self, batch: list[_Job]) -> None:
         loop = batch[0].future.get_loop()
         results: list[np.ndarray | BaseException]
+        started = time.perf_counter()
         try:
             if batch[0].control is not None:
                 results = [self._guard(batch[0].control)]
@@ -119,7 +143,9 @@ class Batcher:
                 results = self._step_all([j.step for j in batch if j.step is not None])
         except Exception as exc:  # never let the worker die with futures pending
             results = [exc] * len(batch)
+        finished = time.perf_counter()
         for job, result in zip(batch, results, strict=True):
+            job.clock.started, job.clock.finished = started, finished
             loop.call_soon_threadsafe(_resolve, job.future, result)
 
     def _step_all(self, steps: list[Step]) -> list[np.ndarray | BaseException]:

@@ -44,6 +44,7 @@ class StageOptions:
     token: str | None
     threads: int
     tls: MeshTls | None = None
+    cpu_lock: Path | None = None
 
 
 class StageControl(pb_grpc.StageControlServicer):
@@ -182,7 +183,7 @@ class StageControl(pb_grpc.StageControlServicer):
     async def _start(self, p: PreparedStage, r: pb.LoadRequest) -> str:
         cfg = EngineConfig(first=p.start == 0, final=r.final, lanes=r.lanes,
                            ctx_per_lane=r.ctx_size, batch=r.batch or 256,
-                           threads=r.threads or self.opt.threads)
+                           threads=r.threads or self.opt.threads, cpu_lock=self.opt.cpu_lock)
         self.engine = await asyncio.to_thread(LlamaRangeEngine, p.gguf, cfg)
         downstream = None
         if r.downstream:

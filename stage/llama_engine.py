@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from llama_cpp import llama_cpp as L
 
+from stage.cpu_lock import CpuLock
 from stage.engine import Step
 from stage.hidden_tap import HiddenTap
 
@@ -26,6 +28,7 @@ class EngineConfig:
     ctx_per_lane: int = 2048
     batch: int = 256  # rows per llama_decode; one ubatch, so tap rows keep batch order
     threads: int = 2
+    cpu_lock: Path | None = None  # take turns on the cores with engines in other processes
 
 
 _silence = L.llama_log_callback(lambda level, text, user: None)
@@ -59,6 +62,7 @@ class LlamaRangeEngine:
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(cfg.batch, 0 if cfg.first else self.width, cfg.lanes)
         self._pos = [0] * cfg.lanes
+        self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
     def _new_context(self) -> ctypes.c_void_p:
         cfg = self.cfg
@@ -138,7 +142,8 @@ class LlamaRangeEngine:
                     logit_rows.append((seg.step, row + first_out, seg.count - first_out))
             row += seg.count
         b.n_tokens = row
-        rc = L.llama_decode(self.ctx, b)
+        with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
+            rc = L.llama_decode(self.ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc}")
         for seg in call:
@@ -173,6 +178,8 @@ class LlamaRangeEngine:
             L.llama_free(self.ctx)
             L.llama_model_free(self.model)
             self.ctx = None  # type: ignore[assignment]
+            if self.cpu_lock:
+                self.cpu_lock.close()
 
 
 @dataclass(frozen=True)

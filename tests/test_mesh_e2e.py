@@ -11,6 +11,7 @@ from chat_reference import PROMPTS
 from chat_reference import chat as _chat
 from mesh_server import mesh_serve
 
+from mesh.bench_breakdown import measure, scrape
 from mesh.model_source import EMBEDDED_ID
 
 
@@ -74,3 +75,26 @@ def test_completions_endpoint_and_stop_strings(two_stage):
     cut = client.completions.create(model=EMBEDDED_ID, prompt="One, two, three,", max_tokens=12,
                                     temperature=0, stop=[word])
     assert cut.choices[0].finish_reason == "stop" and word not in cut.choices[0].text
+
+
+def test_every_frame_reports_where_its_time_went(two_stage):
+    """/metrics sums each stage's queue/compute/codec/sample and the wire, per frame."""
+    url, _ = two_stage
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    made = []
+
+    def run() -> int:
+        r = client.chat.completions.create(model=EMBEDDED_ID, max_tokens=12, temperature=0,
+                                           messages=[{"role": "user", "content": "Count to ten."}],
+                                           extra_body={"ignore_eos": True})
+        made.append(r.usage.completion_tokens)
+        return r.usage.completion_tokens
+
+    before = scrape(url)
+    parts = dict(measure(url, 1, run))
+    frames = scrape(url).frames - before.frames
+    assert made == [12] and 0 < frames <= 12  # a verify window returns several tokens in one frame
+    assert parts["stage 0 compute"] > 0 and parts["stage 1 compute"] > 0
+    assert parts["stage 1 sample"] > 0 and "stage 0 sample" not in parts  # sampled at the end only
+    assert parts["wire (round trip less the stages)"] > 0
+    assert parts["pipeline total"] >= parts["stage 0 compute"] + parts["stage 1 compute"]
