@@ -12,8 +12,6 @@ import sys
 # 106 with 2000, on 2 cores; one process alone is unchanged. libgomp reads this once, when
 # it loads, so it must be set before llama_cpp is imported; stage children inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
-if os.environ.get("MESH_SWITCH"):
-    sys.setswitchinterval(float(os.environ["MESH_SWITCH"]))
 
 from config.settings import ConfigError
 from mesh import bench, package_cli, serve_cli, stage_cli, status_cli
