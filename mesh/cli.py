@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -14,7 +15,6 @@ import sys
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
 from config.settings import ConfigError
-from mesh import bench, package_cli, serve_cli, stage_cli, status_cli
 from mesh.planner import PlanError
 from mesh.route import RouteError
 from packages.errors import PackageError
@@ -22,20 +22,25 @@ from packages.errors import PackageError
 # Errors a user can fix; they print as one line, never as a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (PackageError, RouteError, PlanError, ConfigError, OSError)
 
+# Each command's module is imported only when it runs (or for --help): a stage daemon then
+# never loads the HTTP server, the Hub client or the benchmark, which is memory it keeps.
+COMMANDS = {"serve": "mesh.serve_cli", "stage": "mesh.stage_cli", "status": "mesh.status_cli",
+            "package": "mesh.package_cli", "bench": "mesh.bench"}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mesh", description="pipeline-parallel LLM serving mesh")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_cli.add_parser(sub)
-    stage_cli.add_parser(sub)
-    status_cli.add_parser(sub)
-    package_cli.add_parser(sub)
-    bench.add_parser(sub)
+    for name, module in COMMANDS.items():
+        if command in (None, name):
+            importlib.import_module(module).add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args))
     except USER_ERRORS as exc:

@@ -13,7 +13,6 @@ import numpy as np
 from llama_cpp import llama_cpp as L
 
 from mesh.spec_plan import SpecPlan
-from packages.hub import resolve_draft
 from packages.speculative import verify_draft
 from stage.batcher import Batcher, close_engine
 from stage.engine import Step
@@ -85,6 +84,8 @@ def draft_path(plan: SpecPlan, package_dir: Path) -> Path:
     s = plan.strategy
     if s is not None and s.draft_model == plan.draft_model and s.in_package:
         return verify_draft(package_dir, s)
+    from packages.hub import resolve_draft  # the Hub client only when a draft is served
+
     return resolve_draft(plan.draft_model, package_dir)
 
 

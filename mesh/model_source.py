@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from packages.errors import PackageError
-from packages.hub import fetch_package
 from packages.manifest import Manifest
 from packages.refs import is_hub_ref, parse_hub_ref
 from packages.requantize import requantize
@@ -41,6 +40,8 @@ def resolve_model(ref: str | None, cache: Path, say: Callable[[str], None]
         return package, manifest, sha, EMBEDDED_ID
     if is_hub_ref(ref):
         # Pinned here, once: every stage is then handed the same commit (see packages.hub.package_ref).
+        from packages.hub import fetch_package  # the Hub client only when a Hub ref is served
+
         hub_package = fetch_package(parse_hub_ref(ref))
         check_metadata_agrees(hub_package.root, hub_package.manifest)
         say(f"serving {hub_package.ref}")

@@ -22,7 +22,6 @@ from typing import Any
 import grpc
 
 from mesh.planner import StageRange, plan_ranges
-from packages.hub import package_ref
 from packages.manifest import Manifest
 from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
@@ -148,9 +147,11 @@ async def _claim(route: Route, stage: RemoteStage) -> None:
 
 
 async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> None:
+    from packages import hub  # only coordinators prepare stages; stage daemons skip the import
+
     assert stage.range is not None
     reply = await route.rpc(stage, "Prepare", pb.PrepareRequest(
-        protocol_version=V, term=route.term, package_ref=package_ref(route.package_dir),
+        protocol_version=V, term=route.term, package_ref=hub.package_ref(route.package_dir),
         manifest_sha256=route.manifest_sha, layer_start=stage.range.start,
         layer_end=stage.range.end, artifact_source=artifact_source))
     if not reply.accepted:

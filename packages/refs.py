@@ -18,8 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote, unquote
 
-from huggingface_hub.utils import HFValidationError, validate_repo_id
-
 from packages.errors import PackageError
 
 SCHEME = "hf://"
@@ -124,6 +122,9 @@ def _local_path(text: str) -> Path:
 
 
 def _repo_id(repo: str, text: str) -> str:
+    # Imported here: huggingface_hub costs a stage daemon ~20 MB of RSS it mostly never uses.
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     try:
         validate_repo_id(repo)
     except HFValidationError as exc:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import grpc
 
-from packages import hub
 from packages.errors import PackageError
 from packages.integrity import atomic_file, sha256_bytes, sha256_file
 from packages.manifest import MANIFEST_NAME, Artifact, Manifest, load_manifest
@@ -90,6 +89,8 @@ async def _package_dir(
         return cached, fetch
     if hub_ref is not None:
         # A `mesh package pull`ed range (or the coordinator's own download on this host) needs no transfer.
+        from packages import hub  # only Hub refs need it; a stage's RSS stays smaller
+
         pulled = await asyncio.to_thread(hub.cached_range, hub_ref, start, end, manifest_sha)
         if pulled is not None:
             return pulled.root, None
@@ -109,6 +110,8 @@ async def _from_hub(hub_ref: HubRef, manifest_sha: str, start: int, end: int, pr
     """The range straight from the Hub into the HF cache, verified; a different manifest is refused."""
     def count(n: int) -> None:
         progress.bytes_done += n
+
+    from packages import hub
 
     pkg = await asyncio.to_thread(hub.fetch_range, hub_ref, start, end, manifest_sha, False, count)
     return pkg.root
