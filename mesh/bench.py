@@ -286,7 +286,7 @@ def _breakdown_rows(setup: Setup, servers: dict[int, LocalServer], prompts: list
         asked = [prompts[i % len(prompts)] for i in range(max(n, len(prompts)))]
         batches = [asked[i : i + n] for i in range(0, len(asked), n)]
         run = functools.partial(_run_batches, server.url, setup, batches)
-        rows += [Row(f"breakdown {unit}", f"{part} (ms/frame)", ms) for part, ms in measure(server.url, n, run)]
+        rows += [Row(f"breakdown {unit}", what, value) for what, value in measure(server.url, n, run)]
     return rows
 
 

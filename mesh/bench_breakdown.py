@@ -23,21 +23,24 @@ from mesh.hop_timing import PARTS, WIRE
 class Counters:
     frames: float
     seconds: dict[tuple[str, str], float]
+    batch_rows: dict[str, float]
 
 
 def scrape(url: str) -> Counters:
-    frames, seconds = 0.0, {}
+    frames, seconds, rows = 0.0, {}, {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
         for sample in family.samples:
             if sample.name == "meshpipe_frames_total":
                 frames = sample.value
             elif sample.name == "meshpipe_hop_seconds_total":
                 seconds[(sample.labels["stage"], sample.labels["part"])] = sample.value
-    return Counters(frames, seconds)
+            elif sample.name == "meshpipe_hop_batch_rows_total":
+                rows[sample.labels["stage"]] = sample.value
+    return Counters(frames, seconds, rows)
 
 
 def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, float]]:
-    """Run the workload (it returns tokens generated); (part, ms per frame) pairs, in order."""
+    """Run the workload (it returns tokens generated); (what, value per frame) pairs, in order."""
     before = scrape(url)
     started = time.perf_counter()
     tokens = run()
@@ -57,7 +60,9 @@ def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, f
     out.append(("pipeline total", pipeline))
     token_interval = wall * 1e3 * streams / tokens  # ms between one stream's tokens
     out.append(("outside the pipeline (HTTP, SSE, detokenize)", max(token_interval - pipeline, 0.0)))
-    return out
+    return [(f"{part} (ms/frame)", ms) for part, ms in out] + [
+        (f"stage {stage} rows per decode", (after.batch_rows[stage] - before.batch_rows.get(stage, 0.0)) / frames)
+        for stage in stages if stage in after.batch_rows]
 
 
 def _stage_order(stage: str) -> int:

@@ -27,6 +27,7 @@ def hop_parts(hop: pb.Hop) -> dict[str, float]:
 class HopTotals:
     frames: int = 0
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, part) -> s
+    batch_rows: dict[str, int] = field(default_factory=dict)  # stage -> rows of the decodes, summed
 
     def record(self, own: pb.Hop, downstream: Iterable[pb.Hop] = (), round_trip_s: float = 0.0) -> None:
         """Add one frame: stage 0's hop, the hops its reply carried, and the round trip."""
@@ -39,9 +40,11 @@ class HopTotals:
             self._bump(WIRE, max(round_trip_s - spent, 0.0))
 
     def _add(self, hop: pb.Hop) -> float:
+        stage = str(hop.stage_index)
+        self.batch_rows[stage] = self.batch_rows.get(stage, 0) + hop.batch_rows
         parts = hop_parts(hop)
         for part, seconds in parts.items():
-            self._bump((str(hop.stage_index), part), seconds)
+            self._bump((stage, part), seconds)
         return sum(parts.values())
 
     def _bump(self, key: tuple[str, str], seconds: float) -> None:

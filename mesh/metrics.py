@@ -52,5 +52,10 @@ class _HopCollector:
                                       labels=["stage", "part"])
         for (stage, part), value in sorted(self.totals.seconds.items()):
             seconds.add_metric([stage, part], value)
+        rows = CounterMetricFamily("meshpipe_hop_batch_rows", "rows of the decodes that ran the frames",
+                                   labels=["stage"])
+        for stage, value in sorted(self.totals.batch_rows.items()):
+            rows.add_metric([stage], value)
         yield frames
         yield seconds
+        yield rows

@@ -282,18 +282,20 @@ class Sampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Hop(_message.Message):
-    __slots__ = ("stage_index", "compute_us", "queue_us", "codec_us", "sample_us")
+    __slots__ = ("stage_index", "compute_us", "queue_us", "codec_us", "sample_us", "batch_rows")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
     CODEC_US_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_US_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     compute_us: int
     queue_us: int
     codec_us: int
     sample_us: int
-    def __init__(self, stage_index: _Optional[int] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., codec_us: _Optional[int] = ..., sample_us: _Optional[int] = ...) -> None: ...
+    batch_rows: int
+    def __init__(self, stage_index: _Optional[int] = ..., compute_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., codec_us: _Optional[int] = ..., sample_us: _Optional[int] = ..., batch_rows: _Optional[int] = ...) -> None: ...
 
 class HopTimings(_message.Message):
     __slots__ = ("hops",)

@@ -40,7 +40,7 @@ def hop(stage_index: int, clock: StepClock, codec_s: float = 0.0, sample_s: floa
     """The timings a stage stamps on a frame it ran."""
     return pb.Hop(stage_index=stage_index, queue_us=int(clock.queue_s * 1e6),
                   compute_us=int(clock.compute_s * 1e6), codec_us=int(codec_s * 1e6),
-                  sample_us=int(sample_s * 1e6))
+                  sample_us=int(sample_s * 1e6), batch_rows=clock.rows)
 
 
 def sampling_of(header: pb.FrameHeader) -> SamplingParams:

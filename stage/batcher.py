@@ -43,6 +43,7 @@ class StepClock:
     queued: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     finished: float = 0.0
+    rows: int = 0  # in the decode that ran the step, every session's together
 
     @property
     def queue_s(self) -> float:
@@ -144,8 +145,9 @@ class Batcher:
         except Exception as exc:  # never let the worker die with futures pending
             results = [exc] * len(batch)
         finished = time.perf_counter()
+        rows = sum(job.step.n for job in batch if job.step is not None)
         for job, result in zip(batch, results, strict=True):
-            job.clock.started, job.clock.finished = started, finished
+            job.clock.started, job.clock.finished, job.clock.rows = started, finished, rows
             loop.call_soon_threadsafe(_resolve, job.future, result)
 
     def _step_all(self, steps: list[Step]) -> list[np.ndarray | BaseException]:
