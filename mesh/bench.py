@@ -112,11 +112,12 @@ def _run(args: argparse.Namespace) -> int:
             rows += _concurrency_rows(setup, servers[2], prompts, [int(s) for s in args.streams.split(",")],
                                       args.repeats)
         if "memory" in scenarios:
-            rows += _memory_rows(setup, base, servers, "8 lanes")
+            rows += _memory_rows(setup, base, servers, lanes=8)
             single = {n: stack.enter_context(_serve(setup, Path(tmp), n, lanes=1)) for n in stages if n > 1}
+            long = long_prompt(base.tokenizer)
             for server in single.values():
-                stream_chat(server.url, setup.model_id, long_prompt(base.tokenizer), setup.tokens)
-            rows += _memory_rows(setup, base, single, "1 lane, as the baseline")
+                stream_chat(server.url, setup.model_id, long, setup.tokens)
+            rows += _memory_rows(setup, base, single, lanes=1)
         if args.breakdown:
             streams = max(int(s) for s in args.streams.split(",")) if "concurrency" in scenarios else 0
             rows += _breakdown_rows(setup, servers, prompts, streams)
@@ -302,11 +303,12 @@ def _parallel(url: str, setup: Setup, prompts: list[str]) -> tuple[int, float, l
     return sum(t.completion_tokens for t in timings), wall, timings
 
 
-def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], lanes: str) -> list[Row]:
+def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], lanes: int) -> list[Row]:
     """Peak RSS per stage process. KV is lanes x ctx, so only the 1-lane run holds what the
     baseline holds (one sequence of the same context); that run is held to the goal."""
     base_rss = float(base.ask({"memory": True})["peak_rss"])
-    single = lanes.startswith("1 lane")
+    single = lanes == 1
+    label = "1 lane, as the baseline" if single else f"{lanes} lanes"
     rows = [] if single else [Row("memory", "baseline peak RSS (MB)", base_rss / 1e6, base_rss / 1e6)]
     for n, server in servers.items():
         if n == 1:
@@ -315,7 +317,7 @@ def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
         pids = [server.process.pid, *stage_pids(server.process.pid)]
         for stage, pid in zip(stages, pids, strict=False):
             share = _weight_share(setup.manifest, stage["start"], stage["end"])
-            rows.append(Row(f"split-{n} stage {stage['stage']}", f"peak RSS (MB), {lanes}, layers "
+            rows.append(Row(f"split-{n} stage {stage['stage']}", f"peak RSS (MB), {label}, layers "
                             f"[{stage['start']},{stage['end']}), weights {share / 1e6:.0f} MB",
                             peak_rss(pid) / 1e6, base_rss / 1e6,
                             f"<= {(share + 200e6) / 1e6:.0f} MB" if single else ""))

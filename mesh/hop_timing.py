@@ -18,9 +18,8 @@ WIRE = ("links", "wire")
 
 
 def hop_parts(hop: pb.Hop) -> dict[str, float]:
-    """A hop's parts in seconds."""
-    return {"queue": hop.queue_us / 1e6, "compute": hop.compute_us / 1e6,
-            "codec": hop.codec_us / 1e6, "sample": hop.sample_us / 1e6}
+    """A hop's parts in seconds: each PARTS name has a `<name>_us` field in pb.Hop."""
+    return {part: getattr(hop, f"{part}_us") / 1e6 for part in PARTS}
 
 
 @dataclass
