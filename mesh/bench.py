@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from config.paths import cache_dir
+from mesh import bench_numerics
 from mesh.bench_breakdown import measure
 from mesh.bench_client import StreamTiming, stream_chat
 from mesh.local_server import LocalServer, local_serve, stage_pids
@@ -35,6 +36,7 @@ from mesh.proc_memory import peak_rss
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
+from packages.speculative import declared, verify_draft
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -68,6 +70,7 @@ class Setup:
     model: str | None
     model_id: str
     quant: str
+    package: Path
     gguf: Path
     manifest: Manifest
     tokens: int
@@ -80,7 +83,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark the mesh against single-node llama.cpp")
     p.add_argument("--model", default=None, help="package dir or GGUF (default: the embedded SmolLM2)")
     p.add_argument("--scenarios", default="split,spec,concurrency,memory",
-                   help="comma-separated: split, spec, concurrency, memory (the baseline always runs)")
+                   help="comma-separated: split, spec, concurrency, memory (the baseline runs with any of "
+                        "these), numerics (a window in one pass against row by row; runs alone if asked alone)")
+    p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
+                   help="another GGUF for the numerics scenario (repeatable); the package's target and "
+                        "draft are always measured")
     p.add_argument("--wire-delays", default="0,20", help="one-way ms on the stage link for the spec scenario")
     p.add_argument("--stages", default="1,2,3", help="split-N scenarios to run")
     p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
@@ -98,6 +105,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     setup = _setup(args)
     scenarios = set(args.scenarios.split(","))
+    rows: list[Row] = []
+    if "numerics" in scenarios:
+        rows += _numerics_rows(setup, args.numerics_gguf)
+    if scenarios - {"numerics"}:
+        rows += _mesh_rows(setup, args, scenarios)
+    header = _header(setup, args)
+    print(format_table(header, rows))
+    if args.json:
+        args.json.write_text(json.dumps({"setup": header, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]},
+                                        indent=2))
+    return 0
+
+
+def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str]) -> list[Row]:
     stages = [int(s) for s in args.stages.split(",")]
     prompts = PROMPTS[: args.prompts]
     rows: list[Row] = []
@@ -107,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         rows += _decode_rows(setup, base, servers, prompts, args.repeats)
         if "spec" in scenarios:
             delays = [float(d) for d in args.wire_delays.split(",")]
-            rows += _spec_rows(setup, stack, Path(tmp), prompts, delays, args.repeats)
+            rows += _spec_rows(setup, stack, Path(tmp), prompts, delays, args.repeats, args.breakdown)
         if "concurrency" in scenarios and 2 in servers:
             rows += _concurrency_rows(setup, servers[2], prompts, [int(s) for s in args.streams.split(",")],
                                       args.repeats)
@@ -121,12 +142,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.breakdown:
             streams = max(int(s) for s in args.streams.split(",")) if "concurrency" in scenarios else 0
             rows += _breakdown_rows(setup, servers, prompts, streams)
-    header = _header(setup, args)
-    print(format_table(header, rows))
-    if args.json:
-        args.json.write_text(json.dumps({"setup": header, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]},
-                                        indent=2))
-    return 0
+    return rows
 
 
 def _setup(args: argparse.Namespace) -> Setup:
@@ -134,8 +150,30 @@ def _setup(args: argparse.Namespace) -> Setup:
     say: Callable[[str], None] = lambda m: print(f"bench: {m}", file=sys.stderr)  # noqa: E731
     package, manifest, sha, model_id = resolve_model(args.model, cache, say=say)
     gguf = materialize_stage(package, manifest, sha, 0, manifest.layer_count, cache)
-    return Setup(args.model, model_id, manifest.quantization, gguf, manifest, args.tokens, args.threads,
+    return Setup(args.model, model_id, manifest.quantization, package, gguf, manifest, args.tokens, args.threads,
                  ctx=max(1024, LONG_PROMPT_TOKENS + args.tokens + 64), cache=cache)
+
+
+def _numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
+    """The package's target and in-package drafts, and any GGUF given, flash attention on and off."""
+    models = [(f"{setup.model_id} {setup.quant}", setup.gguf)]
+    _, strategies = declared(setup.manifest.generation)
+    models += [(f"draft {s.name}", verify_draft(setup.package, s)) for s in strategies.values() if s.in_package]
+    models += [(gguf.stem, gguf) for gguf in extra]
+    text = " ".join(PROMPTS * 8)
+    rows = []
+    for name, gguf in models:
+        tokens = Tokenizer(gguf, name).tokenize(text, False)
+        for flash in (True, False):
+            n = bench_numerics.measure(name, gguf, tokens, setup.threads, flash)
+            fa = f"flash attn {'on' if flash else 'off'}"
+            culprit = f"; first differing node {n.first_node}" if n.first_node else ""
+            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, {bench_numerics.WINDOW}-row window vs "
+                                                f"row by row{culprit}", n.max_diff))
+            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, row 0", n.row0_diff))
+            rows += [Row(f"numerics {name}", f"{fa}: ms per decode of {k} rows at position "
+                                             f"{bench_numerics.POSITION}", ms) for k, ms in n.decode_ms.items()]
+    return rows
 
 
 # -- the single-node baseline -----------------------------------------------------------------
@@ -227,7 +265,7 @@ def _decode_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
 
 
 def _spec_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: list[str], delays: list[float],
-               repeats: int) -> list[Row]:
+               repeats: int, breakdown: bool) -> list[Row]:
     """split-2 with the package's draft against --no-draft, at each emulated wire delay."""
     servers = {(d, spec): stack.enter_context(_serve(setup, tmp, 2, draft=spec, delay_ms=d))
                for d in delays for spec in (True, False)}
@@ -252,6 +290,10 @@ def _spec_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: li
         rows.append(Row(f"spec {d:g} ms", "draft decode tok/s (vs no-draft)", spec, plain, goal, tps[(d, True)]))
         rows.append(Row(f"spec {d:g} ms", "accept rate", accept))
         rows.append(Row(f"spec {d:g} ms", "mean window", proposed / windows if windows else 0.0))
+        if breakdown:  # verify frames next to plain decode frames, on the server with the draft
+            run = functools.partial(_run_batches, servers[(d, True)].url, setup, [[p] for p in prompts])
+            rows += [Row(f"breakdown spec {d:g} ms", what, value)
+                     for what, value in measure(servers[(d, True)].url, 1, run)]
     return rows
 
 
@@ -337,7 +379,11 @@ def _weight_share(m: Manifest, start: int, end: int) -> int:
 # -- output ---------------------------------------------------------------------------------
 
 def _header(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
+    from stage.llama_model import flash_attn, use_extra_bufts
+
     return {"model": setup.model_id, "quant": setup.quant, "threads": setup.threads,
+            "extra buffer types": "on" if use_extra_bufts() else "off",
+            "flash attn": "on" if flash_attn() else "off",
             "tokens": setup.tokens, "repeats": args.repeats, "prompts": args.prompts,
             "machine": f"{platform.node()}, {_cpu_name()}, {os.cpu_count()} cores"}
 

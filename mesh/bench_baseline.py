@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import llama_cpp
 
 from mesh.proc_memory import peak_rss
+from stage.llama_model import open_llama
 
 
 def _generate(llm: llama_cpp.Llama, tokens: list[int], n: int) -> dict[str, float]:
@@ -28,7 +30,8 @@ def _generate(llm: llama_cpp.Llama, tokens: list[int], n: int) -> dict[str, floa
 
 def main() -> None:
     gguf, ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    llm = llama_cpp.Llama(gguf, n_ctx=ctx, n_threads=threads, n_batch=256, verbose=False)
+    # The same loader as the mesh: same extra buffer types, same attention kernels.
+    llm = open_llama(Path(gguf), n_ctx=ctx, n_threads=threads, n_batch=256)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)

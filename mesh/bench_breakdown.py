@@ -4,7 +4,8 @@ Stages stamp queue, compute, codec and sample times on every frame; the coordina
 own and derives wire time from the round trip (mesh/hop_timing.py). Here the counters are
 read before and after a workload and divided by the frames it made. What a token costs a
 stream beyond the frame's pipeline time is "outside": HTTP, SSE, detokenizing, scheduling.
-Averages cover every frame of the run, the prompt's last prefill chunk included.
+Frames are told apart by kind: a verify window's rows run in one decode at every stage, so
+its rows per decode are about the window + 1, and it costs more than a plain decode frame.
 """
 
 from __future__ import annotations
@@ -21,48 +22,64 @@ from mesh.hop_timing import PARTS, WIRE
 
 @dataclass(frozen=True)
 class Counters:
-    frames: float
-    seconds: dict[tuple[str, str], float]
-    batch_rows: dict[str, float]
+    frames: dict[str, float]  # kind -> frames
+    seconds: dict[tuple[str, str, str], float]  # (kind, stage, part) -> s
+    batch_rows: dict[tuple[str, str], float]  # (kind, stage) -> rows
 
 
 def scrape(url: str) -> Counters:
-    frames, seconds, rows = 0.0, {}, {}
+    frames, seconds, rows = {}, {}, {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
         for sample in family.samples:
+            labels = sample.labels
             if sample.name == "meshpipe_frames_total":
-                frames = sample.value
+                frames[labels["kind"]] = sample.value
             elif sample.name == "meshpipe_hop_seconds_total":
-                seconds[(sample.labels["stage"], sample.labels["part"])] = sample.value
+                seconds[(labels["kind"], labels["stage"], labels["part"])] = sample.value
             elif sample.name == "meshpipe_hop_batch_rows_total":
-                rows[sample.labels["stage"]] = sample.value
+                rows[(labels["kind"], labels["stage"])] = sample.value
     return Counters(frames, seconds, rows)
 
 
 def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, float]]:
-    """Run the workload (it returns tokens generated); (what, value per frame) pairs, in order."""
+    """Run the workload (it returns tokens generated); (what, value) pairs, in order.
+
+    Per frame kind (decode, verify, prefill): ms per frame by stage and part, and the rows
+    of the decodes that ran those frames; then the pipeline over all frames.
+    """
     before = scrape(url)
     started = time.perf_counter()
     tokens = run()
     wall = time.perf_counter() - started
     after = scrape(url)
-    frames = after.frames - before.frames
-    if frames <= 0 or tokens <= 0:
+    frames = {k: n - before.frames.get(k, 0.0) for k, n in after.frames.items()}
+    total = sum(frames.values())
+    if total <= 0 or tokens <= 0:
         return []
-    per_frame = {key: (after.seconds[key] - before.seconds.get(key, 0.0)) * 1e3 / frames
-                 for key in after.seconds}
-    stages = sorted({stage for stage, _ in per_frame if stage != WIRE[0]}, key=_stage_order)
-    out = [(f"stage {stage} {part}", per_frame[(stage, part)]) for stage in stages for part in PARTS
-           if per_frame.get((stage, part), 0.0) >= 0.0005]  # a part the stage never does is 0
-    if WIRE in per_frame:
-        out.append(("wire (round trip less the stages)", per_frame[WIRE]))
-    pipeline = sum(per_frame.values())
-    out.append(("pipeline total", pipeline))
+    spent = {key: after.seconds[key] - before.seconds.get(key, 0.0) for key in after.seconds}
+    out: list[tuple[str, float]] = []
+    for kind in sorted(k for k, n in frames.items() if n > 0):
+        out += _per_kind(kind, frames[kind], spent, after, before)
+    pipeline = sum(spent.values()) * 1e3 / total
     token_interval = wall * 1e3 * streams / tokens  # ms between one stream's tokens
-    out.append(("outside the pipeline (HTTP, SSE, detokenize)", max(token_interval - pipeline, 0.0)))
-    return [(f"{part} (ms/frame)", ms) for part, ms in out] + [
-        (f"stage {stage} rows per decode", (after.batch_rows[stage] - before.batch_rows.get(stage, 0.0)) / frames)
-        for stage in stages if stage in after.batch_rows]
+    return [*out, ("pipeline total, all frames (ms/frame)", pipeline),
+            ("outside the pipeline (HTTP, SSE, detokenize) (ms/frame)", max(token_interval - pipeline, 0.0))]
+
+
+def _per_kind(kind: str, frames: float, spent: dict[tuple[str, str, str], float], after: Counters,
+              before: Counters) -> list[tuple[str, float]]:
+    ms = {(stage, part): seconds * 1e3 / frames for (k, stage, part), seconds in spent.items() if k == kind}
+    stages = sorted({stage for stage, _ in ms if stage != WIRE[0]}, key=_stage_order)
+    out = [(f"{kind} frames", frames)]
+    out += [(f"{kind}: stage {stage} {part} (ms/frame)", ms[(stage, part)]) for stage in stages for part in PARTS
+            if ms.get((stage, part), 0.0) >= 0.0005]  # a part the stage never does is 0
+    if WIRE in ms:
+        out.append((f"{kind}: wire, round trip less the stages (ms/frame)", ms[WIRE]))
+    out.append((f"{kind}: pipeline (ms/frame)", sum(ms.values())))
+    rows = {stage: n - before.batch_rows.get((k, stage), 0.0) for (k, stage), n in after.batch_rows.items()
+            if k == kind}
+    return out + [(f"{kind}: stage {stage} rows per decode", rows[stage] / frames) for stage in stages
+                  if stage in rows]
 
 
 def _stage_order(stage: str) -> int:

@@ -18,8 +18,6 @@ from stage.batcher import Batcher, close_engine
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
-CATCH_UP_ROWS = 4
-
 
 class Draft:
     def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int,
@@ -45,11 +43,8 @@ class Draft:
         out: list[int] = []
         timed: list[float] = []
         for _ in range(k):
-            # A short catch-up after a verify goes row by row (all_logits), the way the target
-            # ran those rows, so a draft identical to the target agrees with it exactly. A
-            # long one (the draft sat out while the window was 0) goes in one decode.
-            step = Step(lane, start, tokens=np.asarray(feed, dtype=np.int32),
-                        all_logits=start > 0 and len(feed) <= CATCH_UP_ROWS)
+            # A catch-up (the rows a verify accepted, or all the draft sat out) is one decode.
+            step = Step(lane, start, tokens=np.asarray(feed, dtype=np.int32))
             began = time.perf_counter()
             logits = await self.batcher.submit(step)
             if len(feed) == 1:  # a catch-up is not what a proposal costs

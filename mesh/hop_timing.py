@@ -15,6 +15,7 @@ from proto import meshpipe_pb2 as pb
 
 PARTS = ("queue", "compute", "codec", "sample")
 WIRE = ("links", "wire")
+KINDS: dict[int, str] = {pb.PREFILL: "prefill", pb.DECODE: "decode", pb.VERIFY: "verify"}  # a frame's last chunk
 
 
 def hop_parts(hop: pb.Hop) -> dict[str, float]:
@@ -24,27 +25,30 @@ def hop_parts(hop: pb.Hop) -> dict[str, float]:
 
 @dataclass
 class HopTotals:
-    frames: int = 0
-    seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, part) -> s
-    batch_rows: dict[str, int] = field(default_factory=dict)  # stage -> rows of the decodes, summed
+    """Sums per frame kind: a verify window and a plain decode cost differently."""
 
-    def record(self, own: pb.Hop, downstream: Iterable[pb.Hop] = (), round_trip_s: float = 0.0) -> None:
+    frames: dict[str, int] = field(default_factory=dict)  # kind -> frames
+    seconds: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (kind, stage, part) -> s
+    batch_rows: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, stage) -> rows, summed
+
+    def record(self, kind: int, own: pb.Hop, downstream: Iterable[pb.Hop] = (), round_trip_s: float = 0.0) -> None:
         """Add one frame: stage 0's hop, the hops its reply carried, and the round trip."""
-        self.frames += 1
-        self._add(own)
+        name = KINDS.get(kind, "other")
+        self.frames[name] = self.frames.get(name, 0) + 1
+        self._add(name, own)
         spent = 0.0
         for hop in downstream:
-            spent += self._add(hop)
+            spent += self._add(name, hop)
         if round_trip_s:
-            self._bump(WIRE, max(round_trip_s - spent, 0.0))
+            self._bump((name, *WIRE), max(round_trip_s - spent, 0.0))
 
-    def _add(self, hop: pb.Hop) -> float:
-        stage = str(hop.stage_index)
-        self.batch_rows[stage] = self.batch_rows.get(stage, 0) + hop.batch_rows
+    def _add(self, kind: str, hop: pb.Hop) -> float:
+        key = (kind, str(hop.stage_index))
+        self.batch_rows[key] = self.batch_rows.get(key, 0) + hop.batch_rows
         parts = hop_parts(hop)
         for part, seconds in parts.items():
-            self._bump((stage, part), seconds)
+            self._bump((*key, part), seconds)
         return sum(parts.values())
 
-    def _bump(self, key: tuple[str, str], seconds: float) -> None:
+    def _bump(self, key: tuple[str, str, str], seconds: float) -> None:
         self.seconds[key] = self.seconds.get(key, 0.0) + seconds

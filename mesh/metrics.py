@@ -46,16 +46,18 @@ class _HopCollector:
         self.totals = totals
 
     def collect(self) -> Iterator[Metric]:
-        frames = CounterMetricFamily("meshpipe_frames", "frames that came back through the pipeline")
-        frames.add_metric([], self.totals.frames)
-        seconds = CounterMetricFamily("meshpipe_hop_seconds", "frame time by stage and part",
-                                      labels=["stage", "part"])
-        for (stage, part), value in sorted(self.totals.seconds.items()):
-            seconds.add_metric([stage, part], value)
+        frames = CounterMetricFamily("meshpipe_frames", "frames that came back through the pipeline",
+                                     labels=["kind"])
+        for kind, count in sorted(self.totals.frames.items()):
+            frames.add_metric([kind], count)
+        seconds = CounterMetricFamily("meshpipe_hop_seconds", "frame time by frame kind, stage and part",
+                                      labels=["kind", "stage", "part"])
+        for key, value in sorted(self.totals.seconds.items()):
+            seconds.add_metric(list(key), value)
         rows = CounterMetricFamily("meshpipe_hop_batch_rows", "rows of the decodes that ran the frames",
-                                   labels=["stage"])
-        for stage, value in sorted(self.totals.batch_rows.items()):
-            rows.add_metric([stage], value)
+                                   labels=["kind", "stage"])
+        for (kind, stage), count in sorted(self.totals.batch_rows.items()):
+            rows.add_metric([kind, stage], count)
         yield frames
         yield seconds
         yield rows

@@ -38,6 +38,7 @@ class _Waiter:
     future: asyncio.Future[pb.FrameHeader]
     own: pb.Hop  # stage 0's part of the frame
     sent_at: float
+    kind: int
 
 
 class Pipeline:
@@ -87,7 +88,7 @@ class Pipeline:
             out = await self.batcher.submit(step, clock)
             if self.link is None:
                 if last:
-                    return self._sample_here(out, sampling, pos, len(piece), clock)
+                    return self._sample_here(out, sampling, pos, len(piece), clock, kind)
             else:
                 reply = await self._send(session, pos, out, clock, sampling, kind, last, all_logits)
             pos += len(piece)
@@ -95,10 +96,10 @@ class Pipeline:
         return await self._await_reply(reply)
 
     def _sample_here(self, logits: np.ndarray, sampling: SamplingParams, pos: int, rows: int,
-                     clock: StepClock) -> list[int]:
+                     clock: StepClock, kind: int) -> list[int]:
         started = time.perf_counter()
         tokens = sample_tail(logits, sampling, pos, rows)
-        self.hops.record(hop(0, clock, sample_s=time.perf_counter() - started))
+        self.hops.record(kind, hop(0, clock, sample_s=time.perf_counter() - started))
         return tokens
 
     async def _send(self, session: int, pos: int, hidden: np.ndarray, clock: StepClock,
@@ -120,7 +121,7 @@ class Pipeline:
         future = None
         if last:
             future = asyncio.get_running_loop().create_future()
-            self.waiters[(session, window)] = _Waiter(future, own, time.perf_counter())
+            self.waiters[(session, window)] = _Waiter(future, own, time.perf_counter(), kind)
         try:
             await self.link.send(header, data)
         except (LinkClosed, ConnectionError) as exc:
@@ -174,6 +175,6 @@ class Pipeline:
         if waiter.future.done():
             return
         if header.kind == pb.REPLY:
-            self.hops.record(waiter.own, header.timings.hops, time.perf_counter() - waiter.sent_at)
+            self.hops.record(waiter.kind, waiter.own, header.timings.hops, time.perf_counter() - waiter.sent_at)
         waiter.future.set_result(header)
 

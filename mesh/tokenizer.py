@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from stage.llama_model import open_llama
 
 # End-of-turn markers that instruct models emit besides their EOS token.
 _TURN_ENDS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
@@ -15,7 +16,7 @@ _TURN_ENDS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
 class Tokenizer:
     def __init__(self, gguf: Path, model_id: str) -> None:
         self.model_id = model_id
-        self.llm = llama_cpp.Llama(str(gguf), vocab_only=True, verbose=False)
+        self.llm = open_llama(gguf, vocab_only=True)
         meta = self.llm.metadata
         self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
         eos, bos = self.llm.token_eos(), self.llm.token_bos()

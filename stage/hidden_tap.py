@@ -14,15 +14,35 @@ import os
 import numpy as np
 from llama_cpp import llama_cpp as L
 
-_ggml = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml-base.so"))
-_ggml.ggml_get_name.restype = ctypes.c_char_p
-_ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
-_ggml.ggml_nbytes.restype = ctypes.c_size_t
-_ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
-_ggml.ggml_backend_tensor_get.restype = None
-_ggml.ggml_backend_tensor_get.argtypes = [
-    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t
-]
+
+class _Ggml:
+    """The few ggml-base functions an eval callback needs to read a graph node."""
+
+    callback_type = L.ggml_backend_sched_eval_callback
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml-base.so"))
+        for fn, restype, argtypes in [
+            ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_op_desc", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
+            ("ggml_type_name", ctypes.c_char_p, [ctypes.c_int]),
+            ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+        ]:
+            getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
+        self.lib = lib
+
+    def name(self, tensor: int) -> str:
+        return (self.lib.ggml_get_name(tensor) or b"").decode()
+
+    def op(self, tensor: int) -> str:
+        return (self.lib.ggml_op_desc(tensor) or b"").decode()
+
+    def type_name(self, tensor: int) -> str:
+        return (self.lib.ggml_type_name(ctypes.c_int.from_address(tensor).value) or b"").decode()
+
+
+ggml = _Ggml()
 
 
 class HiddenTap:
@@ -32,7 +52,7 @@ class HiddenTap:
         self.name = f"l_out-{last_layer}".encode()
         self.width = width
         self.chunks: list[np.ndarray] = []
-        get_name = _ggml.ggml_get_name
+        get_name = ggml.lib.ggml_get_name
         name = self.name
 
         def on_eval(tensor: int, ask: bool, _user: int) -> bool:
@@ -42,12 +62,12 @@ class HiddenTap:
             return False
 
         # Keep a reference: llama.cpp holds only the raw function pointer.
-        self.callback = L.ggml_backend_sched_eval_callback(on_eval)
+        self.callback = ggml.callback_type(on_eval)
 
     def _copy(self, tensor: int) -> None:
-        nbytes = _ggml.ggml_nbytes(tensor)
+        nbytes = ggml.lib.ggml_nbytes(tensor)
         out = np.empty(nbytes // 4, dtype=np.float32)
-        _ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, nbytes)
+        ggml.lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, nbytes)
         self.chunks.append(out.reshape(-1, self.width))
 
     def take(self) -> np.ndarray:

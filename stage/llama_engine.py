@@ -7,6 +7,7 @@ import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from llama_cpp import llama_cpp as L
@@ -14,6 +15,7 @@ from llama_cpp import llama_cpp as L
 from stage.cpu_lock import CpuLock
 from stage.engine import Step
 from stage.hidden_tap import HiddenTap
+from stage.llama_model import flash_attn_type, load_model
 
 
 class EngineError(Exception):
@@ -29,6 +31,7 @@ class EngineConfig:
     batch: int = 256  # rows per llama_decode; one ubatch, so tap rows keep batch order
     threads: int = 2
     cpu_lock: Path | None = None  # take turns on the cores with engines in other processes
+    flash_attn: bool | None = None  # None: stage.llama_model's choice for every process
 
 
 _silence = L.llama_log_callback(lambda level, text, user: None)
@@ -45,12 +48,13 @@ def _init_backend(quiet: bool) -> None:
 
 
 class LlamaRangeEngine:
-    def __init__(self, gguf: Path, cfg: EngineConfig, quiet: bool = True) -> None:
+    def __init__(self, gguf: Path, cfg: EngineConfig, quiet: bool = True,
+                 observe: Any = None) -> None:
+        """`observe`, a ggml eval callback, sees every node of a final stage's graph (diagnostics)."""
         _init_backend(quiet)
         self.first, self.final = cfg.first, cfg.final
         self.lanes, self.ctx_per_lane, self.cfg = cfg.lanes, cfg.ctx_per_lane, cfg
-        mparams = L.llama_model_default_params()
-        self.model = L.llama_model_load_from_file(str(gguf).encode(), mparams)
+        self.model = load_model(gguf)
         if not self.model:
             raise EngineError(f"llama.cpp could not load {gguf}")
         self.width = L.llama_model_n_embd(self.model)
@@ -58,13 +62,13 @@ class LlamaRangeEngine:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.tap = None if cfg.final else HiddenTap(self.n_layer - 1, self.width)
-        self.ctx = self._new_context()
+        self.ctx = self._new_context(self.tap.callback if self.tap else observe)
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(cfg.batch, 0 if cfg.first else self.width, cfg.lanes)
         self._pos = [0] * cfg.lanes
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
-    def _new_context(self) -> ctypes.c_void_p:
+    def _new_context(self, eval_callback: Any) -> ctypes.c_void_p:
         cfg = self.cfg
         p = L.llama_context_default_params()
         p.n_ctx = cfg.ctx_per_lane * cfg.lanes
@@ -73,11 +77,12 @@ class LlamaRangeEngine:
         # A KV stream per lane: a session's attention then reads the same contiguous cells
         # whatever else is batched with it, so batched output equals solo output bit for bit.
         p.kv_unified = False
-        # Match llama-cpp-python's Llama defaults so outputs are comparable token for token.
-        p.flash_attn_type = 0
+        # The same attention kernels as every other model in the project (stage.llama_model):
+        # a verify window is then computed as plain decoding computes its rows.
+        p.flash_attn_type = flash_attn_type() if cfg.flash_attn is None else int(cfg.flash_attn)
         p.n_threads = p.n_threads_batch = cfg.threads
-        if self.tap is not None:
-            p.cb_eval = self.tap.callback
+        if eval_callback is not None:
+            p.cb_eval = eval_callback
         ctx = L.llama_init_from_model(self.model, p)
         if not ctx:
             raise EngineError("llama.cpp could not create a context")
@@ -93,15 +98,12 @@ class LlamaRangeEngine:
             self._pos[lane] = max(position, 0)
 
     def step(self, steps: list[Step]) -> list[np.ndarray]:
+        """One decode per row count: a verify window of k drafts is one pass of k+1 rows."""
+        for s in steps:
+            self._prepare(s)
         outputs: list[list[np.ndarray]] = [[] for _ in steps]
-        for round_ in _rounds(steps):
-            for s in round_:
-                self._prepare(s)
-            results: list[list[np.ndarray]] = [[] for _ in round_]
-            for call in _pack(round_, self.cfg.batch):
-                self._decode(round_, call, results)
-            for s, out in zip(round_, results, strict=True):
-                outputs[s.origin].extend(out)
+        for call in _pack(steps, self.cfg.batch):
+            self._decode(steps, call, outputs)
         return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
 
     def _prepare(self, s: Step) -> None:
@@ -187,34 +189,6 @@ class _Segment:
     step: int
     offset: int
     count: int
-
-
-@dataclass(frozen=True)
-class _Sub(Step):
-    origin: int = 0  # index of the step this row or rows came from
-
-
-def _rounds(steps: list[Step]) -> list[list[_Sub]]:
-    """Split verify steps (all_logits) into one row per decode; other steps go in round 0.
-
-    llama.cpp computes attention for several rows of one sequence with other kernels than
-    for one row, and the logits differ (by up to ~1 on SmolLM2). Feeding a speculative
-    window row by row keeps every row's numbers exactly those of plain decoding, so greedy
-    output with a draft equals output without one. Sessions still batch with each other:
-    one row per lane per decode is what plain decoding of several sessions does too.
-    """
-    rounds: list[list[_Sub]] = [[]]
-    for origin, s in enumerate(steps):
-        if not (s.all_logits and s.n > 1):
-            rounds[0].append(_Sub(s.lane, s.start, s.tokens, s.hidden, s.all_logits, origin))
-            continue
-        for i in range(s.n):
-            if i >= len(rounds):
-                rounds.append([])
-            rows = slice(i, i + 1)
-            rounds[i].append(_Sub(s.lane, s.start + i, None if s.tokens is None else s.tokens[rows],
-                                  None if s.hidden is None else s.hidden[rows], True, origin))
-    return [r for r in rounds if r]
 
 
 def _pack(steps: Sequence[Step], capacity: int) -> list[list[_Segment]]:

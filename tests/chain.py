@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
+from stage.llama_model import open_llama
 
 
 def build_chain(package: Path, cuts: list[int], cache: Path, lanes: int = 4,
@@ -57,7 +57,7 @@ def close(engines: list[LlamaRangeEngine]) -> None:
 
 def reference_greedy(gguf: Path, prompt: list[int], n: int) -> list[int]:
     """The unsplit model, run the ordinary way through llama-cpp-python."""
-    llm = llama_cpp.Llama(str(gguf), n_ctx=512, n_threads=2, verbose=False)
+    llm = open_llama(gguf, n_ctx=512, n_threads=2)
     out: list[int] = []
     for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
         out.append(tok)
@@ -67,7 +67,7 @@ def reference_greedy(gguf: Path, prompt: list[int], n: int) -> list[int]:
 
 
 def chat_prompt(gguf: Path, text: str) -> list[int]:
-    llm = llama_cpp.Llama(str(gguf), n_ctx=64, vocab_only=True, verbose=False)
+    llm = open_llama(gguf, n_ctx=64, vocab_only=True)
     arch_turns = {
         "gemma3": "<start_of_turn>user\n{t}<end_of_turn>\n<start_of_turn>model\n",
         "llama": "<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n",

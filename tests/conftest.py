@@ -43,6 +43,14 @@ def smollm2_package(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path
 
 
 @pytest.fixture(scope="session")
+def draft_gguf(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded package's draft: SmolLM2 requantized to Q4_0."""
+    from packages.requantize import requantize
+
+    return requantize(smollm2_gguf, tmp_path_factory.mktemp("draft") / "smol-q4_0.gguf", "Q4_0")
+
+
+@pytest.fixture(scope="session")
 def gemma3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return gemma3_path(tmp_path_factory.mktemp("gemma"))
 

@@ -1,0 +1,169 @@
+"""`mesh bench --scenarios numerics`: is a verify window computed as plain decoding computes it?
+
+For each model and flash-attention setting, one lane decodes a window of rows in one pass
+and another lane decodes the same rows one at a time, both after the same prefill. The
+largest logit difference says whether speculation can change greedy output (0 means bit
+for bit). Where they differ, every graph node of row 0 is compared as well, and the first
+node that differs names the kernel responsible. Decode cost is timed at 1, 5 and 9 rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stage.engine import Step
+from stage.hidden_tap import ggml
+from stage.llama_engine import EngineConfig, LlamaRangeEngine
+
+POSITION = 200  # where the window starts, as in the README's cost table
+WINDOW = 9
+TIMED_ROWS = (1, 5, 9)
+
+
+@dataclass(frozen=True)
+class Numerics:
+    model: str
+    flash_attn: bool
+    max_diff: float  # largest |batched - single| logit over the window's rows
+    row0_diff: float  # the same, row 0 only
+    first_node: str  # the first graph node whose row 0 differs, "" when none does
+    decode_ms: dict[int, float]  # rows -> median ms of one decode at POSITION
+
+
+def measure(name: str, gguf: Path, tokens: list[int], threads: int, flash: bool, repeats: int = 15) -> Numerics:
+    """Window-versus-rows logits and decode cost for one model and setting."""
+    need = POSITION + WINDOW
+    if len(tokens) < need:
+        raise ValueError(f"numerics needs {need} tokens of text, got {len(tokens)}")
+    recorder = NodeRecorder()
+    cfg = EngineConfig(first=True, final=True, lanes=2, ctx_per_lane=need + 8, threads=threads, flash_attn=flash)
+    engine = LlamaRangeEngine(gguf, cfg, observe=recorder.callback)
+    try:
+        batched, single, first_node = _compare(engine, recorder, tokens[:need])
+        timed = {rows: _time(engine, tokens, rows, repeats) for rows in TIMED_ROWS}
+    finally:
+        engine.close()
+    diff = np.abs(batched - single)
+    return Numerics(name, flash, float(diff.max()), float(diff[0].max()), first_node, timed)
+
+
+def _compare(engine: LlamaRangeEngine, recorder: NodeRecorder, tokens: list[int]
+             ) -> tuple[np.ndarray, np.ndarray, str]:
+    ids = np.asarray(tokens, dtype=np.int32)
+    for lane in (0, 1):
+        engine.step([Step(lane, 0, tokens=ids[:POSITION])])
+    with recorder.recording() as batched_nodes:
+        batched = engine.step([Step(0, POSITION, tokens=ids[POSITION:], all_logits=True)])[0]
+    rows, single_nodes = [], []
+    for i in range(WINDOW):
+        with recorder.recording() as nodes:
+            rows.append(engine.step([Step(1, POSITION + i, tokens=ids[POSITION + i : POSITION + i + 1])])[0][0])
+        single_nodes.append(nodes)
+    return batched, np.stack(rows), first_differing_node(batched_nodes, single_nodes)
+
+
+def _time(engine: LlamaRangeEngine, tokens: list[int], rows: int, repeats: int) -> float:
+    ids = np.asarray(tokens[POSITION : POSITION + rows], dtype=np.int32)
+    samples = []
+    for _ in range(repeats):
+        engine.trim(0, POSITION)
+        began = time.perf_counter()
+        engine.step([Step(0, POSITION, tokens=ids, all_logits=True)])
+        samples.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(samples)
+
+
+# -- which kernel: compare every node's row 0 -------------------------------------------------
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    op: str
+    ne: tuple[int, int, int, int]
+    data: np.ndarray | None  # f32 contents of contiguous nodes
+
+
+class _Tensor(ctypes.Structure):
+    # The head of ggml's struct ggml_tensor, stable across ggml versions.
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p),
+                ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4),
+                ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
+                ("src", ctypes.c_void_p * 10)]
+
+
+class NodeRecorder:
+    """A ggml eval callback that, while recording, copies out every node of the graph."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] | None = None
+
+        def on_eval(tensor: int, ask: bool, _user: int) -> bool:
+            if self.nodes is not None and not ask:
+                self.nodes.append(_read(tensor))
+            return True
+
+        self.callback = ggml.callback_type(on_eval)
+
+    @contextmanager
+    def recording(self) -> Iterator[list[Node]]:
+        self.nodes = []
+        try:
+            yield self.nodes
+        finally:
+            self.nodes = None
+
+
+def _read(tensor: int) -> Node:
+    head = _Tensor.from_address(tensor)
+    ne = tuple(int(n) for n in head.ne)
+    contiguous = head.type == 0 and head.nb[0] == 4 and all(
+        head.nb[i] == head.nb[i - 1] * ne[i - 1] for i in range(1, 4))
+    data = None
+    if contiguous:
+        data = np.empty(int(np.prod(ne)), dtype=np.float32)
+        ggml.lib.ggml_backend_tensor_get(tensor, data.ctypes.data, 0, data.nbytes)
+    # "MUL_MAT of blk.0.ffn_up.weight (q5_0)": the inputs say which kernel ran
+    sources = [f"{ggml.name(src) or '?'} ({ggml.type_name(src)})" for src in head.src[:2] if src]
+    op = f"{ggml.op(tensor)} of {' x '.join(sources)}" if sources else ggml.op(tensor)
+    return Node(ggml.name(tensor), op, ne, data)  # type: ignore[arg-type]
+
+
+def first_differing_node(batched: list[Node], singles: list[list[Node]]) -> str:
+    """'name (op), row r' of the first node, in graph order, where some row's values differ."""
+    keyed = [dict(_keyed(nodes)) for nodes in singles]
+    for key, b in _keyed(batched):
+        for r, single in enumerate(keyed):
+            s = single.get(key)
+            if s is None or b.data is None or s.data is None:
+                continue
+            row = _row(b, s, len(singles), r)
+            if row is not None and not np.array_equal(row.ravel(), s.data):
+                return f"{b.name}: {b.op}, row {r}"
+    return ""
+
+
+def _keyed(nodes: list[Node]) -> Iterator[tuple[tuple[str, str, int], Node]]:
+    """Nodes keyed by (name, op, occurrence): in-place ops reuse their input's name."""
+    seen: dict[tuple[str, str], int] = {}
+    for n in nodes:
+        k = seen[(n.name, n.op)] = seen.get((n.name, n.op), -1) + 1
+        yield (n.name, n.op, k), n
+
+
+def _row(node: Node, single: Node, rows: int, r: int) -> np.ndarray | None:
+    """Row r's values: the slice at index r of the one axis that holds `rows` tokens."""
+    assert node.data is not None
+    axes = [d for d in range(4) if node.ne[d] == rows and single.ne[d] == 1
+            and all(node.ne[e] == single.ne[e] for e in range(4) if e != d)]
+    if not axes:
+        return None
+    grid = node.data.reshape(node.ne[::-1])  # numpy order: ne3, ne2, ne1, ne0
+    return np.take(grid, r, axis=3 - axes[-1])

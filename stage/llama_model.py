@@ -1,0 +1,119 @@
+"""The one place a llama.cpp model is loaded, so every part of the project runs the same kernels.
+
+The range engine, the draft, the tokenizer, the bench baseline and the test references all
+load through here. Two choices are made once, for all of them:
+
+- **Extra buffer types.** llama.cpp repacks weights into CPU-specific layouts (CPU_REPACK,
+  AMX). The AMX one segfaults at the first decode (upstream llama.cpp #20824), so where the
+  loaded library offers it, models load without extra buffer types. The library is asked
+  which types it would use, not /proc/cpuinfo: a wheel built without AMX keeps its repacked
+  kernels on an AMX CPU. `MESHPIPE_EXTRA_BUFTS=on|off` overrides the choice.
+- **Flash attention.** With it on, a verify window of k rows gives logits bit-identical to k
+  single-row decodes on SmolLM2 Q4_1, so speculation cannot change greedy output (README,
+  "Numerics"). `MESHPIPE_FLASH_ATTN=on|off` overrides it.
+
+Both are read from the environment so that processes the project spawns (local stages, the
+bench baseline) make the same choice as their parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+from llama_cpp import llama_cpp as L
+
+EXTRA_BUFTS_ENV = "MESHPIPE_EXTRA_BUFTS"
+FLASH_ATTN_ENV = "MESHPIPE_FLASH_ATTN"
+_CHOICES = {"on": True, "off": False}
+_BROKEN_BUFTS = ("AMX",)  # extra buffer types that crash; see the module docstring
+
+
+class LoadSettingError(ValueError):
+    """An environment override with a value other than auto, on or off."""
+
+
+def _setting(env: str, auto: bool) -> bool:
+    value = os.environ.get(env, "auto").strip().lower()
+    if value == "auto":
+        return auto
+    if value not in _CHOICES:
+        raise LoadSettingError(f"{env}={value!r}: choose auto, on or off")
+    return _CHOICES[value]
+
+
+@functools.cache
+def offered_extra_bufts() -> tuple[str, ...]:
+    """The names of the extra buffer types the CPU backend of the loaded library would use."""
+    lib = Path(L.__file__).parent / "lib"
+    ggml, base = ctypes.CDLL(str(lib / "libggml.so")), ctypes.CDLL(str(lib / "libggml-base.so"))
+    L.llama_backend_init()  # registers the backends
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    base.ggml_backend_buft_name.restype = ctypes.c_char_p
+    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    reg = base.ggml_backend_dev_backend_reg(cpu)
+    address = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not address:
+        return ()
+    get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
+    bufts, names = get(cpu), list[str]()
+    while bufts[len(names)]:
+        names.append(base.ggml_backend_buft_name(bufts[len(names)]).decode())
+    return tuple(names)
+
+
+def use_extra_bufts() -> bool:
+    """Whether models load with extra buffer types: yes unless the library offers a broken one."""
+    return _setting(EXTRA_BUFTS_ENV, not any(b in _BROKEN_BUFTS for b in offered_extra_bufts()))
+
+
+def flash_attn() -> bool:
+    return _setting(FLASH_ATTN_ENV, True)
+
+
+def model_params(vocab_only: bool = False) -> L.llama_model_params:
+    params = L.llama_model_default_params()
+    params.use_extra_bufts = use_extra_bufts()
+    params.vocab_only = vocab_only
+    return params
+
+
+def flash_attn_type() -> int:
+    return L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn() else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
+def load_model(gguf: Path) -> ctypes.c_void_p | None:
+    """A llama_model* for the low-level API (the range engine and the draft)."""
+    return L.llama_model_load_from_file(str(gguf).encode(), model_params())
+
+
+_patching = threading.Lock()
+
+
+def open_llama(gguf: Path, **kwargs: Any) -> llama_cpp.Llama:
+    """llama-cpp-python's high-level Llama, loaded with this module's choices.
+
+    Llama takes no use_extra_bufts argument; it reads llama_model_default_params() while it
+    is built, so that function answers with this module's params for the duration.
+    """
+    kwargs.setdefault("verbose", False)
+    kwargs.setdefault("flash_attn", flash_attn())
+    original = L.llama_model_default_params
+    params = model_params()
+    with _patching:
+        L.llama_model_default_params = lambda: params
+        try:
+            return llama_cpp.Llama(str(gguf), **kwargs)
+        finally:
+            L.llama_model_default_params = original

@@ -1,0 +1,69 @@
+"""Every llama.cpp load makes the same extra-buffer-type and flash-attention choice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import stage.llama_model as lm
+
+REPACKED = "CPU_REPACK model buffer size"  # llama.cpp's load log when weights were repacked
+
+
+@pytest.mark.parametrize(("offered", "expected"), [(("AMX", "CPU_REPACK"), False), (("CPU_REPACK",), True), ((), True)])
+def test_auto_turns_extra_buffer_types_off_only_where_amx_is_offered(monkeypatch, offered, expected):
+    monkeypatch.delenv(lm.EXTRA_BUFTS_ENV, raising=False)
+    monkeypatch.setattr(lm, "offered_extra_bufts", lambda: offered)
+    assert lm.use_extra_bufts() is expected
+    assert lm.model_params().use_extra_bufts is expected
+
+
+def test_operators_override_both_choices(monkeypatch):
+    monkeypatch.setattr(lm, "offered_extra_bufts", lambda: ("AMX",))
+    monkeypatch.setenv(lm.EXTRA_BUFTS_ENV, "on")
+    assert lm.use_extra_bufts()
+    monkeypatch.setenv(lm.FLASH_ATTN_ENV, "off")
+    assert not lm.flash_attn()
+    monkeypatch.setenv(lm.EXTRA_BUFTS_ENV, "sometimes")
+    with pytest.raises(lm.LoadSettingError, match="MESHPIPE_EXTRA_BUFTS='sometimes': choose auto, on or off"):
+        lm.use_extra_bufts()
+
+
+def test_this_library_offers_its_extra_buffer_types():
+    assert "CPU_REPACK" in lm.offered_extra_bufts()  # every x86/ARM CPU build has the repack type
+
+
+_LOAD_BOTH_WAYS = """
+import sys
+from pathlib import Path
+import stage.llama_model as lm
+if sys.argv[2] == "amx":  # what the loaded library reports on a Sapphire Rapids host
+    lm.offered_extra_bufts = lambda: ("AMX", "CPU_REPACK")
+from stage.llama_engine import EngineConfig, LlamaRangeEngine
+gguf = Path(sys.argv[1])
+print("== Llama", file=sys.stderr, flush=True)
+lm.open_llama(gguf, verbose=True, n_ctx=64)
+print("== engine", file=sys.stderr, flush=True)
+LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=64), quiet=False)
+"""
+
+
+@pytest.mark.parametrize(("host", "env", "repacked"), [("amx", "auto", False), ("plain", "auto", True),
+                                                         ("plain", "off", False), ("amx", "on", True)])
+def test_the_choice_reaches_every_loader(draft_gguf: Path, host, env, repacked):
+    """The high-level Llama (tokenizer, bench baseline, test references) and the range engine
+    (stages, draft) both load the Q4_0 draft repacked, or both not, as the choice says."""
+    done = subprocess.run([sys.executable, "-c", _LOAD_BOTH_WAYS, str(draft_gguf), host],
+                          env={**_env(), lm.EXTRA_BUFTS_ENV: env}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    llama_log, engine_log = done.stderr.split("== Llama", 1)[1].split("== engine", 1)
+    assert (REPACKED in llama_log) is repacked
+    assert (REPACKED in engine_log) is repacked
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("MESHPIPE_")}
