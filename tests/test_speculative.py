@@ -168,8 +168,8 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
             windows = 0
             for seed in range(20):
                 sp = SamplingParams(temperature=1.0, seed=seed)
-                window = controller_for(WindowPolicy("fixed", 3, 1, 3))
-                spec, stats = await _run(pipeline, draft, context, 24, sp, window, session=100 + seed)
+                policy = controller_for(WindowPolicy("fixed", 3, 1, 3))
+                spec, stats = await _run(pipeline, draft, context, 24, sp, policy, session=100 + seed)
                 plain, _ = await _run(pipeline, None, context, 24, sp, session=200 + seed)
                 await pipeline.end(100 + seed)
                 await pipeline.end(200 + seed)
