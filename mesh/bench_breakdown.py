@@ -2,8 +2,9 @@
 
 Stages stamp queue, compute, codec and sample times on every frame; the coordinator adds its
 own and derives wire time from the round trip (mesh/hop_timing.py). Here the counters are
-read before and after a workload and divided by the frames it made. What a token costs a
-stream beyond the frame's pipeline time is "outside": HTTP, SSE, detokenizing, scheduling.
+read before and after a workload and divided by the frames it made. What a frame costs a
+stream beyond its pipeline time is "outside": the draft's proposals, HTTP, SSE,
+detokenizing, scheduling.
 Frames are told apart by kind: a verify window's rows run in one decode at every stage, so
 its rows per decode are about the window + 1, and it costs more than a plain decode frame.
 """
@@ -61,9 +62,9 @@ def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, f
     for kind in sorted(k for k, n in frames.items() if n > 0):
         out += _per_kind(kind, frames[kind], spent, after, before)
     pipeline = sum(spent.values()) * 1e3 / total
-    token_interval = wall * 1e3 * streams / tokens  # ms between one stream's tokens
+    frame_interval = wall * 1e3 * streams / total  # ms between one stream's frames
     return [*out, ("pipeline total, all frames (ms/frame)", pipeline),
-            ("outside the pipeline (HTTP, SSE, detokenize) (ms/frame)", max(token_interval - pipeline, 0.0))]
+            ("outside the pipeline (draft, HTTP, SSE, detokenize) (ms/frame)", max(frame_interval - pipeline, 0.0))]
 
 
 def _per_kind(kind: str, frames: float, spent: dict[tuple[str, str, str], float], after: Counters,
