@@ -37,6 +37,7 @@ from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from packages.speculative import declared, verify_draft
+from stage.llama_model import flash_attn, use_extra_bufts
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -379,8 +380,6 @@ def _weight_share(m: Manifest, start: int, end: int) -> int:
 # -- output ---------------------------------------------------------------------------------
 
 def _header(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
-    from stage.llama_model import flash_attn, use_extra_bufts
-
     return {"model": setup.model_id, "quant": setup.quant, "threads": setup.threads,
             "extra buffer types": "on" if use_extra_bufts() else "off",
             "flash attn": "on" if flash_attn() else "off",

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from stage.engine import Step
-from stage.hidden_tap import ggml
+from stage.ggml_lib import ggml
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
 POSITION = 200  # where the window starts, as in the README's cost table

@@ -8,41 +8,9 @@ has been written by then, so the decode counts. DESIGN.md §3 step 3.
 
 from __future__ import annotations
 
-import ctypes
-import os
-
 import numpy as np
-from llama_cpp import llama_cpp as L
 
-
-class _Ggml:
-    """The few ggml-base functions an eval callback needs to read a graph node."""
-
-    callback_type = L.ggml_backend_sched_eval_callback
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml-base.so"))
-        for fn, restype, argtypes in [
-            ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_op_desc", ctypes.c_char_p, [ctypes.c_void_p]),
-            ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
-            ("ggml_type_name", ctypes.c_char_p, [ctypes.c_int]),
-            ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
-        ]:
-            getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
-        self.lib = lib
-
-    def name(self, tensor: int) -> str:
-        return (self.lib.ggml_get_name(tensor) or b"").decode()
-
-    def op(self, tensor: int) -> str:
-        return (self.lib.ggml_op_desc(tensor) or b"").decode()
-
-    def type_name(self, tensor: int) -> str:
-        return (self.lib.ggml_type_name(ctypes.c_int.from_address(tensor).value) or b"").decode()
-
-
-ggml = _Ggml()
+from stage.ggml_lib import ggml
 
 
 class HiddenTap:

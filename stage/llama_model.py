@@ -28,6 +28,8 @@ from typing import Any
 import llama_cpp
 from llama_cpp import llama_cpp as L
 
+from stage.ggml_lib import ggml
+
 EXTRA_BUFTS_ENV = "MESHPIPE_EXTRA_BUFTS"
 FLASH_ATTN_ENV = "MESHPIPE_FLASH_ATTN"
 _CHOICES = {"on": True, "off": False}
@@ -50,27 +52,7 @@ def _setting(env: str, auto: bool) -> bool:
 @functools.cache
 def offered_extra_bufts() -> tuple[str, ...]:
     """The names of the extra buffer types the CPU backend of the loaded library would use."""
-    lib = Path(L.__file__).parent / "lib"
-    ggml, base = ctypes.CDLL(str(lib / "libggml.so")), ctypes.CDLL(str(lib / "libggml-base.so"))
-    L.llama_backend_init()  # registers the backends
-    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-    base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
-    base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
-    base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-    base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    base.ggml_backend_buft_name.restype = ctypes.c_char_p
-    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
-    cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-    reg = base.ggml_backend_dev_backend_reg(cpu)
-    address = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
-    if not address:
-        return ()
-    get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
-    bufts, names = get(cpu), list[str]()
-    while bufts[len(names)]:
-        names.append(base.ggml_backend_buft_name(bufts[len(names)]).decode())
-    return tuple(names)
+    return ggml.cpu_extra_bufts()
 
 
 def use_extra_bufts() -> bool:
