@@ -3,8 +3,10 @@
 For each model and flash-attention setting, one lane decodes a window of rows in one pass
 and another lane decodes the same rows one at a time, both after the same prefill. The
 largest logit difference says whether speculation can change greedy output (0 means bit
-for bit). Where they differ, every graph node of row 0 is compared as well, and the first
-node that differs names the kernel responsible. Decode cost is timed at 1, 5 and 9 rows.
+for bit). Where they differ, the comparison runs again with every graph node recorded, and
+the first node where some row differs names the kernel responsible. Decode cost is timed
+at 1, 5 and 9 rows. Logits and timings come from an engine without the recorder: asking
+for every node makes ggml compute the graph node by node, unfused and slower.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class Numerics:
     flash_attn: bool
     max_diff: float  # largest |batched - single| logit over the window's rows
     row0_diff: float  # the same, row 0 only
-    first_node: str  # the first graph node whose row 0 differs, "" when none does
+    first_node: str  # the first graph node where some row differs, "" when none does
     decode_ms: dict[int, float]  # rows -> median ms of one decode at POSITION
 
 
@@ -43,45 +45,61 @@ def measure(name: str, gguf: Path, tokens: list[int], threads: int, flash: bool,
     need = POSITION + WINDOW
     if len(tokens) < need:
         raise ValueError(f"numerics needs {need} tokens of text, got {len(tokens)}")
-    recorder = NodeRecorder()
+    ids = np.asarray(tokens[:need], dtype=np.int32)
     cfg = EngineConfig(first=True, final=True, lanes=2, ctx_per_lane=need + 8, threads=threads, flash_attn=flash)
-    engine = LlamaRangeEngine(gguf, cfg, observe=recorder.callback)
+    engine = LlamaRangeEngine(gguf, cfg)
     try:
-        batched, single, first_node = _compare(engine, recorder, tokens[:need])
-        timed = {rows: _time(engine, tokens, rows, repeats) for rows in TIMED_ROWS}
+        batched, single = _window_and_rows(engine, ids)
+        timed = {rows: _time(engine, ids, rows, repeats) for rows in TIMED_ROWS}
     finally:
         engine.close()
     diff = np.abs(batched - single)
+    first_node = _first_differing_node(gguf, cfg, ids) if diff.max() > 0 else ""
     return Numerics(name, flash, float(diff.max()), float(diff[0].max()), first_node, timed)
 
 
-def _compare(engine: LlamaRangeEngine, recorder: NodeRecorder, tokens: list[int]
-             ) -> tuple[np.ndarray, np.ndarray, str]:
-    ids = np.asarray(tokens, dtype=np.int32)
+def _window_and_rows(engine: LlamaRangeEngine, ids: np.ndarray, recorder: NodeRecorder | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of the window in one decode (lane 0) and row by row (lane 1), after one prefill."""
+    record = recorder.recording if recorder else _not_recording
     for lane in (0, 1):
         engine.step([Step(lane, 0, tokens=ids[:POSITION])])
-    with recorder.recording() as batched_nodes:
+    with record("window"):
         batched = engine.step([Step(0, POSITION, tokens=ids[POSITION:], all_logits=True)])[0]
-    rows, single_nodes = [], []
+    rows = []
     for i in range(WINDOW):
-        with recorder.recording() as nodes:
+        with record(f"row {i}"):
             rows.append(engine.step([Step(1, POSITION + i, tokens=ids[POSITION + i : POSITION + i + 1])])[0][0])
-        single_nodes.append(nodes)
-    return batched, np.stack(rows), first_differing_node(batched_nodes, single_nodes)
+    return batched, np.stack(rows)
 
 
-def _time(engine: LlamaRangeEngine, tokens: list[int], rows: int, repeats: int) -> float:
-    ids = np.asarray(tokens[POSITION : POSITION + rows], dtype=np.int32)
+def _first_differing_node(gguf: Path, cfg: EngineConfig, ids: np.ndarray) -> str:
+    recorder = NodeRecorder()
+    engine = LlamaRangeEngine(gguf, cfg, observe=recorder.callback)
+    try:
+        _window_and_rows(engine, ids, recorder)
+    finally:
+        engine.close()
+    return first_differing_node(recorder.runs["window"], [recorder.runs[f"row {i}"] for i in range(WINDOW)])
+
+
+@contextmanager
+def _not_recording(_: str) -> Iterator[None]:
+    yield
+
+
+def _time(engine: LlamaRangeEngine, ids: np.ndarray, rows: int, repeats: int) -> float:
+    window = ids[POSITION : POSITION + rows]
     samples = []
     for _ in range(repeats):
         engine.trim(0, POSITION)
         began = time.perf_counter()
-        engine.step([Step(0, POSITION, tokens=ids, all_logits=True)])
+        engine.step([Step(0, POSITION, tokens=window, all_logits=True)])
         samples.append((time.perf_counter() - began) * 1e3)
     return statistics.median(samples)
 
 
-# -- which kernel: compare every node's row 0 -------------------------------------------------
+# -- which kernel: compare every node, row by row -------------------------------------------------
 
 @dataclass(frozen=True)
 class Node:
@@ -100,23 +118,24 @@ class _Tensor(ctypes.Structure):
 
 
 class NodeRecorder:
-    """A ggml eval callback that, while recording, copies out every node of the graph."""
+    """A ggml eval callback that, while recording a named run, copies out every graph node."""
 
     def __init__(self) -> None:
+        self.runs: dict[str, list[Node]] = {}
         self.nodes: list[Node] | None = None
 
         def on_eval(tensor: int, ask: bool, _user: int) -> bool:
             if self.nodes is not None and not ask:
                 self.nodes.append(_read(tensor))
-            return True
+            return self.nodes is not None  # not recording: let ggml compute the graph in one go
 
         self.callback = ggml.callback_type(on_eval)
 
     @contextmanager
-    def recording(self) -> Iterator[list[Node]]:
-        self.nodes = []
+    def recording(self, run: str) -> Iterator[None]:
+        self.nodes = self.runs[run] = []
         try:
-            yield self.nodes
+            yield
         finally:
             self.nodes = None
 
