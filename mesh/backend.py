@@ -29,6 +29,15 @@ class GenerationRequest:
     ignore_eos: bool = False
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """One generated token, with the target's log-probabilities when the request asked."""
+
+    token: int
+    logprob: float | None = None  # of `token`, under the distribution it was sampled from
+    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens, best first
+
+
 @dataclass
 class GenerationStats:
     """Filled in by the backend while a generation runs; read after it ends."""
@@ -54,8 +63,8 @@ class Backend(Protocol):
 
     def eos_tokens(self) -> frozenset[int]: ...
 
-    def health(self) -> dict[str, Any]: ...
+    async def health(self) -> dict[str, Any]: ...
 
-    def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[int]:
-        """Yield generated token ids. Closing the iterator early frees the session on every stage."""
+    def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
+        """Yield generated tokens. Closing the iterator early frees the session on every stage."""
         ...

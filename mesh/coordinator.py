@@ -20,7 +20,13 @@ import grpc
 import psutil
 
 from mesh.artifact_server import ArtifactServer
-from mesh.backend import GenerationRequest, GenerationStats, MeshUnavailable, RequestRejected
+from mesh.backend import (
+    GenerationRequest,
+    GenerationStats,
+    MeshUnavailable,
+    RequestRejected,
+    Sampled,
+)
 from mesh.draft import Draft, draft_path, vocab_mismatch
 from mesh.hop_timing import HopTotals
 from mesh.pipeline import Pipeline, StageFailed
@@ -218,7 +224,7 @@ class Coordinator:
         assert self.tokenizer is not None, "coordinator not started"
         return self.tokenizer
 
-    def health(self) -> dict[str, Any]:
+    async def health(self) -> dict[str, Any]:
         broken = self.pipeline is None or self.pipeline.broken is not None
         return {"ok": not broken, "model": self.model_id, "route": self.describe_route(),
                 "stages": self.stage_rows(), "error": self.last_error or None,
@@ -250,7 +256,7 @@ class Coordinator:
                          "mem_available_bytes": s.status.mem_available_bytes if s.status else None})
         return rows
 
-    async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[int]:
+    async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
         if len(req.prompt) == 0:
             raise RequestRejected("the prompt is empty")
         if len(req.prompt) + req.max_tokens > self.ctx_per_session:

@@ -21,6 +21,7 @@ from mesh.backend import (
     GenerationStats,
     MeshUnavailable,
     RequestRejected,
+    Sampled,
 )
 from mesh.metrics import Metrics
 from mesh.tokenizer import TextStream
@@ -96,7 +97,7 @@ def build_app(backend: Backend, metrics: Metrics) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        state = backend.health()
+        state = await backend.health()
         return JSONResponse(state, status_code=200 if state.get("ok") else 503)
 
     @app.get("/metrics")
@@ -174,8 +175,8 @@ class _Run:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.started = time.perf_counter()
-        self.tokens: AsyncIterator[int] | None = None
-        self.first: int | None = None
+        self.tokens: AsyncIterator[Sampled] | None = None
+        self.first: Sampled | None = None
         self.stopped = False
 
     async def open(self) -> None:
@@ -194,7 +195,7 @@ class _Run:
         keep = max((len(s) for s in self.stops), default=1) - 1
         token = self.first
         while token is not None:
-            held += stream.push(token)
+            held += stream.push(token.token)
             cut = _find_stop(held, self.stops)
             if cut is not None:
                 held, self.stopped = held[:cut], True

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from mesh.backend import GenerationRequest, GenerationStats
+from mesh.backend import GenerationRequest, GenerationStats, Sampled
 from mesh.draft import Draft, common_prefix
 from mesh.pipeline import Pipeline
 from mesh.window import Controller
@@ -40,7 +40,7 @@ class Acceptance:
 
 async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, stats: GenerationStats,
                    ctx: int, draft: Draft | None = None, window: Controller | None = None
-                   ) -> AsyncIterator[int]:
+                   ) -> AsyncIterator[Sampled]:
     stops = set() if req.ignore_eos else set(req.stop_tokens)
     tokens = list(req.prompt)
     pending = await pipeline.run(session, 0, tokens, req.sampling, kind=pb.PREFILL)
@@ -53,7 +53,7 @@ async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, sta
                 return
             stats.completion_tokens += 1
             tokens.append(token)
-            yield token
+            yield Sampled(token)
             if stats.completion_tokens >= req.max_tokens:
                 stats.finish_reason = "length"
                 return

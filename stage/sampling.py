@@ -17,7 +17,11 @@ class SamplingParams:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means no limit
-    seed: int = 0
+    seed: int = 0  # any uint64
+    presence_penalty: float = 0.0  # OpenAI semantics, over the tokens generated so far
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logits
+    logprobs: int = -1  # -1: none; n >= 0: the sampled token's logprob and the top n
 
     @property
     def greedy(self) -> bool:

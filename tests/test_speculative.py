@@ -67,7 +67,7 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
 async def _run(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
     stats = GenerationStats()
     req = GenerationRequest(prompt, n, sampling, ignore_eos=True)
-    out = [t async for t in generate(pipeline, session, req, stats, 512, draft, window)]
+    out = [t.token async for t in generate(pipeline, session, req, stats, 512, draft, window)]
     return out, stats
 
 
@@ -104,7 +104,7 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 stats = GenerationStats()
                 req = GenerationRequest(prompt, 40, SamplingParams(), ignore_eos=True)
                 tokens = generate(pipeline, 1, req, stats, 512, draft, controller_for(WindowPolicy("fixed", 4, 1, 4)))
-                out = [await anext(tokens) for _ in range(6)]  # 1 from prefill, then 5 windows
+                out = [(await anext(tokens)).token for _ in range(6)]  # 1 from prefill, then 5 windows
                 assert stats.speculative["accepted"] == 0 and stats.speculative["windows"] == 5
                 lane = pipeline.lanes.lane_for(1)
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
