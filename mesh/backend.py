@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mesh.tokenizer import Tokenizer
 from stage.sampling import SamplingParams
 
 
@@ -53,15 +54,9 @@ class Backend(Protocol):
     model_id: str
     ctx_per_session: int
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]: ...
-
-    def detokenize(self, tokens: list[int]) -> bytes: ...
-
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The chat template from the GGUF metadata, applied with a generation prompt."""
+    def tok(self) -> Tokenizer:
+        """The target's tokenizer and chat template."""
         ...
-
-    def eos_tokens(self) -> frozenset[int]: ...
 
     async def health(self) -> dict[str, Any]: ...
 

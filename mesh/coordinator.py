@@ -208,19 +208,7 @@ class Coordinator:
 
     # -- Backend -------------------------------------------------------------------------
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
-        return self._tok().tokenize(text, special)
-
-    def detokenize(self, tokens: list[int]) -> bytes:
-        return self._tok().detokenize(tokens)
-
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        return self._tok().render_chat(messages)
-
-    def eos_tokens(self) -> frozenset[int]:
-        return self._tok().eos_tokens()
-
-    def _tok(self) -> Tokenizer:
+    def tok(self) -> Tokenizer:
         assert self.tokenizer is not None, "coordinator not started"
         return self.tokenizer
 

@@ -15,6 +15,8 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("meshpipe_requests", "HTTP requests", ["endpoint", "status"], registry=r)
+        self.stream_errors = Counter("meshpipe_stream_errors", "streams that failed after their 200 began",
+                                     ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("meshpipe_prompt_tokens", "prompt tokens processed", registry=r)
         self.generated = Counter("meshpipe_generated_tokens", "tokens generated", registry=r)
         self.in_flight = Gauge("meshpipe_requests_in_flight", "requests being served", registry=r)

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from stage.llama_model import open_llama
 
 # End-of-turn markers that instruct models emit besides their EOS token.
 _TURN_ENDS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
+# llama.cpp parses these token kinds out of text when asked to parse special tokens.
+_SPECIAL = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+
+
+class PromptRefused(ValueError):
+    """The prompt cannot be built as asked (template refusal, too long); HTTP 400."""
+
+
+@dataclass(frozen=True)
+class SpecialToken:
+    text: str
+    id: int
+    control: bool  # a role/turn marker; otherwise user-defined, which plain text also yields
+    lstrip: bool  # llama.cpp eats the whitespace before it
+    rstrip: bool  # ... and after it
 
 
 class Tokenizer:
@@ -20,13 +39,37 @@ class Tokenizer:
         meta = self.llm.metadata
         self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
         eos, bos = self.llm.token_eos(), self.llm.token_bos()
+        self.bos = bos
         text = self.llm._model.token_get_text
-        template = meta.get("tokenizer.chat_template")
+        self.template = meta.get("tokenizer.chat_template")
         self.formatter = (
-            Jinja2ChatFormatter(template, text(eos) if eos >= 0 else "", text(bos) if bos >= 0 else "")
-            if template else None
+            Jinja2ChatFormatter(self.template, text(eos) if eos >= 0 else "",
+                                text(bos) if bos >= 0 else "")
+            if self.template else None
         )
         self._eos = frozenset(self._turn_end_ids() | ({eos} if eos >= 0 else set()))
+        self.n_vocab, self.specials = self._read_vocab()
+        self.special_by_text = {s.text: s for s in self.specials}
+        # Longest first, as llama.cpp matches: "<|im_start|>" before a shorter prefix of it.
+        alternatives = sorted(self.special_by_text, key=len, reverse=True)
+        self.special_split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")") \
+            if alternatives else None
+        # A token never covers more bytes than this: a prompt of B bytes is >= B/max tokens.
+        pieces = (len(self.llm.detokenize([i])) for i in range(self.n_vocab))
+        self.max_token_bytes = max([*pieces, *(len(s.text.encode()) for s in self.specials), 1])
+
+    def _read_vocab(self) -> tuple[int, tuple[SpecialToken, ...]]:
+        vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        n = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        found = []
+        for i in range(n):
+            attr = int(llama_cpp.llama_vocab_get_attr(vocab, i))
+            if attr & _SPECIAL:
+                found.append(SpecialToken(self.llm._model.token_get_text(i), i,
+                                          bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL),
+                                          bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP),
+                                          bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
+        return n, tuple(s for s in found if s.text)
 
     def _turn_end_ids(self) -> set[int]:
         ids = set()
@@ -36,8 +79,15 @@ class Tokenizer:
                 ids.add(toks[0])
         return ids
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
-        return list(self.llm.tokenize(text.encode(), add_bos=self.add_bos, special=special))
+    def tokenize(self, text: str, special: bool = True, add_bos: bool | None = None,
+                 limit: int | None = None) -> list[int]:
+        """Token ids of `text`; with `limit`, refuse before tokenizing what cannot fit."""
+        data = text.encode()
+        if limit is not None and len(data) // self.max_token_bytes > limit:
+            raise PromptRefused(f"the prompt is at least {len(data) // self.max_token_bytes} "
+                                f"tokens, and the context holds {limit}")
+        bos = self.add_bos if add_bos is None else add_bos
+        return list(self.llm.tokenize(data, add_bos=bos, special=special))
 
     def detokenize(self, tokens: list[int]) -> bytes:
         return bytes(self.llm.detokenize(tokens))
@@ -47,7 +97,10 @@ class Tokenizer:
             # No template in the GGUF: a plain transcript is the least surprising fallback.
             lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
             return "\n".join([*lines, "assistant:"])
-        return self.formatter(messages=messages).prompt  # type: ignore[arg-type]
+        try:
+            return self.formatter(messages=messages).prompt  # type: ignore[arg-type]
+        except jinja2.TemplateError as exc:
+            raise PromptRefused(f"the model's chat template refused these messages: {exc}") from None
 
     def eos_tokens(self) -> frozenset[int]:
         return self._eos

@@ -1,0 +1,20 @@
+"""The one error type the HTTP API answers with, in OpenAI's error shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.code, self.param, self.kind = status, code, param, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_request(message: str, param: str | None, code: str = "invalid_request") -> ApiError:
+    return ApiError(400, message, code, param)

@@ -1,0 +1,298 @@
+"""OpenAI request bodies: validated strictly, refused clearly, made into a GenerationRequest.
+
+Every field OpenAI defines is either implemented, accepted because it changes nothing here
+(`user`, `metadata`, ...), or refused with a 400 naming it when set to anything but its
+default. Unknown fields are refused too, as OpenAI does: nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mesh.api_error import ApiError, bad_request
+from mesh.backend import GenerationRequest
+from mesh.chat_tokens import chat_tokens
+from mesh.tokenizer import PromptRefused, Tokenizer
+from stage.sampling import SamplingParams
+
+INT32_MAX = 2**31 - 1
+MAX_STOPS = 16
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # nothing to obfuscate on a private server
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+
+
+class _Common(_Strict):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # -1 (vLLM) and 0 (llama.cpp) mean no limit
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+    best_of: int | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+# field -> is this value one we serve as asked? Anything else is a 400 naming the field.
+_SUPPORTED_VALUES: dict[str, Callable[[Any], bool]] = {
+    "n": lambda v: v in (None, 1),
+    "best_of": lambda v: v in (None, 1),
+    "echo": lambda v: not v,
+    "suffix": lambda v: not v,
+    "response_format": lambda v: v in (None, {"type": "text"}),
+    "tools": lambda v: not v,
+    "tool_choice": lambda v: v in (None, "none"),
+    "functions": lambda v: not v,
+    "function_call": lambda v: v in (None, "none"),
+    "store": lambda v: not v,
+    "modalities": lambda v: v in (None, ["text"]),
+    "audio": lambda v: v is None,
+    "prediction": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None,
+    "web_search_options": lambda v: v is None,
+}
+_REASONS = {
+    "n": "only n=1 is supported",
+    "best_of": "only best_of=1 is supported",
+    "tools": "tool calling is not supported",
+    "tool_choice": "tool calling is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "response_format": "structured output (response_format) is not supported",
+    "store": "this server stores nothing",
+}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, tokenized, ready to generate."""
+
+    generation: GenerationRequest
+    stops: tuple[str, ...]
+    chat: bool
+    stream: bool
+    include_usage: bool
+
+
+def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> Prepared:
+    """Blocking (template rendering, tokenization): run it off the event loop."""
+    body = _validate(ChatRequest if chat else CompletionRequest, data)
+    _refuse_unsupported(body)
+    if body.model != model_id:
+        raise ApiError(404, f"model '{body.model}' does not exist; this server serves '{model_id}'",
+                       "model_not_found", "model")
+    stops = _stops(body.stop)
+    sampling = _sampling(body, tok.n_vocab)
+    where = "messages" if chat else "prompt"
+    try:
+        if isinstance(body, ChatRequest):
+            prompt = chat_tokens(tok, _messages(body.messages, tok), ctx)
+        else:
+            assert isinstance(body, CompletionRequest)
+            prompt = _completion_prompt(tok, body.prompt, ctx)
+    except PromptRefused as exc:
+        code = "context_length_exceeded" if "context holds" in str(exc) else "invalid_prompt"
+        raise bad_request(str(exc), where, code) from None
+    max_tokens = _max_tokens(body, len(prompt), ctx, where)
+    stream = bool(body.stream)
+    include_usage = bool(stream and body.stream_options and body.stream_options.include_usage)
+    generation = GenerationRequest(prompt, max_tokens, sampling, tok.eos_tokens(), bool(body.ignore_eos))
+    return Prepared(generation, stops, chat, stream, include_usage)
+
+
+def _validate(model: type[_Common], data: Any) -> _Common:
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object", None)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "extra_forbidden":
+            raise bad_request(f"unrecognized request argument supplied: {param}", param,
+                              "unsupported_parameter") from None
+        raise bad_request(f"invalid request: {first['msg']}" + (f" ({param})" if param else ""),
+                          param) from None
+
+
+def _refuse_unsupported(body: _Common) -> None:
+    for name in sorted(body.model_fields_set):
+        accepts = _SUPPORTED_VALUES.get(name)
+        if accepts is not None and not accepts(getattr(body, name)):
+            reason = _REASONS.get(name, f"'{name}' is not supported")
+            raise bad_request(f"{reason}; remove '{name}' from the request", name,
+                              "unsupported_parameter")
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"at most {MAX_STOPS} stop sequences are supported", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _sampling(body: _Common, n_vocab: int) -> SamplingParams:
+    top_k = body.top_k or 0
+    logprobs = -1
+    if isinstance(body, ChatRequest) and body.logprobs:
+        logprobs = body.top_logprobs or 0
+    elif isinstance(body, ChatRequest) and body.top_logprobs is not None:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    elif isinstance(body, CompletionRequest) and body.logprobs is not None:
+        logprobs = body.logprobs
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=0 if top_k < 0 else min(top_k, INT32_MAX),  # past the vocabulary is no limit
+        # no seed: a fresh draw, as OpenAI documents; any int64/uint64 seed maps onto uint64
+        seed=secrets.randbits(64) if body.seed is None else body.seed % 2**64,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=_logit_bias(body.logit_bias, n_vocab),
+        logprobs=logprobs,
+    )
+
+
+def _logit_bias(bias: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.strip().isdigit() or int(key) >= n_vocab:
+            raise bad_request(f"logit_bias key {key!r} is not a token id of this model "
+                              f"(0..{n_vocab - 1})", "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise bad_request(f"logit_bias[{key}] = {value} is outside [-100, 100]", "logit_bias")
+        pairs.append((int(key), float(value)))
+    return tuple(sorted(pairs))
+
+
+def _messages(messages: list[Message], tok: Tokenizer) -> list[dict[str, Any]]:
+    return [_message(i, m, tok) for i, m in enumerate(messages)]
+
+
+def _message(i: int, m: Message, tok: Tokenizer) -> dict[str, Any]:
+    content = _content_text(i, m.content)
+    if content is None and m.role != "assistant":
+        raise bad_request(f"messages[{i}].content is required for role '{m.role}'",
+                          f"messages.{i}.content")
+    out = m.model_dump(exclude_none=True)
+    out["content"] = content or ""
+    if m.role == "developer":
+        out["role"] = "system"  # OpenAI's new name for it; templates know "system"
+    if m.tool_calls and "tool_calls" not in (tok.template or ""):
+        # A template that cannot show tool calls would drop them: keep them as text.
+        calls = json.dumps(m.tool_calls, ensure_ascii=False)
+        out["content"] = f"{out['content']}\n{calls}" if out["content"] else calls
+    return out
+
+
+def _content_text(i: int, content: str | list[dict[str, Any]] | None) -> str | None:
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        else:
+            what = f"'{kind}' parts are not supported: this model reads text only" \
+                if kind in ("image_url", "input_audio", "file") else \
+                f"content part of type {kind!r} is not supported (text parts have 'type': 'text' and 'text')"
+            raise bad_request(f"messages[{i}].content[{j}]: {what}", f"messages.{i}.content.{j}")
+    return "\n".join(texts)
+
+
+def _completion_prompt(tok: Tokenizer, prompt: str | list[str] | list[int] | list[list[int]],
+                       ctx: int) -> list[int]:
+    """A string, a list of token ids, or a batch of exactly one of either."""
+    one: Any = prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+        if len(prompt) != 1:
+            raise bad_request("exactly one prompt per request is supported", "prompt")
+        one = prompt[0]
+    if isinstance(one, str):
+        return tok.tokenize(one, special=False, limit=ctx)
+    ids = [int(t) for t in one]
+    if any(not 0 <= t < tok.n_vocab for t in ids):
+        raise bad_request(f"the prompt holds token ids outside 0..{tok.n_vocab - 1}", "prompt")
+    return ids
+
+
+def _max_tokens(body: _Common, prompt: int, ctx: int, where: str) -> int:
+    asked = body.max_tokens
+    if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
+        asked = body.max_completion_tokens
+    if asked is not None and asked <= 0:
+        raise bad_request("max_tokens must be a positive integer", "max_tokens", "invalid_max_tokens")
+    if prompt == 0:
+        raise bad_request("the prompt is empty", where, "invalid_prompt")
+    room = ctx - prompt
+    if room <= 0:
+        raise bad_request(f"the prompt is {prompt} tokens, and the context holds {ctx}: "
+                          "no room is left to generate", where, "context_length_exceeded")
+    if asked is None:
+        return min(COMPLETIONS_MAX_TOKENS, room) if isinstance(body, CompletionRequest) else room
+    if asked > room:
+        raise bad_request(f"this request needs {prompt} prompt tokens + {asked} completion tokens, "
+                          f"but the context holds {ctx}; ask for at most {room}", where,
+                          "context_length_exceeded")
+    return asked

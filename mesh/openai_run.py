@@ -1,0 +1,199 @@
+"""One generation as OpenAI responses: tokens become text, stop strings are honoured, and the
+result is one JSON body or a stream of server-sent events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mesh.api_error import ApiError
+from mesh.backend import Backend, GenerationStats, MeshUnavailable, RequestRejected, Sampled
+from mesh.metrics import Metrics
+from mesh.openai_request import Prepared
+from mesh.tokenizer import TextStream
+
+log = logging.getLogger("meshpipe.api")
+
+
+class Run:
+    def __init__(self, backend: Backend, metrics: Metrics, prepared: Prepared, endpoint: str) -> None:
+        self.backend, self.metrics, self.p, self.endpoint = backend, metrics, prepared, endpoint
+        self.stats = GenerationStats()
+        self.id = ("chatcmpl-" if prepared.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.started = time.perf_counter()
+        self.tokens: AsyncIterator[Sampled] | None = None
+        self.first: Sampled | None = None
+        self.stopped = False
+        self.logprobs = _Logprobs(backend, prepared.chat) if prepared.generation.sampling.logprobs >= 0 \
+            else None
+
+    async def open(self) -> None:
+        """Start generating; errors before the first token raise here, with their status."""
+        self.metrics.in_flight.inc()
+        self.tokens = self.backend.generate(self.p.generation, self.stats)
+        try:
+            self.first = await anext(self.tokens, None)
+        except Exception as exc:
+            await self._finish(failed=False)
+            raise as_api_error(exc) from None
+        except BaseException:
+            await self._finish(failed=False)
+            raise
+        self.metrics.ttft.observe(time.perf_counter() - self.started)
+
+    async def deltas(self) -> AsyncIterator[tuple[str, list[Sampled]]]:
+        """Text as it becomes final, with the tokens that made it."""
+        assert self.tokens is not None
+        stream, held, made = TextStream(self.backend.tok()), "", []
+        keep = max((len(s) for s in self.p.stops), default=1) - 1
+        step = self.first
+        while step is not None:
+            held += stream.push(step.token)
+            made.append(step)
+            cut = _find_stop(held, self.p.stops)
+            if cut is not None:
+                held, self.stopped = held[:cut], True
+                break
+            if len(held) > keep:
+                yield held[: len(held) - keep], made
+                held, made = held[len(held) - keep:], []
+            step = await anext(self.tokens, None)
+        if not self.stopped:
+            held += stream.flush()
+        if held or made:
+            yield held, made
+
+    async def whole(self) -> dict[str, Any]:
+        await self.open()
+        failed = True
+        try:
+            parts = [d async for d in self.deltas()]
+            failed = False
+        except Exception as exc:
+            raise as_api_error(exc) from None
+        finally:
+            await self._finish(failed=failed)
+        text = "".join(t for t, _ in parts)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason(),
+                                  "logprobs": self._logprobs([s for _, made in parts for s in made])}
+        if self.p.chat:
+            choice["message"] = {"role": "assistant", "content": text, "refusal": None}
+        else:
+            choice["text"] = text
+        return {"id": self.id, "object": "chat.completion" if self.p.chat else "text_completion",
+                "created": self.created, "model": self.backend.model_id, "choices": [choice],
+                "usage": self.usage()}
+
+    async def sse(self) -> AsyncIterator[str]:
+        failed = True
+        try:
+            if self.p.chat:
+                yield _sse(self.chunk({"role": "assistant", "content": ""}, None))
+            async for text, made in self.deltas():
+                yield _sse(self.chunk({"content": text} if self.p.chat else text, None, made))
+            yield _sse(self.chunk({} if self.p.chat else "", self.finish_reason()))
+            if self.p.include_usage:
+                yield _sse({**self.chunk({}, None), "choices": [], "usage": self.usage()})
+            failed = False
+        except Exception as exc:
+            err = as_api_error(exc)
+            self.metrics.stream_errors.labels(self.endpoint, str(err.status)).inc()
+            yield _sse(err.body())
+        finally:
+            await self._finish(failed=failed)
+        yield "data: [DONE]\n\n"
+
+    def chunk(self, delta: Any, finish: str | None, made: list[Sampled] | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "logprobs": self._logprobs(made) if made else None}
+        choice["delta" if self.p.chat else "text"] = delta
+        return {"id": self.id, "object": "chat.completion.chunk" if self.p.chat else "text_completion",
+                "created": self.created, "model": self.backend.model_id, "choices": [choice]}
+
+    def _logprobs(self, made: list[Sampled]) -> dict[str, Any] | None:
+        return self.logprobs.render(made) if self.logprobs is not None else None
+
+    def finish_reason(self) -> str:
+        return "stop" if self.stopped else self.stats.finish_reason
+
+    def usage(self) -> dict[str, Any]:
+        s = self.stats
+        usage: dict[str, Any] = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                                 "total_tokens": s.prompt_tokens + s.completion_tokens}
+        if s.speculative is not None:
+            usage["speculative"] = s.speculative
+        return usage
+
+    async def _finish(self, failed: bool) -> None:
+        """Always close the backend's generator: that frees the session on every stage."""
+        if self.tokens is not None:
+            tokens, self.tokens = self.tokens, None
+            await tokens.aclose()  # type: ignore[attr-defined]
+        self.metrics.in_flight.dec()
+        self.metrics.prompt_tokens.inc(self.stats.prompt_tokens)
+        self.metrics.generated.inc(self.stats.completion_tokens)
+        if not failed:
+            self.metrics.latency.observe(time.perf_counter() - self.started)
+        self.metrics.record_speculative(self.stats.speculative)
+
+
+class _Logprobs:
+    """The target's log-probabilities in the shape each endpoint documents."""
+
+    def __init__(self, backend: Backend, chat: bool) -> None:
+        self.backend, self.chat, self.offset = backend, chat, 0
+
+    def _bytes(self, token: int) -> bytes:
+        return self.backend.tok().detokenize([token])
+
+    def render(self, made: list[Sampled]) -> dict[str, Any]:
+        return self._chat(made) if self.chat else self._completion(made)
+
+    def _chat(self, made: list[Sampled]) -> dict[str, Any]:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            raw = self._bytes(token)
+            return {"token": raw.decode(errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+        content = [{**entry(s.token, _lp(s.logprob)), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
+                   for s in made]
+        return {"content": content, "refusal": None}
+
+    def _completion(self, made: list[Sampled]) -> dict[str, Any]:
+        texts = [self._bytes(s.token).decode(errors="replace") for s in made]
+        offsets = []
+        for text in texts:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        tops = [{self._bytes(t).decode(errors="replace"): lp for t, lp in s.top} for s in made]
+        return {"tokens": texts, "token_logprobs": [_lp(s.logprob) for s in made],
+                "top_logprobs": tops, "text_offset": offsets}
+
+
+def _lp(logprob: float | None) -> float:
+    assert logprob is not None, "the backend did not report logprobs that were asked for"
+    return logprob
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [text.find(s) for s in stops if s in text]
+    return min(hits) if hits else None
+
+
+def as_api_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, MeshUnavailable):
+        return ApiError(503, str(exc), "mesh_unavailable", kind="server_error")
+    if isinstance(exc, RequestRejected):
+        return ApiError(400, str(exc), "request_rejected")
+    log.error("generation failed: %r", exc)
+    return ApiError(500, f"internal error: {exc}", "internal_error", kind="server_error")
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
