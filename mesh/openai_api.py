@@ -67,8 +67,8 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
         except ApiError as err:
             return JSONResponse(err.body(), status_code=err.status)
         except Exception as exc:  # a bug: one line in the log, a 500 to the client, server on
-            err = as_api_error(exc)
-            return JSONResponse(err.body(), status_code=err.status)
+            crash = as_api_error(exc)
+            return JSONResponse(crash.body(), status_code=crash.status)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Response:
