@@ -9,7 +9,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stage.sampling import SamplingParams
+# both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
+from stage.sampling import Sampled, SamplingParams
+
+__all__ = ["Backend", "GenerationRequest", "GenerationStats", "MeshUnavailable", "RequestRejected", "Sampled",
+           "SamplingParams"]
 
 
 class MeshUnavailable(Exception):
@@ -27,15 +31,6 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """One generated token, with the target's log-probabilities when the request asked."""
-
-    token: int
-    logprob: float | None = None  # of `token`, under the distribution it was sampled from
-    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens, best first
 
 
 @dataclass

@@ -160,9 +160,10 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
             await asyncio.gather(*(pipeline.run(s, 0, context, GREEDY, kind=pb.PREFILL) for s in sessions))
             samples: list[list[int]] = []
             for first in range(0, 2000, 16):
-                samples += await asyncio.gather(*(
+                replies = await asyncio.gather(*(
                     pipeline.run(s, len(context), window, SamplingParams(temperature=1.0, seed=first + s),
                                  all_logits=True, kind=pb.VERIFY) for s in sessions))
+                samples += [[r.token for r in reply] for reply in replies]
             for s in sessions:
                 await pipeline.end(s)
             windows = 0
