@@ -112,7 +112,10 @@ class Pipeline:
     def _sample_here(self, logits: np.ndarray, frame: FrameSampling, pos: int, rows: int,
                      clock: StepClock, kind: int) -> list[Sampled]:
         started = time.perf_counter()
-        tokens = sample_rows(logits, frame.params, pos, rows, frame.history, frame.drafts)
+        try:
+            tokens = sample_rows(logits, frame.params, pos, rows, frame.history, frame.drafts)
+        except ValueError as exc:  # as at a final stage: finite but extreme values can overflow
+            raise StageFailed(f"stage 0: cannot sample: {exc}") from None
         self.hops.record(kind, hop(0, clock, sample_s=time.perf_counter() - started))
         return tokens
 

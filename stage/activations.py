@@ -226,7 +226,12 @@ class ActivationStage:
                                start_pos=h.start_pos)
         sampling = time.perf_counter()
         frame = sampling_of(h)
-        add_sampled(reply, sample_rows(logits, frame.params, h.start_pos, rows, frame.history, frame.drafts))
+        try:
+            picks = sample_rows(logits, frame.params, h.start_pos, rows, frame.history, frame.drafts)
+        except ValueError as exc:  # finite but extreme values can still overflow to NaN probabilities
+            return pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.ERROR,
+                                  message=f"stage {self.index}: cannot sample: {exc}")
+        add_sampled(reply, picks)
         reply.timings.CopyFrom(h.timings)
         reply.timings.hops.append(self._hop(item, sample_s=time.perf_counter() - sampling))
         return reply

@@ -221,6 +221,26 @@ def test_speculative_equals_plain_in_tokens_and_logprobs_with_penalties_and_bias
     asyncio.run(scenario())
 
 
+def test_smollm2_speculative_equals_plain_when_sampling_with_penalties(smollm2_package, smollm2_gguf,
+                                                                       stage_cache, draft_gguf):
+    """The embedded model with its Q4_0 draft: batch-invariant kernels make it lossless in
+    logprobs too, at temperature 1 with penalties and logit_bias."""
+    prompt = chat_prompt(smollm2_gguf, "Write a limerick about a cat.")
+    sp = replace(PENALISED, seed=2**64 - 1, logit_bias=((28, 2.0), (30, -100.0)))
+
+    async def scenario() -> None:
+        async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
+            plain, _ = await _sampled(pipeline, None, prompt, 40, sp)
+            await pipeline.end(1)
+            window = controller_for(WindowPolicy("fixed", 4, 1, 4))
+            spec, stats = await _sampled(pipeline, draft, prompt, 40, sp, window, session=2)
+            assert spec == plain
+            assert stats.speculative["accepted"] > 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow that the last bad value provokes
 def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_package, stage_cache):
     """Stage 0 is trusted to check, but the final stage reads these off the network."""
     bad = [(SamplingParams(logprobs=21), (), "logprobs"),
@@ -228,7 +248,8 @@ def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_pac
            (SamplingParams(logit_bias=((3, float("nan")),)), (), "logit_bias"),
            (SamplingParams(temperature=float("nan")), (), "finite"),
            (SamplingParams(presence_penalty=1.0), [7] * 600, "context"),
-           (SamplingParams(frequency_penalty=1.0), [70], "vocabulary")]
+           (SamplingParams(frequency_penalty=1.0), [70], "vocabulary"),
+           (SamplingParams(temperature=1e-30, logit_bias=((3, 1e300),)), (), "cannot sample")]
 
     async def scenario() -> None:
         async with two_stages(tiny_package, stage_cache, None, cut=2) as (pipeline, _, _):
