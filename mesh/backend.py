@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mesh.tokenizer import Tokenizer
-from stage.sampling import SamplingParams
+
+# both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
+from stage.sampling import Sampled, SamplingParams
+
+__all__ = ["Backend", "GenerationRequest", "GenerationStats", "MeshUnavailable", "RequestRejected", "Sampled",
+           "SamplingParams"]
 
 
 class MeshUnavailable(Exception):
@@ -28,15 +33,6 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """One generated token, with the target's log-probabilities when the request asked."""
-
-    token: int
-    logprob: float | None = None  # of `token`, under the distribution it was sampled from
-    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens, best first
 
 
 @dataclass

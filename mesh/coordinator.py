@@ -250,6 +250,9 @@ class Coordinator:
         if len(req.prompt) + req.max_tokens > self.ctx_per_session:
             raise RequestRejected(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
                                   f"exceeds the context of {self.ctx_per_session} tokens")
+        # the final stage checks these too, but a refusal there could only be a 503
+        if self.engine is not None and (problem := req.sampling.problem(self.engine.n_vocab)):
+            raise RequestRejected(problem)
         stats.prompt_tokens = len(req.prompt)
         async with self.admission:
             pipeline = self._live_pipeline()
@@ -258,9 +261,9 @@ class Coordinator:
             draft = self.draft if self.spec is not None else None
             window = self._window()
             try:
-                async for token in generate(pipeline, session, req, stats, self.ctx_per_session,
-                                            draft, window):
-                    yield token
+                async for sampled in generate(pipeline, session, req, stats, self.ctx_per_session,
+                                              draft, window):
+                    yield sampled
             except MeshUnavailable as exc:
                 self._route_broken(str(exc))
                 raise

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +20,11 @@ import numpy as np
 from mesh.backend import MeshUnavailable
 from mesh.hop_timing import HopTotals
 from proto import meshpipe_pb2 as pb
-from stage.activations import hop
+from stage.activations import FrameSampling, hop, sampled_of
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
 from stage.lanes import LanePool
-from stage.sampling import SamplingParams, sample_tail
+from stage.sampling import Sampled, SamplingParams, sample_rows
 from stage.transport import Link, LinkClosed, encode_tensor
 
 log = logging.getLogger("meshpipe.pipeline")
@@ -39,6 +40,14 @@ class _Waiter:
     own: pb.Hop  # stage 0's part of the frame
     sent_at: float
     kind: int
+
+
+def _frame_sampling(params: SamplingParams, history: Sequence[int], tokens: list[int], rows: int) -> FrameSampling:
+    """Split the penalty history at the frame's first logits row (fed tokens[-rows])."""
+    if not params.penalised or not history:
+        return FrameSampling(params)
+    cut = len(tokens) - rows + 1
+    return FrameSampling(params, (*history, *tokens[1:cut]), tuple(tokens[cut:]))
 
 
 class Pipeline:
@@ -72,12 +81,17 @@ class Pipeline:
         await self.batcher.stop()
 
     async def run(self, session: int, start: int, tokens: list[int], sampling: SamplingParams,
-                  all_logits: bool = False, kind: int = pb.DECODE) -> list[int]:
-        """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits."""
+                  all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
+        """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits.
+
+        `history` is the completion the penalties count, up to and including tokens[0]; the
+        later tokens extend it row by row. A prompt has none: only the completion is penalised.
+        """
         if self.broken:
             raise MeshUnavailable(self.broken)
         lane = self.lanes.lane_for(session)
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
+        frame = _frame_sampling(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
         reply: asyncio.Future[pb.FrameHeader] | None = None
         pos = start
         for i, piece in enumerate(pieces):
@@ -88,22 +102,25 @@ class Pipeline:
             out = await self.batcher.submit(step, clock)
             if self.link is None:
                 if last:
-                    return self._sample_here(out, sampling, pos, len(piece), clock, kind)
+                    return self._sample_here(out, frame, pos, len(piece), clock, kind)
             else:
-                reply = await self._send(session, pos, out, clock, sampling, kind, last, all_logits)
+                reply = await self._send(session, pos, out, clock, frame, kind, last, all_logits)
             pos += len(piece)
         assert reply is not None
         return await self._await_reply(reply)
 
-    def _sample_here(self, logits: np.ndarray, sampling: SamplingParams, pos: int, rows: int,
-                     clock: StepClock, kind: int) -> list[int]:
+    def _sample_here(self, logits: np.ndarray, frame: FrameSampling, pos: int, rows: int,
+                     clock: StepClock, kind: int) -> list[Sampled]:
         started = time.perf_counter()
-        tokens = sample_tail(logits, sampling, pos, rows)
+        try:
+            tokens = sample_rows(logits, frame.params, pos, rows, frame.history, frame.drafts)
+        except ValueError as exc:  # as at a final stage: finite but extreme values can overflow
+            raise StageFailed(f"stage 0: cannot sample: {exc}") from None
         self.hops.record(kind, hop(0, clock, sample_s=time.perf_counter() - started))
         return tokens
 
     async def _send(self, session: int, pos: int, hidden: np.ndarray, clock: StepClock,
-                    sampling: SamplingParams, kind: int, last: bool, all_logits: bool
+                    frame: FrameSampling, kind: int, last: bool, all_logits: bool
                     ) -> asyncio.Future[pb.FrameHeader] | None:
         assert self.link is not None
         encoding = time.perf_counter()
@@ -115,8 +132,7 @@ class Pipeline:
             start_pos=pos, dtype=self.wire_dtype,  # type: ignore[arg-type]
             shape=shape, payload_bytes=len(data),
             want_reply=last, all_logits=all_logits and last,
-            sampling=pb.Sampling(temperature=sampling.temperature, top_p=sampling.top_p,
-                                 top_k=sampling.top_k, seed=sampling.seed),
+            sampling=frame.to_wire() if last else None,
         )
         future = None
         if last:
@@ -129,7 +145,7 @@ class Pipeline:
             raise MeshUnavailable(self.broken) from None
         return future
 
-    async def _await_reply(self, future: asyncio.Future[pb.FrameHeader]) -> list[int]:
+    async def _await_reply(self, future: asyncio.Future[pb.FrameHeader]) -> list[Sampled]:
         try:
             header = await asyncio.wait_for(future, self.reply_timeout)
         except TimeoutError:
@@ -137,7 +153,10 @@ class Pipeline:
             raise MeshUnavailable(self.broken) from None
         if header.kind == pb.ERROR:
             raise StageFailed(header.message)
-        return list(header.tokens)
+        try:
+            return sampled_of(header)
+        except ValueError as exc:
+            raise StageFailed(str(exc)) from None
 
     async def end(self, session: int) -> None:
         """Free the session's KV on every stage."""

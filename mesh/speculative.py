@@ -47,13 +47,13 @@ async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, sta
     acceptance = Acceptance() if draft is not None else None
     lane = pipeline.lanes.lane_for(session)
     while True:
-        for token in pending:
-            if token in stops:
+        for sampled in pending:
+            if sampled.token in stops:
                 stats.finish_reason = "stop"
                 return
             stats.completion_tokens += 1
-            tokens.append(token)
-            yield Sampled(token)
+            tokens.append(sampled.token)
+            yield sampled  # with the target's numbers for this position: its verify row drew it
             if stats.completion_tokens >= req.max_tokens:
                 stats.finish_reason = "length"
                 return
@@ -62,9 +62,12 @@ async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, sta
         k = max(0, min(window.next_window() if window else 0, room))
         drafts = await draft.propose(lane, tokens, k) if draft and k else []
         sent = time.perf_counter()
+        # the penalties count the completion only, so the history starts after the prompt
+        history = tokens[len(req.prompt):] if req.sampling.penalised else ()
         target = await pipeline.run(session, len(tokens) - 1, [tokens[-1], *drafts], req.sampling,
-                                    all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE)
-        n = common_prefix(drafts, target)
+                                    all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE,
+                                    history=history)
+        n = common_prefix(drafts, [s.token for s in target])
         if window is not None:
             draft_s = draft.step_seconds * k if draft else 0.0
             window.record(k, n, draft_s, time.perf_counter() - sent)

@@ -269,17 +269,45 @@ class HandshakeReply(_message.Message):
     protocol_version: int
     def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
+class LogitBias(_message.Message):
+    __slots__ = ("token", "bias")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    bias: float
+    def __init__(self, token: _Optional[int] = ..., bias: _Optional[float] = ...) -> None: ...
+
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "history", "drafts")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: _containers.RepeatedCompositeFieldContainer[LogitBias]
+    logprobs: int
+    history: _containers.RepeatedScalarFieldContainer[int]
+    drafts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBias, _Mapping]]] = ..., logprobs: _Optional[int] = ..., history: _Optional[_Iterable[int]] = ..., drafts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TopLogprobs(_message.Message):
+    __slots__ = ("tokens", "logprobs")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Hop(_message.Message):
     __slots__ = ("stage_index", "compute_us", "queue_us", "codec_us", "sample_us", "batch_rows")
@@ -304,7 +332,7 @@ class HopTimings(_message.Message):
     def __init__(self, hops: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("session_id", "window_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings")
+    __slots__ = ("session_id", "window_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +346,8 @@ class FrameHeader(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     window_id: int
     kind: FrameKind
@@ -331,4 +361,6 @@ class FrameHeader(_message.Message):
     sampling: Sampling
     message: str
     timings: HopTimings
-    def __init__(self, session_id: _Optional[int] = ..., window_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ...) -> None: ...
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
+    def __init__(self, session_id: _Optional[int] = ..., window_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ...) -> None: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: penalties, logit_bias and logprobs in Sampling and REPLY
 
 
 def check_version(version: int) -> str | None:

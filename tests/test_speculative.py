@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from chain import chat_prompt
 
 from mesh.backend import GenerationRequest, GenerationStats
 from mesh.draft import Draft, common_prefix
-from mesh.pipeline import Pipeline
+from mesh.pipeline import Pipeline, StageFailed
 from mesh.speculative import generate
 from mesh.window import Adaptive, CostAware, WindowPolicy, controller_for
 from packages.manifest import load_manifest
@@ -64,11 +65,15 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
             e.close()
 
 
-async def _run(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
+async def _sampled(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
     stats = GenerationStats()
     req = GenerationRequest(prompt, n, sampling, ignore_eos=True)
-    out = [t.token async for t in generate(pipeline, session, req, stats, 512, draft, window)]
-    return out, stats
+    return [s async for s in generate(pipeline, session, req, stats, 512, draft, window)], stats
+
+
+async def _run(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
+    out, stats = await _sampled(pipeline, draft, prompt, n, sampling, window, session)
+    return [s.token for s in out], stats
 
 
 def test_speculative_greedy_equals_plain_and_every_stage_rolls_back(smollm2_package, smollm2_gguf,
@@ -160,9 +165,10 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
             await asyncio.gather(*(pipeline.run(s, 0, context, GREEDY, kind=pb.PREFILL) for s in sessions))
             samples: list[list[int]] = []
             for first in range(0, 2000, 16):
-                samples += await asyncio.gather(*(
+                replies = await asyncio.gather(*(
                     pipeline.run(s, len(context), window, SamplingParams(temperature=1.0, seed=first + s),
                                  all_logits=True, kind=pb.VERIFY) for s in sessions))
+                samples += [[r.token for r in reply] for reply in replies]
             for s in sessions:
                 await pipeline.end(s)
             windows = 0
@@ -182,6 +188,79 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
     reference = _row_by_row_probs(tiny_gguf, context + window)
     for row in range(len(window)):
         _chi_square_fits(np.array([s[row] for s in samples]), reference[len(context) + row])
+
+
+PENALISED = SamplingParams(temperature=1.0, presence_penalty=0.6, frequency_penalty=0.8,
+                           logit_bias=((5, 1.5), (9, -100.0)), logprobs=4)
+
+
+def test_speculative_equals_plain_in_tokens_and_logprobs_with_penalties_and_bias(tiny_q4, stage_cache):
+    """Row i of a verify window is penalised for the drafts before it, so each accepted token
+    and the target's token after them carry the numbers plain decoding computes."""
+    tiny_gguf, tiny_package = tiny_q4
+
+    async def scenario() -> None:
+        async with two_stages(tiny_package, stage_cache, tiny_gguf, cut=2) as (pipeline, draft, _):
+            accepted = 0
+            for seed in range(6):
+                sp = replace(PENALISED, seed=seed)
+                policy = controller_for(WindowPolicy("fixed", 3, 1, 3))
+                spec, stats = await _sampled(pipeline, draft, [1, 5, 9, 17], 24, sp, policy, session=10 + seed)
+                plain, _ = await _sampled(pipeline, None, [1, 5, 9, 17], 24, sp, session=20 + seed)
+                unpenalised, _ = await _sampled(pipeline, None, [1, 5, 9, 17], 24,
+                                                replace(sp, presence_penalty=0.0, frequency_penalty=0.0), session=30)
+                for s in (10 + seed, 20 + seed, 30):
+                    await pipeline.end(s)
+                assert spec == plain, seed
+                assert all(s.logprob is not None and len(s.top) == 4 for s in spec)
+                assert 9 not in [s.token for s in spec]
+                assert [s.token for s in unpenalised] != [s.token for s in plain]
+                accepted += stats.speculative["accepted"]
+            assert accepted > 0
+
+    asyncio.run(scenario())
+
+
+def test_smollm2_speculative_equals_plain_when_sampling_with_penalties(smollm2_package, smollm2_gguf,
+                                                                       stage_cache, draft_gguf):
+    """The embedded model with its Q4_0 draft: batch-invariant kernels make it lossless in
+    logprobs too, at temperature 1 with penalties and logit_bias."""
+    prompt = chat_prompt(smollm2_gguf, "Write a limerick about a cat.")
+    sp = replace(PENALISED, seed=2**64 - 1, logit_bias=((28, 2.0), (30, -100.0)))
+
+    async def scenario() -> None:
+        async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
+            plain, _ = await _sampled(pipeline, None, prompt, 40, sp)
+            await pipeline.end(1)
+            window = controller_for(WindowPolicy("fixed", 4, 1, 4))
+            spec, stats = await _sampled(pipeline, draft, prompt, 40, sp, window, session=2)
+            assert spec == plain
+            assert stats.speculative["accepted"] > 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow that the last bad value provokes
+def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_package, stage_cache):
+    """Stage 0 is trusted to check, but the final stage reads these off the network."""
+    bad = [(SamplingParams(logprobs=21), (), "logprobs"),
+           (SamplingParams(logit_bias=((64, 1.0),)), (), "logit_bias"),
+           (SamplingParams(logit_bias=((3, float("nan")),)), (), "logit_bias"),
+           (SamplingParams(temperature=float("nan")), (), "finite"),
+           (SamplingParams(presence_penalty=1.0), [7] * 600, "context"),
+           (SamplingParams(frequency_penalty=1.0), [70], "vocabulary"),
+           (SamplingParams(temperature=1e-30, logit_bias=((3, 1e300),)), (), "cannot sample")]
+
+    async def scenario() -> None:
+        async with two_stages(tiny_package, stage_cache, None, cut=2) as (pipeline, _, _):
+            await pipeline.run(1, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
+            for params, history, words in bad:
+                with pytest.raises(StageFailed, match=words):
+                    await pipeline.run(1, 3, [7], params, history=history)
+            ok = await pipeline.run(1, 3, [7], SamplingParams(logprobs=2), history=[7])
+            assert len(ok) == 1 and len(ok[0].top) == 2
+
+    asyncio.run(scenario())
 
 
 def _row_by_row_probs(gguf: Path, tokens: list[int]) -> list[np.ndarray]:
