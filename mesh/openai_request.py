@@ -23,6 +23,7 @@ from stage.sampling import SamplingParams
 
 INT32_MAX = 2**31 - 1
 MAX_STOPS = 16
+MAX_LOGIT_BIAS = 300  # OpenAI's limit
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
 
 
@@ -212,6 +213,8 @@ def _sampling(body: _Common, n_vocab: int) -> SamplingParams:
 
 
 def _logit_bias(bias: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    if len(bias or {}) > MAX_LOGIT_BIAS:
+        raise bad_request(f"logit_bias holds at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
     pairs = []
     for key, value in (bias or {}).items():
         if not key.strip().isdigit() or int(key) >= n_vocab:

@@ -240,3 +240,48 @@ def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):
     finally:
         server.should_exit = True
         runner.join()
+
+
+def test_logprobs_in_each_endpoints_shape(server):
+    r = chat(server, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == r.usage.completion_tokens == 8
+    for e in entries:  # greedy: the chosen token is the most likely one
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+        assert e.logprob == e.top_logprobs[0].logprob <= 0 and bytes(e.bytes).decode(errors="replace") == e.token
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+    assert "".join(e.token for e in entries) == r.choices[0].message.content
+    stream = client(server).chat.completions.create(model=EMBEDDED_ID, messages=HI, max_tokens=8,
+                                                    temperature=0, logprobs=True, top_logprobs=3,
+                                                    stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed == entries
+    assert chat(server, max_tokens=2).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        chat(server, top_logprobs=2)
+    done = client(server).completions.create(model=EMBEDDED_ID, prompt="One, two,", max_tokens=5,
+                                             temperature=0, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    pairs = zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    assert all(len(top) <= 2 and max(top.values()) == chosen for top, chosen in pairs)
+
+
+def test_penalties_and_logit_bias_change_the_output(server, smollm2_gguf):
+    from mesh.tokenizer import Tokenizer
+
+    first = chat(server, max_tokens=1, temperature=0, logprobs=True).choices[0].logprobs.content[0]
+    [first_id] = Tokenizer(smollm2_gguf, EMBEDDED_ID).tokenize(first.token, special=False, add_bos=False)
+    banned = chat(server, max_tokens=1, temperature=0, logprobs=True, logit_bias={str(first_id): -100})
+    assert banned.choices[0].logprobs.content[0].token != first.token
+    def complete(**penalties) -> str:
+        return client(server).completions.create(
+            model=EMBEDDED_ID, prompt="a a a a a a a a a a", max_tokens=12, temperature=0,
+            extra_body={"ignore_eos": True}, **penalties).choices[0].text
+    # the penalties count the completion: they bite once a generated token comes again
+    assert complete() != complete(frequency_penalty=2.0, presence_penalty=2.0)
+    for bad in ({"999999999": 1}, {"5": 101}, {str(i): 1 for i in range(301)}):
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(server, logit_bias=bad)
+        assert err.value.body["param"] == "logit_bias"
