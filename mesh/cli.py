@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 
@@ -30,11 +31,19 @@ COMMANDS = {"serve": "mesh.serve_cli", "stage": "mesh.stage_cli", "status": "mes
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mesh", description="pipeline-parallel LLM serving mesh")
+    parser.add_argument("--version", action="version", version=f"mesh {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         if command in (None, name):
             importlib.import_module(module).add_parser(sub)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("meshpipe")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except USER_ERRORS as exc:
-        print(f"mesh: error: {exc}", file=sys.stderr)
+        print(f"mesh {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

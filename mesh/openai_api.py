@@ -70,7 +70,7 @@ class CompletionRequest(_Common):
     prompt: str | list[str]
 
 
-def build_app(backend: Backend, metrics: Metrics) -> FastAPI:
+def build_app(backend: Backend, metrics: Metrics, max_body: int = 4 << 20) -> FastAPI:
     app = FastAPI(title="meshpipe", docs_url=None, redoc_url=None)
 
     @app.exception_handler(ApiError)
