@@ -49,6 +49,8 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and argv[0] in COMMANDS else None
+    if argv == ["--version"]:
+        command = ""  # no command module: importing them all (llama.cpp, uvicorn) takes seconds
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args))
