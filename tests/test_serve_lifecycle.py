@@ -25,7 +25,7 @@ from models import write_tiny_llama
 from mesh.local_server import LocalServer, stage_pids, stop, wait_healthy
 from packages.writer import write_package
 
-GRACE = 3.0
+GRACE = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +85,11 @@ def test_sigterm_lets_short_requests_finish_cancels_long_ones_and_ends_every_sta
         stages = [psutil.Process(pid) for pid in stage_pids(proc.pid)]
         stage_ports = [port for s in stages for _, port in _listening(s)]
         assert len(stages) == 1 and stage_ports
-        short, long = Stream(url, 8), Stream(url, 1000)
-        for s in (short, long):
+        short, long = Stream(url, 30), Stream(url, 1000)  # 30 tokens take 1.2 s of wire alone
+        for s in (long, short):
             s.start()
             assert s.started.wait(30)
+        assert not short.done
         signalled = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
         rc = proc.wait(GRACE + 10)
