@@ -19,6 +19,10 @@ class ConfigError(ValueError):
     pass
 
 
+class UsageError(ConfigError):
+    """A command-line flag is malformed or conflicts with another; `mesh` prints it as one line."""
+
+
 @dataclass(frozen=True)
 class Speculative:
     """One level of the precedence chain; None means "not set here"."""

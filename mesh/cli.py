@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 
@@ -30,6 +31,7 @@ COMMANDS = {"serve": "mesh.serve_cli", "stage": "mesh.stage_cli", "status": "mes
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mesh", description="pipeline-parallel LLM serving mesh")
+    parser.add_argument("--version", action="version", version=f"mesh {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         if command in (None, name):
@@ -37,14 +39,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("meshpipe")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and argv[0] in COMMANDS else None
+    if argv == ["--version"]:
+        command = ""  # no command module: importing them all (llama.cpp, uvicorn) takes seconds
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args))
     except USER_ERRORS as exc:
-        print(f"mesh: error: {exc}", file=sys.stderr)
+        print(f"mesh {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

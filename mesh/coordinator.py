@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from mesh.route import (
     RouteError,
     RouteSettings,
     build,
+    refresh_status,
     spawn_local_stage,
     teardown,
 )
@@ -54,6 +56,9 @@ from stage.tls import add_port, client_ssl
 from stage.transport import connect
 
 log = logging.getLogger("meshpipe.coordinator")
+
+STATUS_TIMEOUT = 1.0  # /health answers within about this long even if a stage hangs
+STATUS_TTL = 1.5  # a load balancer polling /health must not turn into a Status RPC per poll per stage
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class Coordinator:
         self.draft: Draft | None = None
         self.shared_window: Controller | None = None
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
+        self.status_checked = 0.0  # monotonic time of the last Status round
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -168,7 +174,8 @@ class Coordinator:
 
     async def stop(self) -> None:
         if self.rebuilding:
-            self.rebuilding.cancel()
+            self.rebuilding.cancel()  # its build tears down the stages it spawned; wait for that
+            await asyncio.wait([self.rebuilding])
         if self.draft is not None:
             await self.draft.stop()
         await self._drop_route()
@@ -213,10 +220,20 @@ class Coordinator:
         return self.tokenizer
 
     async def health(self) -> dict[str, Any]:
+        await self._refresh_stages()
         broken = self.pipeline is None or self.pipeline.broken is not None
         return {"ok": not broken, "model": self.model_id, "route": self.describe_route(),
                 "stages": self.stage_rows(), "error": self.last_error or None,
                 "speculative": self.spec.describe() if self.spec else self.spec_note}
+
+    async def _refresh_stages(self) -> None:
+        """Fresh memory and reachability from every stage, asked at once, at most every STATUS_TTL."""
+        route = self.route
+        if route is None or time.monotonic() - self.status_checked < STATUS_TTL:
+            return
+        self.status_checked = time.monotonic()
+        await asyncio.gather(*(refresh_status(route, s, STATUS_TIMEOUT) for s in route.stages
+                               if s.stub is not None), return_exceptions=True)
 
     def describe_route(self) -> str:
         if self.route is None or self.route.stage0 is None:
@@ -234,14 +251,16 @@ class Coordinator:
         rows = [{"stage": 0, "endpoint": "coordinator", "start": self.route.stage0.start,
                  "end": self.route.stage0.end, "state": "READY",
                  "rss_bytes": psutil.Process().memory_info().rss,
-                 "mem_available_bytes": vm.available}]
+                 "mem_available_bytes": vm.available, "status_at": time.time()}]
+        ready = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
         for i, s in enumerate(self.route.stages, 1):
             rows.append({"stage": i, "endpoint": s.endpoint,
                          "start": s.range.start if s.range else None,
                          "end": s.range.end if s.range else None,
-                         "state": "READY" if self.pipeline and not self.pipeline.broken else "BROKEN",
+                         "state": ready if s.reachable else "UNREACHABLE",
                          "rss_bytes": s.status.rss_bytes if s.status else None,
-                         "mem_available_bytes": s.status.mem_available_bytes if s.status else None})
+                         "mem_available_bytes": s.status.mem_available_bytes if s.status else None,
+                         "status_at": s.status_at})
         return rows
 
     async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:

@@ -31,6 +31,8 @@ from stage.tls import MeshTls, channel
 
 V = PROTOCOL_VERSION
 RPC_TIMEOUT = 30.0
+STOP_TIMEOUT = 3.0  # teardown: a stage that cannot answer Stop this fast is ended anyway
+EXIT_TIMEOUT = 5.0  # a spawned stage gets this long to exit after SIGTERM, then SIGKILL
 
 
 class RouteError(Exception):
@@ -46,6 +48,8 @@ class RemoteStage:
     range: StageRange | None = None
     activation: str = ""
     status: pb.StatusReply | None = None
+    reachable: bool = True  # the last Status call answered
+    status_at: float = 0.0  # wall time of the last Status reply
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,12 @@ class Route:
     term: int = 0
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    async def rpc(self, stage: RemoteStage, name: str, request: object) -> Any:
+    async def rpc(self, stage: RemoteStage, name: str, request: object,
+                  timeout: float = RPC_TIMEOUT) -> Any:
         assert stage.stub is not None
         call = getattr(stage.stub, name)
         try:
-            return await call(request, timeout=RPC_TIMEOUT,
-                              metadata=token_metadata(self.settings.token))
+            return await call(request, timeout=timeout, metadata=token_metadata(self.settings.token))
         except grpc.aio.AioRpcError as exc:
             raise RouteError(f"stage {stage.endpoint}: {name} failed: "
                              f"{exc.details() or exc.code().name}") from None
@@ -106,10 +110,21 @@ def spawn_local_stage(s: RouteSettings) -> RemoteStage:
 async def connect_stage(route: Route, stage: RemoteStage) -> None:
     stage.channel = channel(stage.endpoint, route.settings.tls)
     stage.stub = pb_grpc.StageControlStub(stage.channel)
-    stage.status = await route.rpc(stage, "Status", pb.StatusRequest(protocol_version=V))
+    await refresh_status(route, stage, RPC_TIMEOUT)
+    assert stage.status is not None
     if stage.status.protocol_version != V:
         raise RouteError(f"stage {stage.endpoint} speaks protocol {stage.status.protocol_version}, "
                          f"this coordinator speaks {V}; upgrade meshpipe so they match")
+
+
+async def refresh_status(route: Route, stage: RemoteStage, timeout: float) -> None:
+    """Ask the stage for its state and memory; `reachable` says whether it answered."""
+    try:
+        stage.status = await route.rpc(stage, "Status", pb.StatusRequest(protocol_version=V), timeout)
+    except RouteError:
+        stage.reachable = False
+        raise
+    stage.reachable, stage.status_at = True, time.time()
 
 
 async def build(route: Route, own_memory: int, artifact_source: str,
@@ -191,16 +206,30 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
 
 
 async def teardown(route: Route) -> None:
-    """Stop every stage we claimed and end the processes we spawned."""
-    for stage in route.stages:
-        if stage.stub is not None and route.term:
-            with contextlib.suppress(Exception):
-                await route.rpc(stage, "Stop", pb.StopRequest(protocol_version=V, term=route.term))
-        if stage.channel is not None:
-            await stage.channel.close()
-        if stage.process is not None and stage.process.poll() is None:
-            stage.process.terminate()
-            try:
-                stage.process.wait(5)
-            except subprocess.TimeoutExpired:
-                stage.process.kill()
+    """Stop every stage we claimed and end the processes we spawned, all at once: one hung
+    stage must not hold up the others, nor the event loop that serves the rest."""
+    await asyncio.gather(*(_release(route, stage) for stage in route.stages))
+
+
+async def _release(route: Route, stage: RemoteStage) -> None:
+    if stage.stub is not None and route.term:
+        with contextlib.suppress(Exception):
+            await route.rpc(stage, "Stop", pb.StopRequest(protocol_version=V, term=route.term),
+                            STOP_TIMEOUT)
+    if stage.channel is not None:
+        await stage.channel.close()
+    if stage.process is not None:
+        await end_process(stage.process)
+
+
+async def end_process(process: subprocess.Popen[bytes], timeout: float = EXIT_TIMEOUT) -> None:
+    """SIGTERM, then SIGKILL after `timeout`. Polls rather than waiting in a thread: a cancelled
+    wait then leaves no executor thread behind for asyncio.run to block on at exit."""
+    if process.poll() is None:
+        process.terminate()
+    deadline = time.monotonic() + timeout
+    while process.poll() is None:
+        if time.monotonic() > deadline:
+            process.kill()
+            deadline = float("inf")
+        await asyncio.sleep(0.05)

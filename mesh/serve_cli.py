@@ -10,11 +10,10 @@ import secrets
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from config.paths import cache_dir
-from config.settings import Speculative, load_config
+from config.settings import Config, Speculative, UsageError, load_config
 from mesh.coordinator import Coordinator, Topology
+from mesh.http_server import bind, kill_children, serve
 from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
 from mesh.openai_api import build_app
@@ -26,6 +25,7 @@ from stage.control import own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
 
 WIRE_DTYPES = {"f32": pb.F32, "f16": pb.F16, "bf16": pb.BF16}
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 9337
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +34,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="package directory or GGUF file (default: the embedded SmolLM2)")
     p.add_argument("--config", type=Path, default=None,
                    help="TOML config (default: ~/.config/meshpipe/config.toml, if present)")
-    p.add_argument("--listen", default=None,
-                   help="HOST:PORT for the HTTP API (default: [mesh] listen, else 127.0.0.1:9337)")
+    p.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="HTTP API address; a bare PORT binds loopback 127.0.0.1 "
+                   "(default: [mesh] listen, else 127.0.0.1:9337)")
+    p.add_argument("--host", default=None,
+                   help="HTTP API host name or address (instead of --listen; default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None,
+                   help="HTTP API port (instead of --listen; default: 9337)")
+    p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, how long in-flight requests may finish before they are "
+                   "cancelled; a second signal exits at once (default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="N",
+                   help="largest request body accepted (default: %(default)s)")
     p.add_argument("--local-stages", type=int, default=1,
                    help="split across N stages on this machine: this process is stage 0 and "
                    "N-1 `mesh stage` processes are spawned on loopback")
@@ -72,21 +82,55 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every file
-    if args.local_stages < 1:
-        raise SystemExit("mesh: error: --local-stages must be at least 1")
-    cache = args.cache_dir or cache_dir()
+    _check(args)
     config = load_config(args.config)
+    sock = bind(*_address(args, config.mesh.listen))  # before anything slow: a taken port fails now
+    coordinator = _coordinator(args, config)
+    metrics = Metrics()
+    metrics.watch_hops(coordinator.hops)
+    app = build_app(coordinator, metrics, max_body=args.max_body_bytes)
+    try:
+        asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say))
+    finally:
+        kill_children()  # normally none are left; a forced or abandoned stop may leave some
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.local_stages < 1:
+        raise UsageError("--local-stages must be at least 1")
+    if args.listen and (args.host or args.port is not None):
+        raise UsageError("give either --listen HOST:PORT or --host/--port, not both")
+    if args.port is not None and not 0 <= args.port < 65536:
+        raise UsageError(f"--port must be 0-65535, got {args.port}")
+    if args.shutdown_grace < 0 or args.max_body_bytes < 1:
+        raise UsageError("--shutdown-grace must be >= 0 and --max-body-bytes >= 1")
+
+
+def _address(args: argparse.Namespace, configured: str | None) -> tuple[str, int]:
+    """--host/--port, else --listen, else [mesh] listen; a bare port means loopback."""
+    listen = args.listen or configured or ""
+    host, sep, port = listen.rpartition(":")
+    if not sep:
+        host, port = DEFAULT_HOST, listen or str(DEFAULT_PORT)
+    if not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--listen wants HOST:PORT or PORT, got {listen!r}")
+    host = args.host or host.strip("[]") or DEFAULT_HOST
+    return host, args.port if args.port is not None else int(port)
+
+
+def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
+    cache = args.cache_dir or cache_dir()
     package_dir, manifest, sha, model_id = resolve_model(args.model, cache, say=_say)
     names = {model_id} | ({args.model} if args.model else set())
     spec, note = resolve_plan(_cli_speculative(args), args.no_draft, config, names, manifest)
     args.peer = args.peer or list(config.mesh.peers)
-    args.listen = args.listen or config.mesh.listen or "127.0.0.1:9337"
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
     if token is None and not args.peer and args.local_stages > 1:
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
     settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,
                              ctx_size=args.ctx_size, batch=args.batch, threads=args.threads,
-                             wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args, "serve"),
+                             wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args),
                              cpu_lock=_cpu_lock(args, cache))
     remote = bool(args.peer)
     topology = Topology(
@@ -97,11 +141,8 @@ def _run(args: argparse.Namespace) -> int:
     if remote and topology.advertise.startswith("127."):
         _say(f"WARNING: stages will reach this coordinator at {topology.advertise}, a loopback "
              "address; pass --advertise with an address they can dial")
-    coordinator = Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say,
-                              spec=spec, spec_note=note, wire_delay_ms=args.wire_delay_ms)
-    host, _, port = args.listen.rpartition(":")
-    asyncio.run(_serve(coordinator, host, int(port)))
-    return 0
+    return Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say,
+                       spec=spec, spec_note=note, wire_delay_ms=args.wire_delay_ms)
 
 
 def _cpu_lock(args: argparse.Namespace, cache: Path) -> Path | None:
@@ -115,25 +156,11 @@ def _cpu_lock(args: argparse.Namespace, cache: Path) -> Path | None:
 
 def _cli_speculative(args: argparse.Namespace) -> Speculative:
     if args.draft_window is not None and args.draft_window < 1:
-        raise SystemExit("mesh serve: error: --draft-window must be at least 1")
+        raise UsageError("--draft-window must be at least 1")
     window = args.draft_window
     return Speculative(draft_model=args.draft, window_policy="fixed" if window else None,
                        initial_window=window, min_window=1 if window else None,
                        max_window=max(window, 16) if window else None)
-
-
-async def _serve(coordinator: Coordinator, host: str, port: int) -> None:
-    try:
-        await coordinator.start()
-        metrics = Metrics()
-        metrics.watch_hops(coordinator.hops)
-        app = build_app(coordinator, metrics)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
-        server = uvicorn.Server(config)
-        _say(f"serving {coordinator.model_id} on http://{host}:{port}/v1")
-        await server.serve()
-    finally:
-        await coordinator.stop()
 
 
 def _say(message: str) -> None:

@@ -34,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every file
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
     host = args.listen.rpartition(":")[0].strip("[]")
-    tls = tls_of(args, "stage")
+    tls = tls_of(args)
     advertise = args.advertise or (host if host not in ("0.0.0.0", "::", "") else own_address())
     if advertise.startswith("127.") and host not in ("127.0.0.1", "localhost"):
         logging.warning("advertising %s, which other machines cannot reach; pass --advertise", advertise)

@@ -12,18 +12,20 @@ from packages.describe import human_bytes
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="show the stages, ranges, state and memory of a mesh")
-    p.add_argument("--url", default="http://127.0.0.1:9337", help="the coordinator's HTTP address")
+    p.add_argument("--url", default="http://127.0.0.1:9337",
+                   help="the coordinator's HTTP address; the .../v1 URL `mesh serve` prints works too")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    base = _base_url(args.url)
     try:
-        with urllib.request.urlopen(f"{args.url}/health", timeout=10) as resp:
+        with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
             state = json.load(resp)
     except urllib.error.HTTPError as exc:  # 503 still carries the topology
         state = json.load(exc)
     except (urllib.error.URLError, OSError) as exc:
-        raise OSError(f"cannot reach the coordinator at {args.url}: {exc}") from None
+        raise OSError(f"cannot reach the coordinator at {base}: {exc}") from None
     print(f"model: {state.get('model')}   route: {'ok' if state.get('ok') else 'BROKEN'}")
     for key, label in (("error", "error"), ("speculative", "speculative")):
         if state.get(key):
@@ -36,3 +38,9 @@ def _run(args: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     return 0
+
+
+def _base_url(url: str) -> str:
+    """`mesh serve` prints the OpenAI base URL (…/v1); /health lives beside it, not under it."""
+    url = url.rstrip("/")
+    return url.removesuffix("/v1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from config.settings import UsageError
 from stage.tls import MeshTls, TlsConfigError
 
 
@@ -15,8 +16,8 @@ def add_tls_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: --tls-cert itself, for one self-signed certificate shared by all)")
 
 
-def tls_of(args: argparse.Namespace, command: str) -> MeshTls | None:
+def tls_of(args: argparse.Namespace) -> MeshTls | None:
     try:
         return MeshTls.from_args(args.tls_cert, args.tls_key, args.tls_ca)
     except TlsConfigError as exc:
-        raise SystemExit(f"mesh {command}: error: {exc}") from None
+        raise UsageError(str(exc)) from None  # `mesh` prints it as "mesh COMMAND: error: ..."

@@ -21,8 +21,16 @@ def gemma3_path(cache: Path) -> Path:
 
 
 def write_tiny_llama(path: Path, layers: int = 4, width: int = 64, vocab: int = 64,
-                     seed: int = 0, output: bool = True) -> Path:
-    """A random-weight llama GGUF that llama.cpp loads; fast enough for unit tests."""
+                     seed: int = 0, output: bool = True, byte_vocab: bool = False) -> Path:
+    """A random-weight llama GGUF that llama.cpp loads; fast enough for unit tests.
+
+    Its `<tN>` vocabulary runs an engine, but llama.cpp's tokenizer aborts on an SPM vocabulary
+    without byte tokens; `byte_vocab` gives it the 256 `<0xNN>` tokens so `mesh serve` can use it.
+    """
+    tokens, types = [f"<t{i}>" for i in range(vocab)], [3, 3, 3] + [1] * (vocab - 3)
+    if byte_vocab:
+        tokens, types = tokens[:3] + [f"<0x{b:02X}>" for b in range(256)], types[:3] + [6] * 256
+        vocab = len(tokens)
     rng = np.random.default_rng(seed)
     heads, kv_heads, ff = 4, 2, 128
     head_dim = width // heads
@@ -41,9 +49,9 @@ def write_tiny_llama(path: Path, layers: int = 4, width: int = 64, vocab: int = 
     writer.add_rope_dimension_count(head_dim)
     writer.add_file_type(0)
     writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"<t{i}>" for i in range(vocab)])
+    writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * vocab)
-    writer.add_token_types([3, 3, 3] + [1] * (vocab - 3))
+    writer.add_token_types(types)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)

@@ -145,7 +145,7 @@ def _assert_clean_failure(result: subprocess.CompletedProcess[str], needle: str)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines[-1].startswith("mesh: error:") and needle in lines[-1], result.stderr
+    assert lines[-1].startswith("mesh package: error:") and needle in lines[-1], result.stderr
 
 
 def test_cli_bad_inputs_fail_cleanly(tiny_gguf, tiny_package, tmp_path):
