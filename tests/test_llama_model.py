@@ -44,6 +44,8 @@ import stage.llama_model as lm
 if sys.argv[2] == "amx":  # what the loaded library reports on a Sapphire Rapids host
     lm.offered_extra_bufts = lambda: ("AMX", "CPU_REPACK")
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
+
+pytestmark = pytest.mark.slow
 gguf = Path(sys.argv[1])
 print("== Llama", file=sys.stderr, flush=True)
 lm.open_llama(gguf, verbose=True, n_ctx=64)
