@@ -44,8 +44,6 @@ import stage.llama_model as lm
 if sys.argv[2] == "amx":  # what the loaded library reports on a Sapphire Rapids host
     lm.offered_extra_bufts = lambda: ("AMX", "CPU_REPACK")
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
-
-pytestmark = pytest.mark.slow
 gguf = Path(sys.argv[1])
 print("== Llama", file=sys.stderr, flush=True)
 lm.open_llama(gguf, verbose=True, n_ctx=64)
@@ -54,6 +52,7 @@ LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=1, ctx_per_lan
 """
 
 
+@pytest.mark.slow  # loads the draft model in a subprocess; the tests above are unit-level
 @pytest.mark.parametrize(("host", "env", "repacked"), [("amx", "auto", False), ("plain", "auto", True),
                                                          ("plain", "off", False), ("amx", "on", True)])
 def test_the_choice_reaches_every_loader(draft_gguf: Path, host, env, repacked):
