@@ -76,3 +76,12 @@ def expected_texts(smollm2_gguf: Path) -> dict[str, str]:
     from chat_reference import unsplit_texts
 
     return unsplit_texts(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer(tmp_path_factory: pytest.TempPathFactory):  # -> mesh.tokenizer.Tokenizer
+    """The tiny GGUF's vocabulary (token b + 3 is byte b): loads in milliseconds, no weights used."""
+    from mesh.tokenizer import Tokenizer
+
+    gguf = write_tiny_llama(tmp_path_factory.mktemp("bytes") / "bytes.gguf", layers=1, byte_vocab=True)
+    return Tokenizer(gguf, "tiny")

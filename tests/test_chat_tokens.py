@@ -7,6 +7,8 @@ import pytest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow
+
 CHATS = [
     [{"role": "user", "content": "Hello there, how are you?"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List  three fruits.\n\nNow!"},

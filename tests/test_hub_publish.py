@@ -20,6 +20,8 @@ from packages.publish import plan_publish, publish
 from packages.speculative import declared
 from packages.writer import write_package
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def fake_hub():

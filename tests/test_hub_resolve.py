@@ -28,6 +28,8 @@ from packages.speculative import declared, verify_draft
 from packages.writer import write_package
 from stage.prepare import Progress, prepare_stage
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def hf_offline(tmp_path, monkeypatch):

@@ -14,6 +14,8 @@ from mesh_server import mesh_serve
 from mesh.bench_breakdown import measure
 from mesh.model_source import EMBEDDED_ID
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("stages", [2, 3])
 def test_split_serving_matches_unsplit_model(serve_cache, expected_texts, stages):

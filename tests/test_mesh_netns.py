@@ -17,7 +17,8 @@ from chat_reference import PROMPTS, chat
 from mesh_server import mesh_serve
 from netns import Host, hosts, unavailable
 
-pytestmark = pytest.mark.skipif(bool(unavailable()), reason=f"{unavailable()}")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bool(unavailable()), reason=f"{unavailable()}")]
 TOKEN = "netns-test-token"
 
 

@@ -21,6 +21,8 @@ from proto.version import PROTOCOL_VERSION
 from stage.grpc_auth import token_metadata
 from stage.tls import MeshTls, channel
 
+pytestmark = pytest.mark.slow
+
 
 @contextlib.contextmanager
 def tls_stage(cache: Path, tls_args: list[str], token: str):

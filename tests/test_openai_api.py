@@ -16,6 +16,8 @@ from mesh_server import mesh_serve
 
 from mesh.model_source import EMBEDDED_ID
 
+pytestmark = pytest.mark.slow
+
 CTX = 1024
 HI = [{"role": "user", "content": "hi"}]
 

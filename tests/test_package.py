@@ -22,6 +22,8 @@ from packages.writer import write_package
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
+pytestmark = pytest.mark.slow
+
 
 def _quiet(_: str) -> None:
     pass

@@ -25,6 +25,8 @@ from models import write_tiny_llama
 from mesh.local_server import LocalServer, stage_pids, stop, wait_healthy
 from packages.writer import write_package
 
+pytestmark = pytest.mark.slow
+
 GRACE = 4.0
 
 

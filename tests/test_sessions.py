@@ -9,6 +9,8 @@ from chain import build_chain, chat_prompt, close, forward, greedy
 from stage.engine import Step
 from stage.llama_engine import EngineError
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["Write a haiku about rain.", "List three prime numbers.", "What is the capital of France?"]
 
 

@@ -14,6 +14,8 @@ from mesh_server import mesh_serve
 from mesh.bench import PROMPTS
 from mesh.model_source import EMBEDDED_ID
 
+pytestmark = pytest.mark.slow
+
 TOKENS = 128
 
 

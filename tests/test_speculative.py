@@ -32,6 +32,8 @@ from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.sampling import SamplingParams
 from stage.transport import connect, serve
 
+pytestmark = pytest.mark.slow
+
 CUT = 15
 GREEDY = SamplingParams()
 

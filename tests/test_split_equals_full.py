@@ -9,6 +9,8 @@ from packages.errors import PackageError
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
 
+pytestmark = pytest.mark.slow
+
 N_TOKENS = 64
 
 

@@ -15,6 +15,8 @@ from mesh_server import mesh_serve
 from mesh.local_server import stage_pids
 from mesh.model_source import EMBEDDED_ID
 
+pytestmark = pytest.mark.slow
+
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
 

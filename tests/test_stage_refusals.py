@@ -16,6 +16,8 @@ from proto.version import PROTOCOL_VERSION as V
 from stage.grpc_auth import token_metadata
 from stage.transport import TransportRefused, connect, serve
 
+pytestmark = pytest.mark.slow
+
 TOKEN = "s3cret-mesh-token"
 
 

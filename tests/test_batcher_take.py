@@ -1,0 +1,77 @@
+"""Batcher._take: which queued jobs run together in one decode, and in what order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from stage.batcher import Batcher, _Job
+from stage.engine import Step
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _batcher(loop: asyncio.AbstractEventLoop, jobs: list[tuple[int, int] | None], max_rows: int = 512) -> Batcher:
+    """Jobs are (lane, rows) steps, or None for a control job."""
+    batcher = Batcher(engine=None, max_rows=max_rows)  # type: ignore[arg-type]  # _take never touches it
+    for spec in jobs:
+        future = loop.create_future()
+        if spec is None:
+            batcher.jobs.append(_Job(None, future, control=lambda: None))
+        else:
+            lane, rows = spec
+            batcher.jobs.append(_Job(Step(lane, 0, tokens=np.zeros(rows, np.int32)), future))
+    return batcher
+
+
+def _lanes(jobs: list[_Job]) -> list[tuple[int, int] | None]:
+    return [None if j.step is None else (j.step.lane, j.step.n) for j in jobs]
+
+
+def _drain(batcher: Batcher) -> list[list[tuple[int, int] | None]]:
+    batches = []
+    while batcher.jobs:
+        batches.append(_lanes(batcher._take()))
+    return batches
+
+
+def test_distinct_lanes_run_together_in_queue_order(loop: asyncio.AbstractEventLoop):
+    b = _batcher(loop, [(2, 1), (0, 1), (1, 5)])
+    assert _drain(b) == [[(2, 1), (0, 1), (1, 5)]]
+
+
+def test_a_lanes_second_step_waits_for_the_next_decode_and_keeps_the_order_behind_it(
+        loop: asyncio.AbstractEventLoop):
+    # the prefix stops at the repeated lane, even though lane 2 behind it is free
+    b = _batcher(loop, [(0, 1), (1, 1), (0, 1), (2, 1), (1, 1)])
+    assert _drain(b) == [[(0, 1), (1, 1)], [(0, 1), (2, 1), (1, 1)]]
+
+
+def test_a_control_job_runs_alone_between_decodes(loop: asyncio.AbstractEventLoop):
+    b = _batcher(loop, [(0, 1), (1, 1), None, (2, 1), None, None, (0, 1)])
+    assert _drain(b) == [[(0, 1), (1, 1)], [None], [(2, 1)], [None], [None], [(0, 1)]]
+
+
+def test_rows_are_capped_but_a_single_large_step_still_runs(loop: asyncio.AbstractEventLoop):
+    b = _batcher(loop, [(0, 3), (1, 2), (2, 1), (3, 10), (4, 4)], max_rows=6)
+    assert _drain(b) == [[(0, 3), (1, 2), (2, 1)], [(3, 10)], [(4, 4)]]
+
+
+def test_the_cap_is_inclusive_and_a_later_small_step_does_not_jump_the_queue(loop: asyncio.AbstractEventLoop):
+    b = _batcher(loop, [(0, 4), (1, 2), (2, 3), (3, 1)], max_rows=6)
+    assert _drain(b) == [[(0, 4), (1, 2)], [(2, 3), (3, 1)]]
+
+
+def test_take_removes_exactly_what_it_returns(loop: asyncio.AbstractEventLoop):
+    b = _batcher(loop, [(0, 1), (0, 1), (1, 1)])
+    queued = list(b.jobs)
+    first = b._take()
+    assert first == queued[:1] and b.jobs == queued[1:]
