@@ -44,7 +44,6 @@ class GenerationStats:
     completion_tokens: int = 0
     finish_reason: str = "length"  # "stop" when a stop token ended it
     speculative: dict[str, Any] | None = None
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -119,14 +119,6 @@ class PrepareReply(_message.Message):
     message: str
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
-class CancelPrepareRequest(_message.Message):
-    __slots__ = ("protocol_version", "term")
-    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    TERM_FIELD_NUMBER: _ClassVar[int]
-    protocol_version: int
-    term: int
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
-
 class InventoryRequest(_message.Message):
     __slots__ = ("protocol_version",)
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
