@@ -34,7 +34,6 @@ class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PREFILL: _ClassVar[FrameKind]
     DECODE: _ClassVar[FrameKind]
     VERIFY: _ClassVar[FrameKind]
-    TRIM: _ClassVar[FrameKind]
     END: _ClassVar[FrameKind]
     REPLY: _ClassVar[FrameKind]
     ERROR: _ClassVar[FrameKind]
@@ -54,7 +53,6 @@ FRAME_UNSPECIFIED: FrameKind
 PREFILL: FrameKind
 DECODE: FrameKind
 VERIFY: FrameKind
-TRIM: FrameKind
 END: FrameKind
 REPLY: FrameKind
 ERROR: FrameKind

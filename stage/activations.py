@@ -155,9 +155,6 @@ class ActivationStage:
                 lane = self.lanes.release(header.session_id)
                 future = None if lane is None else self.batcher.trim(lane, 0)
                 return _Admitted(header, future)
-            if header.kind == pb.TRIM:
-                lane = self.lanes.lane_for(header.session_id)
-                return _Admitted(header, self.batcher.trim(lane, header.start_pos))
             return _Admitted(header, None, error=f"unexpected frame kind {header.kind}")
         except (LanesExhaustedError, ValueError) as exc:
             return _Admitted(header, None, error=str(exc))

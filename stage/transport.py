@@ -26,7 +26,7 @@ from stage.tls import MESH_NAME
 
 _LEN = struct.Struct("<I")
 DTYPE_BYTES: dict[int, int] = {pb.F32: 4, pb.F16: 2, pb.BF16: 2}
-KNOWN_KINDS = {pb.PREFILL, pb.DECODE, pb.VERIFY, pb.TRIM, pb.END, pb.REPLY, pb.ERROR}
+KNOWN_KINDS = {pb.PREFILL, pb.DECODE, pb.VERIFY, pb.END, pb.REPLY, pb.ERROR}
 
 
 class LinkClosedError(MeshpipeError, ConnectionError):
