@@ -12,10 +12,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from config.errors import MeshpipeError
+
 CONFIG_VERSION = 1
 
 
-class ConfigError(ValueError):
+class ConfigError(MeshpipeError, ValueError):
     pass
 
 

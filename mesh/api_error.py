@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from config.errors import MeshpipeError
 
-class ApiError(Exception):
+
+class ApiError(MeshpipeError):
     def __init__(self, status: int, message: str, code: str, param: str | None = None,
                  kind: str = "invalid_request_error") -> None:
         super().__init__(message)

@@ -9,20 +9,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from config.errors import MeshpipeError
 from mesh.tokenizer import Tokenizer
 
 # both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
 from stage.sampling import Sampled, SamplingParams
 
-__all__ = ["Backend", "GenerationRequest", "GenerationStats", "MeshUnavailable", "RequestRejected", "Sampled",
+__all__ = ["Backend", "GenerationRequest", "GenerationStats", "MeshUnavailableError", "RequestRejectedError", "Sampled",
            "SamplingParams"]
 
 
-class MeshUnavailable(Exception):
+class MeshUnavailableError(MeshpipeError):
     """The pipeline route is broken (a stage died or refused); maps to HTTP 503."""
 
 
-class RequestRejected(Exception):
+class RequestRejectedError(MeshpipeError):
     """The request cannot be served as asked (e.g. prompt longer than the context); HTTP 400."""
 
 
@@ -43,7 +44,6 @@ class GenerationStats:
     completion_tokens: int = 0
     finish_reason: str = "length"  # "stop" when a stop token ended it
     speculative: dict[str, Any] | None = None
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class Backend(Protocol):

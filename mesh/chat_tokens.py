@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mesh.tokenizer import PromptRefused, SpecialToken, Tokenizer
+from mesh.tokenizer import PromptRefusedError, SpecialToken, Tokenizer
 
 _MARK = "\x1e{}\x1f"  # ASCII record/unit separators: no template writes them
 _MARKS = re.compile("\x1e(\\d+)\x1f")
@@ -29,7 +29,7 @@ def chat_tokens(tok: Tokenizer, messages: list[dict[str, Any]], limit: int) -> l
         return _whole(tok, messages, contents, limit)
     size = sum(len(p.encode()) if isinstance(p, str) else 1 for p in pieces)
     if size // tok.max_token_bytes > limit:
-        raise PromptRefused(f"the prompt is at least {size // tok.max_token_bytes} tokens, "
+        raise PromptRefusedError(f"the prompt is at least {size // tok.max_token_bytes} tokens, "
                             f"and the context holds {limit}")
     starts_with_bos = bool(pieces) and isinstance(pieces[0], SpecialToken) and pieces[0].id == tok.bos
     out = [tok.bos] if tok.add_bos and tok.bos >= 0 and not starts_with_bos else []
@@ -83,7 +83,7 @@ def _whole(tok: Tokenizer, messages: list[dict[str, Any]], contents: list[str], 
     for i, content in enumerate(contents):
         hit = next((s.text for s in tok.specials if s.text in content), None)
         if hit is not None:
-            raise PromptRefused(f"messages[{i}] contains the control token {hit!r}, and this "
+            raise PromptRefusedError(f"messages[{i}] contains the control token {hit!r}, and this "
                                 "model's chat template rewrites message text, so the server "
                                 "cannot keep it as plain text")
     return tok.tokenize(tok.render_chat(messages), special=True, limit=limit)

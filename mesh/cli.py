@@ -15,13 +15,11 @@ import sys
 # it loads, so it must be set before llama_cpp is imported; stage children inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
-from config.settings import ConfigError
-from mesh.planner import PlanError
-from mesh.route import RouteError
-from packages.errors import PackageError
+from config.errors import MeshpipeError
 
-# Errors a user can fix; they print as one line, never as a traceback.
-USER_ERRORS: tuple[type[Exception], ...] = (PackageError, RouteError, PlanError, ConfigError, OSError)
+# Errors a user can fix: every meshpipe error, and the OS's. They print as one line, never as
+# a traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (MeshpipeError, OSError)
 
 # Each command's module is imported only when it runs (or for --help): a stage daemon then
 # never loads the HTTP server, the Hub client or the benchmark, which is memory it keeps.

@@ -24,13 +24,13 @@ from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
     GenerationRequest,
     GenerationStats,
-    MeshUnavailable,
-    RequestRejected,
+    MeshUnavailableError,
+    RequestRejectedError,
     Sampled,
 )
 from mesh.draft import Draft, draft_path, vocab_mismatch
 from mesh.hop_timing import HopTotals
-from mesh.pipeline import Pipeline, StageFailed
+from mesh.pipeline import Pipeline, StageFailedError
 from mesh.route import (
     RemoteStage,
     Route,
@@ -265,13 +265,13 @@ class Coordinator:
 
     async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
         if len(req.prompt) == 0:
-            raise RequestRejected("the prompt is empty")
+            raise RequestRejectedError("the prompt is empty")
         if len(req.prompt) + req.max_tokens > self.ctx_per_session:
-            raise RequestRejected(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
+            raise RequestRejectedError(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
                                   f"exceeds the context of {self.ctx_per_session} tokens")
         # the final stage checks these too, but a refusal there could only be a 503
         if self.engine is not None and (problem := req.sampling.problem(self.engine.n_vocab)):
-            raise RequestRejected(problem)
+            raise RequestRejectedError(problem)
         stats.prompt_tokens = len(req.prompt)
         async with self.admission:
             pipeline = self._live_pipeline()
@@ -283,11 +283,11 @@ class Coordinator:
                 async for sampled in generate(pipeline, session, req, stats, self.ctx_per_session,
                                               draft, window):
                     yield sampled
-            except MeshUnavailable as exc:
+            except MeshUnavailableError as exc:
                 self._route_broken(str(exc))
                 raise
-            except StageFailed as exc:
-                raise MeshUnavailable(f"a stage failed this request: {exc}") from None
+            except StageFailedError as exc:
+                raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
             finally:
                 if draft is not None:
                     draft.forget(lane)
@@ -313,5 +313,5 @@ class Coordinator:
             reason = (p.broken if p else None) or self.last_error or "route is being rebuilt"
             if p is not None:
                 self._route_broken(reason)
-            raise MeshUnavailable(f"mesh unavailable: {reason}")
+            raise MeshUnavailableError(f"mesh unavailable: {reason}")
         return p

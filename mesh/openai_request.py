@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mesh.api_error import ApiError, bad_request
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
-from mesh.tokenizer import PromptRefused, Tokenizer
+from mesh.tokenizer import PromptRefusedError, Tokenizer
 from stage.sampling import SamplingParams
 
 INT32_MAX = 2**31 - 1
@@ -149,7 +149,7 @@ def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> P
         else:
             assert isinstance(body, CompletionRequest)
             prompt = _completion_prompt(tok, body.prompt, ctx)
-    except PromptRefused as exc:
+    except PromptRefusedError as exc:
         code = "context_length_exceeded" if "context holds" in str(exc) else "invalid_prompt"
         raise bad_request(str(exc), where, code) from None
     max_tokens = _max_tokens(body, len(prompt), ctx, where)

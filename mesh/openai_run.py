@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mesh.api_error import ApiError
-from mesh.backend import Backend, GenerationStats, MeshUnavailable, RequestRejected, Sampled
+from mesh.backend import Backend, GenerationStats, MeshUnavailableError, RequestRejectedError, Sampled
 from mesh.metrics import Metrics
 from mesh.openai_request import Prepared
 from mesh.tokenizer import TextStream
@@ -187,9 +187,9 @@ def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
 def as_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, MeshUnavailable):
+    if isinstance(exc, MeshUnavailableError):
         return ApiError(503, str(exc), "mesh_unavailable", kind="server_error")
-    if isinstance(exc, RequestRejected):
+    if isinstance(exc, RequestRejectedError):
         return ApiError(400, str(exc), "request_rejected")
     log.error("generation failed: %r", exc)
     return ApiError(500, f"internal error: {exc}", "internal_error", kind="server_error")

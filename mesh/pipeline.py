@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mesh.backend import MeshUnavailable
+from config.errors import MeshpipeError
+from mesh.backend import MeshUnavailableError
 from mesh.hop_timing import HopTotals
 from proto import meshpipe_pb2 as pb
 from stage.activations import FrameSampling, hop, sampled_of
@@ -25,12 +26,12 @@ from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
 from stage.lanes import LanePool
 from stage.sampling import Sampled, SamplingParams, sample_rows
-from stage.transport import Link, LinkClosed, encode_tensor
+from stage.transport import Link, LinkClosedError, encode_tensor
 
 log = logging.getLogger("meshpipe.pipeline")
 
 
-class StageFailed(Exception):
+class StageFailedError(MeshpipeError):
     """A stage reported an error for this request (the route itself may be fine)."""
 
 
@@ -88,7 +89,7 @@ class Pipeline:
         later tokens extend it row by row. A prompt has none: only the completion is penalised.
         """
         if self.broken:
-            raise MeshUnavailable(self.broken)
+            raise MeshUnavailableError(self.broken)
         lane = self.lanes.lane_for(session)
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
         frame = _frame_sampling(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
@@ -115,7 +116,7 @@ class Pipeline:
         try:
             tokens = sample_rows(logits, frame.params, pos, rows, frame.history, frame.drafts)
         except ValueError as exc:  # as at a final stage: finite but extreme values can overflow
-            raise StageFailed(f"stage 0: cannot sample: {exc}") from None
+            raise StageFailedError(f"stage 0: cannot sample: {exc}") from None
         self.hops.record(kind, hop(0, clock, sample_s=time.perf_counter() - started))
         return tokens
 
@@ -140,9 +141,9 @@ class Pipeline:
             self.waiters[(session, window)] = _Waiter(future, own, time.perf_counter(), kind)
         try:
             await self.link.send(header, data)
-        except (LinkClosed, ConnectionError) as exc:
+        except (LinkClosedError, ConnectionError) as exc:
             self._break(f"activation link to stage 1 lost: {exc}")
-            raise MeshUnavailable(self.broken) from None
+            raise MeshUnavailableError(self.broken) from None
         return future
 
     async def _await_reply(self, future: asyncio.Future[pb.FrameHeader]) -> list[Sampled]:
@@ -150,13 +151,13 @@ class Pipeline:
             header = await asyncio.wait_for(future, self.reply_timeout)
         except TimeoutError:
             self._break(f"no reply from the pipeline within {self.reply_timeout:.0f}s")
-            raise MeshUnavailable(self.broken) from None
+            raise MeshUnavailableError(self.broken) from None
         if header.kind == pb.ERROR:
-            raise StageFailed(header.message)
+            raise StageFailedError(header.message)
         try:
             return sampled_of(header)
         except ValueError as exc:
-            raise StageFailed(str(exc)) from None
+            raise StageFailedError(str(exc)) from None
 
     async def end(self, session: int) -> None:
         """Free the session's KV on every stage."""
@@ -165,7 +166,7 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 await self.batcher.trim(lane, 0)
         if self.link is not None and not self.broken:
-            with contextlib.suppress(LinkClosed, ConnectionError):
+            with contextlib.suppress(LinkClosedError, ConnectionError):
                 await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END))
 
     async def _read_replies(self) -> None:
@@ -178,7 +179,7 @@ class Pipeline:
                     asyncio.get_running_loop().call_later(self.reply_delay, self._deliver, waiter, header)
                 elif waiter is not None:
                     self._deliver(waiter, header)
-        except (LinkClosed, ConnectionError) as exc:
+        except (LinkClosedError, ConnectionError) as exc:
             self._break(f"activation link to stage 1 lost: {exc or 'closed'}")
 
     def _break(self, reason: str) -> None:
@@ -187,7 +188,7 @@ class Pipeline:
             log.error("route broken: %s", reason)
         for waiter in self.waiters.values():
             if not waiter.future.done():
-                waiter.future.set_exception(MeshUnavailable(reason))
+                waiter.future.set_exception(MeshUnavailableError(reason))
         self.waiters.clear()
 
     def _deliver(self, waiter: _Waiter, header: pb.FrameHeader) -> None:

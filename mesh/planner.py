@@ -9,8 +9,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from config.errors import MeshpipeError
 
-class PlanError(Exception):
+
+class PlanError(MeshpipeError):
     """No valid split exists for these stages."""
 
 

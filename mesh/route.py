@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from config.errors import MeshpipeError
 from mesh.planner import StageRange, plan_ranges
 from packages.manifest import Manifest
 from proto import meshpipe_pb2 as pb
@@ -35,7 +36,7 @@ STOP_TIMEOUT = 3.0  # teardown: a stage that cannot answer Stop this fast is end
 EXIT_TIMEOUT = 5.0  # a spawned stage gets this long to exit after SIGTERM, then SIGKILL
 
 
-class RouteError(Exception):
+class RouteError(MeshpipeError):
     """The route could not be built; the message names the stage and the reason."""
 
 

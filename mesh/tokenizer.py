@@ -11,6 +11,7 @@ import jinja2
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from config.errors import MeshpipeError
 from stage.llama_model import open_llama
 
 # End-of-turn markers that instruct models emit besides their EOS token.
@@ -19,7 +20,7 @@ _TURN_ENDS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
 _SPECIAL = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
 
 
-class PromptRefused(ValueError):
+class PromptRefusedError(MeshpipeError, ValueError):
     """The prompt cannot be built as asked (template refusal, too long); HTTP 400."""
 
 
@@ -84,7 +85,7 @@ class Tokenizer:
         """Token ids of `text`; with `limit`, refuse before tokenizing what cannot fit."""
         data = text.encode()
         if limit is not None and len(data) // self.max_token_bytes > limit:
-            raise PromptRefused(f"the prompt is at least {len(data) // self.max_token_bytes} "
+            raise PromptRefusedError(f"the prompt is at least {len(data) // self.max_token_bytes} "
                                 f"tokens, and the context holds {limit}")
         bos = self.add_bos if add_bos is None else add_bos
         return list(self.llm.tokenize(data, add_bos=bos, special=special))
@@ -100,7 +101,7 @@ class Tokenizer:
         try:
             return self.formatter(messages=messages).prompt  # type: ignore[arg-type]
         except jinja2.TemplateError as exc:
-            raise PromptRefused(f"the model's chat template refused these messages: {exc}") from None
+            raise PromptRefusedError(f"the model's chat template refused these messages: {exc}") from None
 
     def eos_tokens(self) -> frozenset[int]:
         return self._eos

@@ -15,7 +15,7 @@ def generate(out_dir: Path) -> None:
     args = ["protoc", f"-I{HERE}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
             f"--grpc_python_out={out_dir}", str(HERE / "meshpipe.proto")]
     if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
+        raise SystemExit("proto.generate: error: protoc failed")
     # protoc writes a top-level import; the generated code lives in the `proto` package.
     grpc_file = out_dir / "meshpipe_pb2_grpc.py"
     text = grpc_file.read_text().replace(

@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emeshpipe.proto\x12\x0bmeshpipe.v1\"\"\n\x03\x41\x63k\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8b\x01\n\x0c\x43laimRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x16\n\x0e\x63oordinator_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0btopology_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x16\n\x0elease_until_ms\x18\x06 \x01(\x04\"?\n\nClaimReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x03 \x01(\x04\"\xa7\x01\n\x0ePrepareRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x13\n\x0bpackage_ref\x18\x03 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x04 \x01(\t\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x17\n\x0f\x61rtifact_source\x18\x07 \x01(\t\"1\n\x0cPrepareReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\">\n\x14\x43\x61ncelPrepareRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04term\x18\x02 \x01(\x04\",\n\x10InventoryRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xb5\x01\n\x0eInventoryReply\x12(\n\x05state\x18\x01 \x01(\x0e\x32\x19.meshpipe.v1.PrepareState\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nbytes_done\x18\x03 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x04 \x01(\x04\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x17\n\x0fmanifest_sha256\x18\x07 \x01(\t\"\x94\x02\n\x0bLoadRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x11\n\tlayer_end\x18\x04 \x01(\r\x12\x10\n\x08\x63tx_size\x18\x05 \x01(\r\x12\r\n\x05lanes\x18\x06 \x01(\r\x12*\n\nwire_dtype\x18\x07 \x01(\x0e\x32\x16.meshpipe.v1.WireDType\x12\r\n\x05\x66inal\x18\x08 \x01(\x08\x12\x0f\n\x07threads\x18\t \x01(\r\x12\r\n\x05\x62\x61tch\x18\n \x01(\r\x12\x10\n\x08upstream\x18\x0b \x01(\t\x12\x12\n\ndownstream\x18\x0c \x01(\t\x12\x13\n\x0bstage_index\x18\r \x01(\r\"=\n\tLoadReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"5\n\x0bStopRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04term\x18\x02 \x01(\x04\")\n\rStatusRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xf1\x01\n\x0bStatusReply\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.meshpipe.v1.StageState\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x17\n\x0fmem_total_bytes\x18\x06 \x01(\x04\x12\x1b\n\x13mem_available_bytes\x18\x07 \x01(\x04\x12\x11\n\trss_bytes\x18\x08 \x01(\x04\x12\x10\n\x08stage_id\x18\t \x01(\t\x12\x18\n\x10protocol_version\x18\n \x01(\r\"_\n\x0c\x46\x65tchRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x17\n\x0fmanifest_sha256\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\"%\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"B\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\"G\n\x0eHandshakeReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\"(\n\tLogitBias\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x01\"\xf1\x01\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x01\x12*\n\nlogit_bias\x18\x07 \x03(\x0b\x32\x16.meshpipe.v1.LogitBias\x12\x15\n\x08logprobs\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x0f\n\x07history\x18\t \x03(\x05\x12\x0e\n\x06\x64rafts\x18\n \x03(\x05\x42\x0b\n\t_logprobs\"/\n\x0bTopLogprobs\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x01\"\x7f\n\x03Hop\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x12\n\ncompute_us\x18\x02 \x01(\x04\x12\x10\n\x08queue_us\x18\x03 \x01(\x04\x12\x10\n\x08\x63odec_us\x18\x05 \x01(\x04\x12\x11\n\tsample_us\x18\x06 \x01(\x04\x12\x12\n\nbatch_rows\x18\x07 \x01(\rJ\x04\x08\x04\x10\x05\",\n\nHopTimings\x12\x1e\n\x04hops\x18\x01 \x03(\x0b\x32\x10.meshpipe.v1.Hop\"\x8f\x03\n\x0b\x46rameHeader\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\twindow_id\x18\x02 \x01(\x04\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.meshpipe.v1.FrameKind\x12\x11\n\tstart_pos\x18\x04 \x01(\r\x12%\n\x05\x64type\x18\x05 \x01(\x0e\x32\x16.meshpipe.v1.WireDType\x12\r\n\x05shape\x18\x06 \x03(\r\x12\x15\n\rpayload_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06tokens\x18\x08 \x03(\x05\x12\x12\n\nwant_reply\x18\t \x01(\x08\x12\x12\n\nall_logits\x18\n \x01(\x08\x12\'\n\x08sampling\x18\x0b \x01(\x0b\x32\x15.meshpipe.v1.Sampling\x12\x0f\n\x07message\x18\x0c \x01(\t\x12(\n\x07timings\x18\r \x01(\x0b\x32\x17.meshpipe.v1.HopTimings\x12\x10\n\x08logprobs\x18\x0e \x03(\x01\x12%\n\x03top\x18\x0f \x03(\x0b\x32\x18.meshpipe.v1.TopLogprobs*I\n\x0cPrepareState\x12\x08\n\x04IDLE\x10\x00\x12\r\n\tPREPARING\x10\x01\x12\x0c\n\x08PREPARED\x10\x02\x12\x12\n\x0ePREPARE_FAILED\x10\x03*\'\n\tWireDType\x12\x07\n\x03\x46\x33\x32\x10\x00\x12\x07\n\x03\x46\x31\x36\x10\x01\x12\x08\n\x04\x42\x46\x31\x36\x10\x02*L\n\nStageState\x12\x0c\n\x08STARTING\x10\x00\x12\t\n\x05READY\x10\x01\x12\x0c\n\x08STOPPING\x10\x02\x12\x0b\n\x07STOPPED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04*p\n\tFrameKind\x12\x15\n\x11\x46RAME_UNSPECIFIED\x10\x00\x12\x0b\n\x07PREFILL\x10\x01\x12\n\n\x06\x44\x45\x43ODE\x10\x02\x12\n\n\x06VERIFY\x10\x03\x12\x08\n\x04TRIM\x10\x04\x12\x07\n\x03\x45ND\x10\x05\x12\t\n\x05REPLY\x10\x06\x12\t\n\x05\x45RROR\x10\x07\x32\xcb\x03\n\x0cStageControl\x12;\n\x05\x43laim\x12\x19.meshpipe.v1.ClaimRequest\x1a\x17.meshpipe.v1.ClaimReply\x12\x41\n\x07Prepare\x12\x1b.meshpipe.v1.PrepareRequest\x1a\x19.meshpipe.v1.PrepareReply\x12\x44\n\rCancelPrepare\x12!.meshpipe.v1.CancelPrepareRequest\x1a\x10.meshpipe.v1.Ack\x12G\n\tInventory\x12\x1d.meshpipe.v1.InventoryRequest\x1a\x1b.meshpipe.v1.InventoryReply\x12\x38\n\x04Load\x12\x18.meshpipe.v1.LoadRequest\x1a\x16.meshpipe.v1.LoadReply\x12\x32\n\x04Stop\x12\x18.meshpipe.v1.StopRequest\x1a\x10.meshpipe.v1.Ack\x12>\n\x06Status\x12\x1a.meshpipe.v1.StatusRequest\x1a\x18.meshpipe.v1.StatusReply2L\n\x10\x41rtifactTransfer\x12\x38\n\x05\x46\x65tch\x12\x19.meshpipe.v1.FetchRequest\x1a\x12.meshpipe.v1.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emeshpipe.proto\x12\x0bmeshpipe.v1\"\"\n\x03\x41\x63k\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8b\x01\n\x0c\x43laimRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x16\n\x0e\x63oordinator_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0btopology_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x16\n\x0elease_until_ms\x18\x06 \x01(\x04\"?\n\nClaimReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x03 \x01(\x04\"\xa7\x01\n\x0ePrepareRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x13\n\x0bpackage_ref\x18\x03 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x04 \x01(\t\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x17\n\x0f\x61rtifact_source\x18\x07 \x01(\t\"1\n\x0cPrepareReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\",\n\x10InventoryRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xb5\x01\n\x0eInventoryReply\x12(\n\x05state\x18\x01 \x01(\x0e\x32\x19.meshpipe.v1.PrepareState\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nbytes_done\x18\x03 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x04 \x01(\x04\x12\x13\n\x0blayer_start\x18\x05 \x01(\r\x12\x11\n\tlayer_end\x18\x06 \x01(\r\x12\x17\n\x0fmanifest_sha256\x18\x07 \x01(\t\"\x94\x02\n\x0bLoadRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x11\n\tlayer_end\x18\x04 \x01(\r\x12\x10\n\x08\x63tx_size\x18\x05 \x01(\r\x12\r\n\x05lanes\x18\x06 \x01(\r\x12*\n\nwire_dtype\x18\x07 \x01(\x0e\x32\x16.meshpipe.v1.WireDType\x12\r\n\x05\x66inal\x18\x08 \x01(\x08\x12\x0f\n\x07threads\x18\t \x01(\r\x12\r\n\x05\x62\x61tch\x18\n \x01(\r\x12\x10\n\x08upstream\x18\x0b \x01(\t\x12\x12\n\ndownstream\x18\x0c \x01(\t\x12\x13\n\x0bstage_index\x18\r \x01(\r\"=\n\tLoadReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"5\n\x0bStopRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04term\x18\x02 \x01(\x04\")\n\rStatusRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xf1\x01\n\x0bStatusReply\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.meshpipe.v1.StageState\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x17\n\x0fmem_total_bytes\x18\x06 \x01(\x04\x12\x1b\n\x13mem_available_bytes\x18\x07 \x01(\x04\x12\x11\n\trss_bytes\x18\x08 \x01(\x04\x12\x10\n\x08stage_id\x18\t \x01(\t\x12\x18\n\x10protocol_version\x18\n \x01(\r\"_\n\x0c\x46\x65tchRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x17\n\x0fmanifest_sha256\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\"%\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"B\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\"G\n\x0eHandshakeReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\"(\n\tLogitBias\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x01\"\xf1\x01\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x01\x12*\n\nlogit_bias\x18\x07 \x03(\x0b\x32\x16.meshpipe.v1.LogitBias\x12\x15\n\x08logprobs\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x0f\n\x07history\x18\t \x03(\x05\x12\x0e\n\x06\x64rafts\x18\n \x03(\x05\x42\x0b\n\t_logprobs\"/\n\x0bTopLogprobs\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x01\"\x7f\n\x03Hop\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x12\n\ncompute_us\x18\x02 \x01(\x04\x12\x10\n\x08queue_us\x18\x03 \x01(\x04\x12\x10\n\x08\x63odec_us\x18\x05 \x01(\x04\x12\x11\n\tsample_us\x18\x06 \x01(\x04\x12\x12\n\nbatch_rows\x18\x07 \x01(\rJ\x04\x08\x04\x10\x05\",\n\nHopTimings\x12\x1e\n\x04hops\x18\x01 \x03(\x0b\x32\x10.meshpipe.v1.Hop\"\x8f\x03\n\x0b\x46rameHeader\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\twindow_id\x18\x02 \x01(\x04\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.meshpipe.v1.FrameKind\x12\x11\n\tstart_pos\x18\x04 \x01(\r\x12%\n\x05\x64type\x18\x05 \x01(\x0e\x32\x16.meshpipe.v1.WireDType\x12\r\n\x05shape\x18\x06 \x03(\r\x12\x15\n\rpayload_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06tokens\x18\x08 \x03(\x05\x12\x12\n\nwant_reply\x18\t \x01(\x08\x12\x12\n\nall_logits\x18\n \x01(\x08\x12\'\n\x08sampling\x18\x0b \x01(\x0b\x32\x15.meshpipe.v1.Sampling\x12\x0f\n\x07message\x18\x0c \x01(\t\x12(\n\x07timings\x18\r \x01(\x0b\x32\x17.meshpipe.v1.HopTimings\x12\x10\n\x08logprobs\x18\x0e \x03(\x01\x12%\n\x03top\x18\x0f \x03(\x0b\x32\x18.meshpipe.v1.TopLogprobs*I\n\x0cPrepareState\x12\x08\n\x04IDLE\x10\x00\x12\r\n\tPREPARING\x10\x01\x12\x0c\n\x08PREPARED\x10\x02\x12\x12\n\x0ePREPARE_FAILED\x10\x03*\'\n\tWireDType\x12\x07\n\x03\x46\x33\x32\x10\x00\x12\x07\n\x03\x46\x31\x36\x10\x01\x12\x08\n\x04\x42\x46\x31\x36\x10\x02*L\n\nStageState\x12\x0c\n\x08STARTING\x10\x00\x12\t\n\x05READY\x10\x01\x12\x0c\n\x08STOPPING\x10\x02\x12\x0b\n\x07STOPPED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04*r\n\tFrameKind\x12\x15\n\x11\x46RAME_UNSPECIFIED\x10\x00\x12\x0b\n\x07PREFILL\x10\x01\x12\n\n\x06\x44\x45\x43ODE\x10\x02\x12\n\n\x06VERIFY\x10\x03\x12\x07\n\x03\x45ND\x10\x05\x12\t\n\x05REPLY\x10\x06\x12\t\n\x05\x45RROR\x10\x07\"\x04\x08\x04\x10\x04*\x04TRIM2\x85\x03\n\x0cStageControl\x12;\n\x05\x43laim\x12\x19.meshpipe.v1.ClaimRequest\x1a\x17.meshpipe.v1.ClaimReply\x12\x41\n\x07Prepare\x12\x1b.meshpipe.v1.PrepareRequest\x1a\x19.meshpipe.v1.PrepareReply\x12G\n\tInventory\x12\x1d.meshpipe.v1.InventoryRequest\x1a\x1b.meshpipe.v1.InventoryReply\x12\x38\n\x04Load\x12\x18.meshpipe.v1.LoadRequest\x1a\x16.meshpipe.v1.LoadReply\x12\x32\n\x04Stop\x12\x18.meshpipe.v1.StopRequest\x1a\x10.meshpipe.v1.Ack\x12>\n\x06Status\x12\x1a.meshpipe.v1.StatusRequest\x1a\x18.meshpipe.v1.StatusReply2L\n\x10\x41rtifactTransfer\x12\x38\n\x05\x46\x65tch\x12\x19.meshpipe.v1.FetchRequest\x1a\x12.meshpipe.v1.Chunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshpipe_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREPARESTATE']._serialized_start=2662
-  _globals['_PREPARESTATE']._serialized_end=2735
-  _globals['_WIREDTYPE']._serialized_start=2737
-  _globals['_WIREDTYPE']._serialized_end=2776
-  _globals['_STAGESTATE']._serialized_start=2778
-  _globals['_STAGESTATE']._serialized_end=2854
-  _globals['_FRAMEKIND']._serialized_start=2856
-  _globals['_FRAMEKIND']._serialized_end=2968
+  _globals['_PREPARESTATE']._serialized_start=2598
+  _globals['_PREPARESTATE']._serialized_end=2671
+  _globals['_WIREDTYPE']._serialized_start=2673
+  _globals['_WIREDTYPE']._serialized_end=2712
+  _globals['_STAGESTATE']._serialized_start=2714
+  _globals['_STAGESTATE']._serialized_end=2790
+  _globals['_FRAMEKIND']._serialized_start=2792
+  _globals['_FRAMEKIND']._serialized_end=2906
   _globals['_ACK']._serialized_start=31
   _globals['_ACK']._serialized_end=65
   _globals['_CLAIMREQUEST']._serialized_start=68
@@ -49,44 +49,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREPAREREQUEST']._serialized_end=442
   _globals['_PREPAREREPLY']._serialized_start=444
   _globals['_PREPAREREPLY']._serialized_end=493
-  _globals['_CANCELPREPAREREQUEST']._serialized_start=495
-  _globals['_CANCELPREPAREREQUEST']._serialized_end=557
-  _globals['_INVENTORYREQUEST']._serialized_start=559
-  _globals['_INVENTORYREQUEST']._serialized_end=603
-  _globals['_INVENTORYREPLY']._serialized_start=606
-  _globals['_INVENTORYREPLY']._serialized_end=787
-  _globals['_LOADREQUEST']._serialized_start=790
-  _globals['_LOADREQUEST']._serialized_end=1066
-  _globals['_LOADREPLY']._serialized_start=1068
-  _globals['_LOADREPLY']._serialized_end=1129
-  _globals['_STOPREQUEST']._serialized_start=1131
-  _globals['_STOPREQUEST']._serialized_end=1184
-  _globals['_STATUSREQUEST']._serialized_start=1186
-  _globals['_STATUSREQUEST']._serialized_end=1227
-  _globals['_STATUSREPLY']._serialized_start=1230
-  _globals['_STATUSREPLY']._serialized_end=1471
-  _globals['_FETCHREQUEST']._serialized_start=1473
-  _globals['_FETCHREQUEST']._serialized_end=1568
-  _globals['_CHUNK']._serialized_start=1570
-  _globals['_CHUNK']._serialized_end=1607
-  _globals['_HANDSHAKE']._serialized_start=1609
-  _globals['_HANDSHAKE']._serialized_end=1675
-  _globals['_HANDSHAKEREPLY']._serialized_start=1677
-  _globals['_HANDSHAKEREPLY']._serialized_end=1748
-  _globals['_LOGITBIAS']._serialized_start=1750
-  _globals['_LOGITBIAS']._serialized_end=1790
-  _globals['_SAMPLING']._serialized_start=1793
-  _globals['_SAMPLING']._serialized_end=2034
-  _globals['_TOPLOGPROBS']._serialized_start=2036
-  _globals['_TOPLOGPROBS']._serialized_end=2083
-  _globals['_HOP']._serialized_start=2085
-  _globals['_HOP']._serialized_end=2212
-  _globals['_HOPTIMINGS']._serialized_start=2214
-  _globals['_HOPTIMINGS']._serialized_end=2258
-  _globals['_FRAMEHEADER']._serialized_start=2261
-  _globals['_FRAMEHEADER']._serialized_end=2660
-  _globals['_STAGECONTROL']._serialized_start=2971
-  _globals['_STAGECONTROL']._serialized_end=3430
-  _globals['_ARTIFACTTRANSFER']._serialized_start=3432
-  _globals['_ARTIFACTTRANSFER']._serialized_end=3508
+  _globals['_INVENTORYREQUEST']._serialized_start=495
+  _globals['_INVENTORYREQUEST']._serialized_end=539
+  _globals['_INVENTORYREPLY']._serialized_start=542
+  _globals['_INVENTORYREPLY']._serialized_end=723
+  _globals['_LOADREQUEST']._serialized_start=726
+  _globals['_LOADREQUEST']._serialized_end=1002
+  _globals['_LOADREPLY']._serialized_start=1004
+  _globals['_LOADREPLY']._serialized_end=1065
+  _globals['_STOPREQUEST']._serialized_start=1067
+  _globals['_STOPREQUEST']._serialized_end=1120
+  _globals['_STATUSREQUEST']._serialized_start=1122
+  _globals['_STATUSREQUEST']._serialized_end=1163
+  _globals['_STATUSREPLY']._serialized_start=1166
+  _globals['_STATUSREPLY']._serialized_end=1407
+  _globals['_FETCHREQUEST']._serialized_start=1409
+  _globals['_FETCHREQUEST']._serialized_end=1504
+  _globals['_CHUNK']._serialized_start=1506
+  _globals['_CHUNK']._serialized_end=1543
+  _globals['_HANDSHAKE']._serialized_start=1545
+  _globals['_HANDSHAKE']._serialized_end=1611
+  _globals['_HANDSHAKEREPLY']._serialized_start=1613
+  _globals['_HANDSHAKEREPLY']._serialized_end=1684
+  _globals['_LOGITBIAS']._serialized_start=1686
+  _globals['_LOGITBIAS']._serialized_end=1726
+  _globals['_SAMPLING']._serialized_start=1729
+  _globals['_SAMPLING']._serialized_end=1970
+  _globals['_TOPLOGPROBS']._serialized_start=1972
+  _globals['_TOPLOGPROBS']._serialized_end=2019
+  _globals['_HOP']._serialized_start=2021
+  _globals['_HOP']._serialized_end=2148
+  _globals['_HOPTIMINGS']._serialized_start=2150
+  _globals['_HOPTIMINGS']._serialized_end=2194
+  _globals['_FRAMEHEADER']._serialized_start=2197
+  _globals['_FRAMEHEADER']._serialized_end=2596
+  _globals['_STAGECONTROL']._serialized_start=2909
+  _globals['_STAGECONTROL']._serialized_end=3298
+  _globals['_ARTIFACTTRANSFER']._serialized_start=3300
+  _globals['_ARTIFACTTRANSFER']._serialized_end=3376
 # @@protoc_insertion_point(module_scope)

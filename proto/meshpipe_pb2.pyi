@@ -34,7 +34,6 @@ class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PREFILL: _ClassVar[FrameKind]
     DECODE: _ClassVar[FrameKind]
     VERIFY: _ClassVar[FrameKind]
-    TRIM: _ClassVar[FrameKind]
     END: _ClassVar[FrameKind]
     REPLY: _ClassVar[FrameKind]
     ERROR: _ClassVar[FrameKind]
@@ -54,7 +53,6 @@ FRAME_UNSPECIFIED: FrameKind
 PREFILL: FrameKind
 DECODE: FrameKind
 VERIFY: FrameKind
-TRIM: FrameKind
 END: FrameKind
 REPLY: FrameKind
 ERROR: FrameKind
@@ -118,14 +116,6 @@ class PrepareReply(_message.Message):
     accepted: bool
     message: str
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
-
-class CancelPrepareRequest(_message.Message):
-    __slots__ = ("protocol_version", "term")
-    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    TERM_FIELD_NUMBER: _ClassVar[int]
-    protocol_version: int
-    term: int
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class InventoryRequest(_message.Message):
     __slots__ = ("protocol_version",)

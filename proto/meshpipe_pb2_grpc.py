@@ -46,11 +46,6 @@ class StageControlStub:
                 request_serializer=meshpipe__pb2.PrepareRequest.SerializeToString,
                 response_deserializer=meshpipe__pb2.PrepareReply.FromString,
                 _registered_method=True)
-        self.CancelPrepare = channel.unary_unary(
-                '/meshpipe.v1.StageControl/CancelPrepare',
-                request_serializer=meshpipe__pb2.CancelPrepareRequest.SerializeToString,
-                response_deserializer=meshpipe__pb2.Ack.FromString,
-                _registered_method=True)
         self.Inventory = channel.unary_unary(
                 '/meshpipe.v1.StageControl/Inventory',
                 request_serializer=meshpipe__pb2.InventoryRequest.SerializeToString,
@@ -85,12 +80,6 @@ class StageControlServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Prepare(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CancelPrepare(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -132,11 +121,6 @@ def add_StageControlServicer_to_server(servicer, server):
                     servicer.Prepare,
                     request_deserializer=meshpipe__pb2.PrepareRequest.FromString,
                     response_serializer=meshpipe__pb2.PrepareReply.SerializeToString,
-            ),
-            'CancelPrepare': grpc.unary_unary_rpc_method_handler(
-                    servicer.CancelPrepare,
-                    request_deserializer=meshpipe__pb2.CancelPrepareRequest.FromString,
-                    response_serializer=meshpipe__pb2.Ack.SerializeToString,
             ),
             'Inventory': grpc.unary_unary_rpc_method_handler(
                     servicer.Inventory,
@@ -215,33 +199,6 @@ class StageControl:
             '/meshpipe.v1.StageControl/Prepare',
             meshpipe__pb2.PrepareRequest.SerializeToString,
             meshpipe__pb2.PrepareReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CancelPrepare(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/meshpipe.v1.StageControl/CancelPrepare',
-            meshpipe__pb2.CancelPrepareRequest.SerializeToString,
-            meshpipe__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

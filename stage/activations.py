@@ -19,9 +19,9 @@ import numpy as np
 from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
-from stage.lanes import LanePool, LanesExhausted
+from stage.lanes import LanePool, LanesExhaustedError
 from stage.sampling import Sampled, SamplingParams, sample_rows
-from stage.transport import Link, LinkClosed, decode_tensor, encode_tensor
+from stage.transport import Link, LinkClosedError, decode_tensor, encode_tensor
 
 log = logging.getLogger("meshpipe.stage")
 COMPUTE_KINDS = (pb.PREFILL, pb.DECODE, pb.VERIFY)
@@ -138,7 +138,7 @@ class ActivationStage:
             while True:
                 header, payload = await link.recv()
                 outbox.put_nowait(self._admit(header, payload))
-        except (LinkClosed, ConnectionError):
+        except (LinkClosedError, ConnectionError):
             pass
         finally:
             outbox.put_nowait(None)
@@ -155,11 +155,8 @@ class ActivationStage:
                 lane = self.lanes.release(header.session_id)
                 future = None if lane is None else self.batcher.trim(lane, 0)
                 return _Admitted(header, future)
-            if header.kind == pb.TRIM:
-                lane = self.lanes.lane_for(header.session_id)
-                return _Admitted(header, self.batcher.trim(lane, header.start_pos))
             return _Admitted(header, None, error=f"unexpected frame kind {header.kind}")
-        except (LanesExhausted, ValueError) as exc:
+        except (LanesExhaustedError, ValueError) as exc:
             return _Admitted(header, None, error=str(exc))
 
     def _submit(self, header: pb.FrameHeader, payload: bytes) -> _Admitted:
@@ -190,7 +187,7 @@ class ActivationStage:
                 result = None
             try:
                 await self._emit(link, item, result)
-            except (LinkClosed, ConnectionError) as exc:
+            except (LinkClosedError, ConnectionError) as exc:
                 log.warning("stage %d: cannot send: %s", self.index, exc)
 
     async def _emit(self, link: Link, item: _Admitted, result: np.ndarray | None) -> None:
@@ -246,7 +243,7 @@ class ActivationStage:
                 header, payload = await self.downstream.recv()
                 if self.upstream is not None:
                     await self.upstream.send(header, payload or None)
-        except (LinkClosed, ConnectionError) as exc:
+        except (LinkClosedError, ConnectionError) as exc:
             self.failed = f"stage {self.index}: downstream link lost ({exc})"
             log.error(self.failed)
             if self.upstream is not None:

@@ -69,8 +69,6 @@ class Batcher:
         self.jobs: list[_Job] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.busy_seconds = 0.0
-        self.decodes = 0
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -128,10 +126,7 @@ class Batcher:
                 await self.wake.wait()
                 continue
             batch = self._take()
-            started = time.perf_counter()
             await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, self._execute, batch)
-            self.busy_seconds += time.perf_counter() - started
-            self.decodes += 1
 
     def _execute(self, batch: list[_Job]) -> None:
         loop = batch[0].future.get_loop()

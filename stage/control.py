@@ -52,7 +52,6 @@ class StageControl(pb_grpc.StageControlServicer):
         self.opt = options
         self.stage_id = uuid.uuid4().hex[:12]
         self.term = 0
-        self.coordinator = ""
         self.lease_until_ms = 0
         self.state = pb.STARTING
         self.message = ""
@@ -84,7 +83,7 @@ class StageControl(pb_grpc.StageControlServicer):
                                  message=f"stale coordinator term {request.term} < {self.term}")
         if request.term > self.term:
             await self._unload()  # a newer coordinator supersedes whatever the old one ran
-        self.term, self.coordinator = request.term, request.coordinator_id
+        self.term = request.term
         self.lease_until_ms = request.lease_until_ms
         return pb.ClaimReply(ok=True, current_term=self.term)
 
@@ -116,13 +115,6 @@ class StageControl(pb_grpc.StageControlServicer):
             log.error(self.message)
         else:
             self.prepared = task.result()
-
-    async def CancelPrepare(self, request: pb.CancelPrepareRequest, context: object) -> pb.Ack:
-        problem = self._refuse(request.protocol_version, request.term)
-        if problem:
-            return pb.Ack(ok=False, message=problem)
-        await self._cancel_prepare()
-        return pb.Ack(ok=True)
 
     async def _cancel_prepare(self) -> None:
         if self.prepare_task and not self.prepare_task.done():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from config.errors import MeshpipeError
 
-class LanesExhausted(Exception):
+
+class LanesExhaustedError(MeshpipeError):
     pass
 
 
@@ -17,7 +19,7 @@ class LanePool:
         lane = self.by_session.get(session)
         if lane is None:
             if not self.free:
-                raise LanesExhausted(f"no free KV lane for session {session}")
+                raise LanesExhaustedError(f"no free KV lane for session {session}")
             lane = self.by_session[session] = self.free.pop()
         return lane
 

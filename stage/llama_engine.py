@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 from llama_cpp import llama_cpp as L
 
+from config.errors import MeshpipeError
 from stage.cpu_lock import CpuLock
 from stage.engine import Step
 from stage.hidden_tap import HiddenTap
 from stage.llama_model import flash_attn_type, load_model
 
 
-class EngineError(Exception):
+class EngineError(MeshpipeError):
     """A request the engine cannot run (bad lane, position, shape, or a decode failure)."""
 
 

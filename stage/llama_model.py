@@ -28,6 +28,7 @@ from typing import Any
 import llama_cpp
 from llama_cpp import llama_cpp as L
 
+from config.errors import MeshpipeError
 from stage.ggml_lib import ggml
 
 EXTRA_BUFTS_ENV = "MESHPIPE_EXTRA_BUFTS"
@@ -36,7 +37,7 @@ _CHOICES = {"on": True, "off": False}
 _BROKEN_BUFTS = ("AMX",)  # extra buffer types that crash; see the module docstring
 
 
-class LoadSettingError(ValueError):
+class LoadSettingError(MeshpipeError, ValueError):
     """An environment override with a value other than auto, on or off."""
 
 

@@ -148,5 +148,5 @@ async def _ensure_artifact(
                     raise PackageError(f"{art.path}: the source sent more bytes than the manifest says")
                 out.write(chunk)
                 progress.bytes_done += len(chunk)
-        if tmp.stat().st_size != art.artifact_bytes or sha256_file(tmp) != art.sha256:
+        if tmp.stat().st_size != art.artifact_bytes or await asyncio.to_thread(sha256_file, tmp) != art.sha256:
             raise PackageError(f"{art.path}: transferred file failed verification")

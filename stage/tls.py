@@ -14,10 +14,12 @@ from pathlib import Path
 
 import grpc
 
+from config.errors import MeshpipeError
+
 MESH_NAME = "meshpipe"
 
 
-class TlsConfigError(ValueError):
+class TlsConfigError(MeshpipeError, ValueError):
     pass
 
 

@@ -19,24 +19,25 @@ from typing import Any
 
 import numpy as np
 
+from config.errors import MeshpipeError
 from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.tls import MESH_NAME
 
 _LEN = struct.Struct("<I")
 DTYPE_BYTES: dict[int, int] = {pb.F32: 4, pb.F16: 2, pb.BF16: 2}
-KNOWN_KINDS = {pb.PREFILL, pb.DECODE, pb.VERIFY, pb.TRIM, pb.END, pb.REPLY, pb.ERROR}
+KNOWN_KINDS = {pb.PREFILL, pb.DECODE, pb.VERIFY, pb.END, pb.REPLY, pb.ERROR}
 
 
-class LinkClosed(ConnectionError):
+class LinkClosedError(MeshpipeError, ConnectionError):
     pass
 
 
-class TransportRefused(ConnectionError):
+class TransportRefusedError(MeshpipeError, ConnectionError):
     """The peer refused the handshake (wrong token or protocol version)."""
 
 
-class FrameError(ValueError):
+class FrameError(MeshpipeError, ValueError):
     """A frame broke the limits or contradicted itself."""
 
 
@@ -117,7 +118,7 @@ class Link:
             return
         async with self.lock:
             if self.writer.is_closing():
-                raise LinkClosed("link is closed")
+                raise LinkClosedError("link is closed")
             self.writer.writelines(parts)
             await self.writer.drain()
 
@@ -148,7 +149,7 @@ class Link:
             validate_header(header, self.limits)
             payload = await self.reader.readexactly(header.payload_bytes) if header.payload_bytes else b""
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            raise LinkClosed(str(exc) or "peer closed the link") from None
+            raise LinkClosedError(str(exc) or "peer closed the link") from None
         return header, payload
 
     def close(self) -> None:
@@ -188,10 +189,10 @@ async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.S
         reply = await asyncio.wait_for(_read_message(reader, pb.HandshakeReply), timeout)
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         writer.close()
-        raise TransportRefused(f"{host}:{port} closed the connection during the handshake") from exc
+        raise TransportRefusedError(f"{host}:{port} closed the connection during the handshake") from exc
     if not reply.ok:
         writer.close()
-        raise TransportRefused(f"{host}:{port} refused the link: {reply.message}")
+        raise TransportRefusedError(f"{host}:{port} refused the link: {reply.message}")
     return Link(reader, writer, limits, delay_ms)
 
 

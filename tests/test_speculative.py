@@ -18,7 +18,7 @@ from chain import chat_prompt
 
 from mesh.backend import GenerationRequest, GenerationStats
 from mesh.draft import Draft, common_prefix
-from mesh.pipeline import Pipeline, StageFailed
+from mesh.pipeline import Pipeline, StageFailedError
 from mesh.speculative import generate
 from mesh.window import Adaptive, CostAware, WindowPolicy, controller_for
 from packages.manifest import load_manifest
@@ -257,7 +257,7 @@ def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_pac
         async with two_stages(tiny_package, stage_cache, None, cut=2) as (pipeline, _, _):
             await pipeline.run(1, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
             for params, history, words in bad:
-                with pytest.raises(StageFailed, match=words):
+                with pytest.raises(StageFailedError, match=words):
                     await pipeline.run(1, 3, [7], params, history=history)
             ok = await pipeline.run(1, 3, [7], SamplingParams(logprobs=2), history=[7])
             assert len(ok) == 1 and len(ok[0].top) == 2

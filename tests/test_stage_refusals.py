@@ -14,7 +14,7 @@ from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.version import PROTOCOL_VERSION as V
 from stage.grpc_auth import token_metadata
-from stage.transport import TransportRefused, connect, serve
+from stage.transport import TransportRefusedError, connect, serve
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_activation_link_checks_token_and_version():
 
         server = await serve("127.0.0.1", 0, echo, token=TOKEN)
         port = server.sockets[0].getsockname()[1]
-        with pytest.raises(TransportRefused, match="token"):
+        with pytest.raises(TransportRefusedError, match="token"):
             await connect("127.0.0.1", port, token="nope")
         link = await connect("127.0.0.1", port, token=TOKEN)
         await link.send(pb.FrameHeader(session_id=7, kind=pb.END))
