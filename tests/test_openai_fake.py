@@ -10,7 +10,7 @@ import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
 
-from mesh.backend import MeshUnavailable, RequestRejected
+from mesh.backend import MeshUnavailableError, RequestRejectedError
 from mesh.metrics import Metrics
 from mesh.openai_api import build_app
 
@@ -205,8 +205,8 @@ def test_a_body_over_the_limit_is_413(backend: FakeBackend):
 
 
 @pytest.mark.parametrize(("fail", "status", "code"), [
-    (lambda: RequestRejected("too long"), 400, "request_rejected"),
-    (lambda: MeshUnavailable("stage 1 is gone"), 503, "mesh_unavailable"),
+    (lambda: RequestRejectedError("too long"), 400, "request_rejected"),
+    (lambda: MeshUnavailableError("stage 1 is gone"), 503, "mesh_unavailable"),
     (lambda: RuntimeError("boom"), 500, "internal_error"),
 ])
 def test_backend_errors_before_the_first_token_get_their_status(byte_tokenizer, fail, status: int, code: str):
@@ -218,7 +218,7 @@ def test_backend_errors_before_the_first_token_get_their_status(byte_tokenizer, 
 
 
 def test_an_error_mid_stream_is_an_error_event_then_done(byte_tokenizer):
-    backend = FakeBackend(byte_tokenizer, fail=lambda: MeshUnavailable("stage 1 is gone"), fail_after=3)
+    backend = FakeBackend(byte_tokenizer, fail=lambda: MeshUnavailableError("stage 1 is gone"), fail_after=3)
     with _client(backend) as client:
         events = _events(client, CHAT, {"model": "tiny", "messages": HI, "stream": True})
         assert events[-1]["error"]["code"] == "mesh_unavailable"
