@@ -27,10 +27,7 @@ def chat_tokens(tok: Tokenizer, messages: list[dict[str, Any]], limit: int) -> l
     pieces = _pieces(tok, tok.render_chat(marked), contents)
     if pieces is None:
         return _whole(tok, messages, contents, limit)
-    size = sum(len(p.encode()) if isinstance(p, str) else 1 for p in pieces)
-    if size // tok.max_token_bytes > limit:
-        raise PromptRefusedError(f"the prompt is at least {size // tok.max_token_bytes} tokens, "
-                            f"and the context holds {limit}")
+    tok.check_fits(sum(len(p.encode()) if isinstance(p, str) else 1 for p in pieces), limit)
     starts_with_bos = bool(pieces) and isinstance(pieces[0], SpecialToken) and pieces[0].id == tok.bos
     out = [tok.bos] if tok.add_bos and tok.bos >= 0 and not starts_with_bos else []
     for piece in pieces:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mesh.api_error import ApiError, bad_request
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
-from mesh.tokenizer import PromptRefusedError, Tokenizer
+from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
 from stage.sampling import SamplingParams
 
 INT32_MAX = 2**31 - 1
@@ -149,9 +149,10 @@ def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> P
         else:
             assert isinstance(body, CompletionRequest)
             prompt = _completion_prompt(tok, body.prompt, ctx)
+    except PromptTooLongError as exc:
+        raise bad_request(str(exc), where, "context_length_exceeded") from None
     except PromptRefusedError as exc:
-        code = "context_length_exceeded" if "context holds" in str(exc) else "invalid_prompt"
-        raise bad_request(str(exc), where, code) from None
+        raise bad_request(str(exc), where, "invalid_prompt") from None
     max_tokens = _max_tokens(body, len(prompt), ctx, where)
     stream = bool(body.stream)
     include_usage = bool(stream and body.stream_options and body.stream_options.include_usage)

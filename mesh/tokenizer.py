@@ -24,6 +24,10 @@ class PromptRefusedError(MeshpipeError, ValueError):
     """The prompt cannot be built as asked (template refusal, too long); HTTP 400."""
 
 
+class PromptTooLongError(PromptRefusedError):
+    """The prompt cannot fit the context, known before it is tokenized."""
+
+
 @dataclass(frozen=True)
 class SpecialToken:
     text: str
@@ -84,11 +88,16 @@ class Tokenizer:
                  limit: int | None = None) -> list[int]:
         """Token ids of `text`; with `limit`, refuse before tokenizing what cannot fit."""
         data = text.encode()
-        if limit is not None and len(data) // self.max_token_bytes > limit:
-            raise PromptRefusedError(f"the prompt is at least {len(data) // self.max_token_bytes} "
-                                f"tokens, and the context holds {limit}")
+        if limit is not None:
+            self.check_fits(len(data), limit)
         bos = self.add_bos if add_bos is None else add_bos
         return list(self.llm.tokenize(data, add_bos=bos, special=special))
+
+    def check_fits(self, size: int, limit: int) -> None:
+        """Refuse a prompt of `size` bytes that must be more than `limit` tokens, untokenized."""
+        least = size // self.max_token_bytes
+        if least > limit:
+            raise PromptTooLongError(f"the prompt is at least {least} tokens, and the context holds {limit}")
 
     def detokenize(self, tokens: list[int]) -> bytes:
         return bytes(self.llm.detokenize(tokens))
