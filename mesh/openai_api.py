@@ -10,7 +10,6 @@ Every response, errors included, is counted in /metrics, and no exception escape
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,7 +26,6 @@ from mesh.metrics import Metrics
 from mesh.openai_request import Prepared, prepare
 from mesh.openai_run import Run, as_api_error
 
-log = logging.getLogger("meshpipe.api")
 DEFAULT_MAX_BODY = 4 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}
 CLIENT_GONE = 499  # nginx's "client closed request": counted, never seen by anyone

@@ -38,11 +38,10 @@ class Run:
         self.tokens = self.backend.generate(self.p.generation, self.stats)
         try:
             self.first = await anext(self.tokens, None)
-        except Exception as exc:
-            await self._finish(failed=False)
-            raise as_api_error(exc) from None
-        except BaseException:
-            await self._finish(failed=False)
+        except BaseException as exc:  # cancellation too: it must free the session, then go on
+            await self._finish(failed=True)
+            if isinstance(exc, Exception):
+                raise as_api_error(exc) from None
             raise
         self.metrics.ttft.observe(time.perf_counter() - self.started)
 
