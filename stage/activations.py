@@ -101,6 +101,11 @@ def sampled_of(reply: pb.FrameHeader) -> list[Sampled]:
             for t, lp, top in zip(reply.tokens, reply.logprobs, reply.top, strict=True)]
 
 
+def _input_rows(h: pb.FrameHeader) -> int:
+    """Rows the frame feeds: hidden-state rows, or token ids at a first stage."""
+    return int(h.shape[0]) if len(h.shape) else len(h.tokens)
+
+
 class ActivationStage:
     def __init__(self, engine: RangeEngine, stage_index: int, wire_dtype: int,
                  downstream: Link | None) -> None:
@@ -175,7 +180,7 @@ class ActivationStage:
 
     def _sampling_problem(self, header: pb.FrameHeader) -> str | None:
         """Sampling arrives from the network: check it before it reaches the sampler."""
-        rows = (int(header.shape[0]) if len(header.shape) else len(header.tokens)) if header.all_logits else 1
+        rows = _input_rows(header) if header.all_logits else 1
         return sampling_of(header).problem(self.engine.n_vocab, self.engine.ctx_per_lane, rows)
 
     async def _send_results(self, link: Link, outbox: asyncio.Queue[_Admitted | None]) -> None:
@@ -218,7 +223,7 @@ class ActivationStage:
 
     def _reply(self, item: _Admitted, logits: np.ndarray) -> pb.FrameHeader:
         h = item.header
-        rows = int(h.shape[0]) if len(h.shape) else len(h.tokens)
+        rows = _input_rows(h)
         reply = pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.REPLY,
                                start_pos=h.start_pos)
         sampling = time.perf_counter()
