@@ -28,7 +28,6 @@ from mesh.backend import (
     RequestRejectedError,
     Sampled,
 )
-from mesh.draft import Draft, draft_path, vocab_mismatch
 from mesh.hop_timing import HopTotals
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.route import (
@@ -41,10 +40,11 @@ from mesh.route import (
     spawn_local_stage,
     teardown,
 )
-from mesh.spec_plan import SpecPlan
-from mesh.speculative import generate
+from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
+from mesh.speculative.loop import generate
+from mesh.speculative.plan import SpecPlan
+from mesh.speculative.window import Controller, controller_for
 from mesh.tokenizer import Tokenizer
-from mesh.window import Controller, controller_for
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc

@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from mesh.local_server import free_port, local_serve
+from mesh.bench.local_server import free_port, local_serve
 
 __all__ = ["free_port", "mesh_serve"]
 

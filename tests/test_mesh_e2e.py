@@ -11,7 +11,7 @@ from chat_reference import PROMPTS
 from chat_reference import chat as _chat
 from mesh_server import mesh_serve
 
-from mesh.bench_breakdown import measure
+from mesh.bench.breakdown import measure
 from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.slow

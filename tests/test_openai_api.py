@@ -216,9 +216,9 @@ class _BrokenBackend:
 def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):
     import uvicorn
 
-    from mesh.local_server import free_port
+    from mesh.api.app import build_app
+    from mesh.bench.local_server import free_port
     from mesh.metrics import Metrics
-    from mesh.openai_api import build_app
 
     metrics, port = Metrics(), free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(_BrokenBackend(), metrics), port=port,

@@ -10,9 +10,9 @@ import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
 
+from mesh.api.app import build_app
 from mesh.backend import MeshUnavailableError, RequestRejectedError
 from mesh.metrics import Metrics
-from mesh.openai_api import build_app
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

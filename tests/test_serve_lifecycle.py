@@ -22,7 +22,7 @@ import pytest
 from mesh_server import free_port, mesh_serve
 from models import write_tiny_llama
 
-from mesh.local_server import LocalServer, stage_pids, stop, wait_healthy
+from mesh.bench.local_server import LocalServer, stage_pids, stop, wait_healthy
 from packages.writer import write_package
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from config.settings import Config, ConfigError, ModelEntry, Speculative, parse_config
-from mesh.spec_plan import resolve_plan
+from mesh.speculative.plan import resolve_plan
 from packages.manifest import load_manifest
 from packages.speculative import DraftStrategy, block_for
 

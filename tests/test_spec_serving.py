@@ -11,7 +11,7 @@ import openai
 import pytest
 from mesh_server import mesh_serve
 
-from mesh.bench import PROMPTS
+from mesh.bench.run import PROMPTS
 from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.slow

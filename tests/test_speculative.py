@@ -17,10 +17,10 @@ import pytest
 from chain import chat_prompt
 
 from mesh.backend import GenerationRequest, GenerationStats
-from mesh.draft import Draft, common_prefix
 from mesh.pipeline import Pipeline, StageFailedError
-from mesh.speculative import generate
-from mesh.window import Adaptive, CostAware, WindowPolicy, controller_for
+from mesh.speculative.draft import Draft, common_prefix
+from mesh.speculative.loop import generate
+from mesh.speculative.window import Adaptive, CostAware, WindowPolicy, controller_for
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
 from packages.requantize import requantize

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from mesh_server import mesh_serve
 
-from mesh.local_server import stage_pids
+from mesh.bench.local_server import stage_pids
 from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from fake_backend import EOS, FakeBackend
 
+from mesh.api.request import Prepared
+from mesh.api.run import Run, _find_stop
 from mesh.backend import GenerationRequest
 from mesh.metrics import Metrics
-from mesh.openai_request import Prepared
-from mesh.openai_run import Run, _find_stop
 
 
 def test_find_stop_returns_the_earliest_hit_of_any_stop():

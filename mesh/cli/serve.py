@@ -12,14 +12,14 @@ from pathlib import Path
 
 from config.paths import cache_dir
 from config.settings import Config, Speculative, UsageError, load_config
+from mesh.api.app import build_app
+from mesh.api.server import bind, kill_children, serve
+from mesh.cli.tls_args import add_tls_arguments, tls_of
 from mesh.coordinator import Coordinator, Topology
-from mesh.http_server import bind, kill_children, serve
 from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
-from mesh.openai_api import build_app
 from mesh.route import RouteSettings
-from mesh.spec_plan import resolve_plan
-from mesh.tls_args import add_tls_arguments, tls_of
+from mesh.speculative.plan import resolve_plan
 from proto import meshpipe_pb2 as pb
 from stage.control import own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP

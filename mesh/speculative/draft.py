@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from llama_cpp import llama_cpp as L
 
-from mesh.spec_plan import SpecPlan
+from mesh.speculative.plan import SpecPlan
 from packages.speculative import verify_draft
 from stage.batcher import Batcher, close_engine
 from stage.engine import Step

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from config.settings import Config, ConfigError, Speculative
-from mesh.window import WindowPolicy
+from mesh.speculative.window import WindowPolicy
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, declared
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from config.paths import cache_dir
-from mesh.tls_args import add_tls_arguments, tls_of
+from mesh.cli.tls_args import add_tls_arguments, tls_of
 from stage.control import StageOptions, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
 from stage.daemon import run_stage

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from mesh.backend import GenerationRequest, GenerationStats, Sampled
-from mesh.draft import Draft, common_prefix
 from mesh.pipeline import Pipeline
-from mesh.window import Controller
+from mesh.speculative.draft import Draft, common_prefix
+from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from mesh.api_error import ApiError, bad_request
+from mesh.api.error import ApiError, bad_request
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

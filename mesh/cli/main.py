@@ -23,8 +23,8 @@ USER_ERRORS: tuple[type[Exception], ...] = (MeshpipeError, OSError)
 
 # Each command's module is imported only when it runs (or for --help): a stage daemon then
 # never loads the HTTP server, the Hub client or the benchmark, which is memory it keeps.
-COMMANDS = {"serve": "mesh.serve_cli", "stage": "mesh.stage_cli", "status": "mesh.status_cli",
-            "package": "mesh.package_cli", "bench": "mesh.bench"}
+COMMANDS = {"serve": "mesh.cli.serve", "stage": "mesh.cli.stage", "status": "mesh.cli.status",
+            "package": "mesh.cli.package", "bench": "mesh.bench.run"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

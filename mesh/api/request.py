@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mesh.api_error import ApiError, bad_request
+from mesh.api.error import ApiError, bad_request
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer

@@ -19,12 +19,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mesh.api_error import ApiError
+from mesh.api.body import parse_json, read_body
+from mesh.api.error import ApiError
+from mesh.api.request import Prepared, prepare
+from mesh.api.run import Run, as_api_error
 from mesh.backend import Backend
-from mesh.http_body import parse_json, read_body
 from mesh.metrics import Metrics
-from mesh.openai_request import Prepared, prepare
-from mesh.openai_run import Run, as_api_error
 
 DEFAULT_MAX_BODY = 4 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}

@@ -10,10 +10,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from mesh.api_error import ApiError
+from mesh.api.error import ApiError
+from mesh.api.request import Prepared
 from mesh.backend import Backend, GenerationStats, MeshUnavailableError, RequestRejectedError, Sampled
 from mesh.metrics import Metrics
-from mesh.openai_request import Prepared
 from mesh.tokenizer import TextStream
 
 log = logging.getLogger("meshpipe.api")

@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 
 from config.paths import cache_dir
-from mesh import bench_numerics
-from mesh.bench_breakdown import measure
-from mesh.bench_client import StreamTiming, stream_chat
-from mesh.local_server import LocalServer, local_serve, stage_pids
+from mesh.bench import numerics
+from mesh.bench.breakdown import measure
+from mesh.bench.client import StreamTiming, stream_chat
+from mesh.bench.local_server import LocalServer, local_serve, stage_pids
 from mesh.model_source import resolve_model
 from mesh.proc_memory import peak_rss
 from mesh.tokenizer import Tokenizer
@@ -166,14 +166,14 @@ def _numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
     for name, gguf in models:
         tokens = Tokenizer(gguf, name).tokenize(text, False)
         for flash in (True, False):
-            n = bench_numerics.measure(name, gguf, tokens, setup.threads, flash)
+            n = numerics.measure(name, gguf, tokens, setup.threads, flash)
             fa = f"flash attn {'on' if flash else 'off'}"
             culprit = f"; first differing node {n.first_node}" if n.first_node else ""
-            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, {bench_numerics.WINDOW}-row window vs "
+            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, {numerics.WINDOW}-row window vs "
                                                 f"row by row{culprit}", n.max_diff))
             rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, row 0", n.row0_diff))
             rows += [Row(f"numerics {name}", f"{fa}: ms per decode of {k} rows at position "
-                                             f"{bench_numerics.POSITION}", ms) for k, ms in n.decode_ms.items()]
+                                             f"{numerics.POSITION}", ms) for k, ms in n.decode_ms.items()]
     return rows
 
 
@@ -199,7 +199,7 @@ class Baseline:
 
 @contextlib.contextmanager
 def baseline_worker(setup: Setup) -> Iterator[Baseline]:
-    cmd = [sys.executable, "-m", "mesh.bench_baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
+    cmd = [sys.executable, "-m", "mesh.bench.baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         baseline = Baseline(proc, Tokenizer(setup.gguf, setup.model_id))

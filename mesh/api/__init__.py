@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API: request validation, the app, response shaping and the server."""

@@ -1,0 +1,1 @@
+"""`mesh bench`: scenarios against the mesh, compared with single-node llama.cpp in the same run."""

@@ -1,0 +1,1 @@
+"""The `mesh` command line: one module per subcommand, each imported only when it runs."""
