@@ -23,13 +23,13 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "missing or wrong mesh token (x-mesh-token)")
 
-        self.deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self.deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+        self.deny_unary: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(deny)
+        self.deny_stream: grpc.RpcMethodHandler[Any, Any] = grpc.unary_stream_rpc_method_handler(deny)
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         sent = dict(details.invocation_metadata or ()).get(TOKEN_KEY, "")
         if hmac.compare_digest(str(sent).encode(), self.token):
             return await continuation(details)
