@@ -12,8 +12,9 @@ its rows per decode are about the window + 1, and it costs more than a plain dec
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,13 +24,15 @@ from mesh.hop_timing import PARTS, WIRE
 
 @dataclass(frozen=True)
 class Counters:
-    frames: dict[str, float]  # kind -> frames
-    seconds: dict[tuple[str, str, str], float]  # (kind, stage, part) -> s
-    batch_rows: dict[tuple[str, str], float]  # (kind, stage) -> rows
+    frames: Mapping[str, float]  # kind -> frames
+    seconds: Mapping[tuple[str, str, str], float]  # (kind, stage, part) -> s
+    batch_rows: Mapping[tuple[str, str], float]  # (kind, stage) -> rows
 
 
 def scrape(url: str) -> Counters:
-    frames, seconds, rows = {}, {}, {}
+    frames: dict[str, float] = {}
+    seconds: dict[tuple[str, str, str], float] = {}
+    rows: dict[tuple[str, str], float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
         for sample in family.samples:
             labels = sample.labels
@@ -39,7 +42,7 @@ def scrape(url: str) -> Counters:
                 seconds[(labels["kind"], labels["stage"], labels["part"])] = sample.value
             elif sample.name == "meshpipe_hop_batch_rows_total":
                 rows[(labels["kind"], labels["stage"])] = sample.value
-    return Counters(frames, seconds, rows)
+    return Counters(MappingProxyType(frames), MappingProxyType(seconds), MappingProxyType(rows))
 
 
 def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, float]]:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import ctypes
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class Numerics:
     max_diff: float  # largest |batched - single| logit over the window's rows
     row0_diff: float  # the same, row 0 only
     first_node: str  # the first graph node where some row differs, "" when none does
-    decode_ms: dict[int, float]  # rows -> median ms of one decode at POSITION
+    decode_ms: Mapping[int, float]  # rows -> median ms of one decode at POSITION
 
 
 def measure(name: str, gguf: Path, tokens: list[int], threads: int, flash: bool, repeats: int = 15) -> Numerics:
@@ -55,7 +56,7 @@ def measure(name: str, gguf: Path, tokens: list[int], threads: int, flash: bool,
         engine.close()
     diff = np.abs(batched - single)
     first_node = _first_differing_node(gguf, cfg, ids) if diff.max() > 0 else ""
-    return Numerics(name, flash, float(diff.max()), float(diff[0].max()), first_node, timed)
+    return Numerics(name, flash, float(diff.max()), float(diff[0].max()), first_node, MappingProxyType(timed))
 
 
 def _window_and_rows(engine: LlamaRangeEngine, ids: np.ndarray, recorder: NodeRecorder | None = None
