@@ -69,7 +69,7 @@ class RouteSettings:
     ctx_size: int
     batch: int
     threads: int
-    wire_dtype: int = pb.F32
+    wire_dtype: pb.WireDType = pb.F32
     tls: MeshTls | None = None
     cpu_lock: Path | None = None  # shared with local stages, which run on the same cores
 
@@ -206,7 +206,7 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
     assert stage.range is not None
     reply = await route.rpc(stage, stage.control.Load, pb.LoadRequest(
         protocol_version=V, term=route.term, layer_start=stage.range.start,
-        layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,  # type: ignore[arg-type]
+        layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
         downstream=downstream, stage_index=index))
     if not reply.ready:
