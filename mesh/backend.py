@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from config.errors import MeshpipeError
+from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 
 # both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
@@ -54,7 +55,7 @@ class Backend(Protocol):
         """The target's tokenizer and chat template."""
         ...
 
-    async def health(self) -> dict[str, Any]: ...
+    async def health(self) -> Health: ...
 
     def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
         """Yield generated tokens. Closing the iterator early frees the session on every stage."""

@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import psutil
@@ -28,6 +27,7 @@ from mesh.backend import (
     RequestRejectedError,
     Sampled,
 )
+from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.route import (
@@ -219,12 +219,12 @@ class Coordinator:
         assert self.tokenizer is not None, "coordinator not started"
         return self.tokenizer
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> Health:
         await self._refresh_stages()
         broken = self.pipeline is None or self.pipeline.broken is not None
-        return {"ok": not broken, "model": self.model_id, "route": self.describe_route(),
-                "stages": self.stage_rows(), "error": self.last_error or None,
-                "speculative": self.spec.describe() if self.spec else self.spec_note}
+        return Health(ok=not broken, model=self.model_id, route=self.describe_route(),
+                      stages=self.stage_rows(), error=self.last_error or None,
+                      speculative=self.spec.describe() if self.spec else self.spec_note)
 
     async def _refresh_stages(self) -> None:
         """Fresh memory and reachability from every stage, asked at once, at most every STATUS_TTL."""
@@ -244,24 +244,16 @@ class Coordinator:
                  if s.range is not None]
         return " -> ".join(hops)
 
-    def stage_rows(self) -> list[dict[str, Any]]:
+    def stage_rows(self) -> tuple[StageHealth, ...]:
         if self.route is None or self.route.stage0 is None:
-            return []
+            return ()
         vm = psutil.virtual_memory()
-        rows = [{"stage": 0, "endpoint": "coordinator", "start": self.route.stage0.start,
-                 "end": self.route.stage0.end, "state": "READY",
-                 "rss_bytes": psutil.Process().memory_info().rss,
-                 "mem_available_bytes": vm.available, "status_at": time.time()}]
-        ready = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
-        for i, s in enumerate(self.route.stages, 1):
-            rows.append({"stage": i, "endpoint": s.endpoint,
-                         "start": s.range.start if s.range else None,
-                         "end": s.range.end if s.range else None,
-                         "state": ready if s.reachable else "UNREACHABLE",
-                         "rss_bytes": s.status.rss_bytes if s.status else None,
-                         "mem_available_bytes": s.status.mem_available_bytes if s.status else None,
-                         "status_at": s.status_at})
-        return rows
+        own = StageHealth(stage=0, endpoint="coordinator", start=self.route.stage0.start,
+                          end=self.route.stage0.end, state="READY",
+                          rss_bytes=psutil.Process().memory_info().rss,
+                          mem_available_bytes=vm.available, status_at=time.time())
+        ready: StageState = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
+        return (own, *(_remote_row(i, s, ready) for i, s in enumerate(self.route.stages, 1)))
 
     async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
         if len(req.prompt) == 0:
@@ -315,3 +307,13 @@ class Coordinator:
                 self._route_broken(reason)
             raise MeshUnavailableError(f"mesh unavailable: {reason}")
         return p
+
+
+def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
+    """A stage as its last Status reply left it; a stage that stopped answering is UNREACHABLE."""
+    return StageHealth(stage=index, endpoint=s.endpoint,
+                       start=s.range.start if s.range else None, end=s.range.end if s.range else None,
+                       state=ready if s.reachable else "UNREACHABLE",
+                       rss_bytes=s.status.rss_bytes if s.status else None,
+                       mem_available_bytes=s.status.mem_available_bytes if s.status else None,
+                       status_at=s.status_at)

@@ -17,20 +17,23 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from config.errors import MeshpipeError
 from mesh.planner import StageRange, plan_ranges
 from packages.manifest import Manifest
 from proto import meshpipe_pb2 as pb
-from proto import meshpipe_pb2_grpc as pb_grpc
+from proto.clients import StageControlClient, Unary, rpc_name, stage_control
 from proto.version import PROTOCOL_VERSION
 from stage.grpc_auth import token_metadata
 from stage.tls import MeshTls, channel
 
 V = PROTOCOL_VERSION
+Req = TypeVar("Req", bound=Message)
+Reply = TypeVar("Reply", bound=Message)
 RPC_TIMEOUT = 30.0
 STOP_TIMEOUT = 3.0  # teardown: a stage that cannot answer Stop this fast is ended anyway
 EXIT_TIMEOUT = 5.0  # a spawned stage gets this long to exit after SIGTERM, then SIGKILL
@@ -45,12 +48,17 @@ class RemoteStage:
     endpoint: str
     process: subprocess.Popen[bytes] | None = None
     channel: grpc.aio.Channel | None = None
-    stub: pb_grpc.StageControlStub | None = None
+    stub: StageControlClient | None = None
     range: StageRange | None = None
     activation: str = ""
     status: pb.StatusReply | None = None
     reachable: bool = True  # the last Status call answered
     status_at: float = 0.0  # wall time of the last Status reply
+
+    @property
+    def control(self) -> StageControlClient:
+        assert self.stub is not None, f"stage {self.endpoint} is not connected"
+        return self.stub
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ class RouteSettings:
     ctx_size: int
     batch: int
     threads: int
-    wire_dtype: int = pb.F32
+    wire_dtype: pb.WireDType = pb.F32
     tls: MeshTls | None = None
     cpu_lock: Path | None = None  # shared with local stages, which run on the same cores
 
@@ -77,14 +85,14 @@ class Route:
     term: int = 0
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    async def rpc(self, stage: RemoteStage, name: str, request: object,
-                  timeout: float = RPC_TIMEOUT) -> Any:
-        assert stage.stub is not None
-        call = getattr(stage.stub, name)
+    async def rpc(self, stage: RemoteStage, call: Unary[Req, Reply], request: Req,
+                  timeout: float = RPC_TIMEOUT) -> Reply:
+        """`call` is one of `stage.control`'s methods, so mypy knows its reply type; a failure
+        becomes a RouteError naming the stage and the RPC."""
         try:
             return await call(request, timeout=timeout, metadata=token_metadata(self.settings.token))
         except grpc.aio.AioRpcError as exc:
-            raise RouteError(f"stage {stage.endpoint}: {name} failed: "
+            raise RouteError(f"stage {stage.endpoint}: {rpc_name(request)} failed: "
                              f"{exc.details() or exc.code().name}") from None
 
 
@@ -110,7 +118,7 @@ def spawn_local_stage(s: RouteSettings) -> RemoteStage:
 
 async def connect_stage(route: Route, stage: RemoteStage) -> None:
     stage.channel = channel(stage.endpoint, route.settings.tls)
-    stage.stub = pb_grpc.StageControlStub(stage.channel)
+    stage.stub = stage_control(stage.channel)
     await refresh_status(route, stage, RPC_TIMEOUT)
     assert stage.status is not None
     if stage.status.protocol_version != V:
@@ -121,7 +129,7 @@ async def connect_stage(route: Route, stage: RemoteStage) -> None:
 async def refresh_status(route: Route, stage: RemoteStage, timeout: float) -> None:
     """Ask the stage for its state and memory; `reachable` says whether it answered."""
     try:
-        stage.status = await route.rpc(stage, "Status", pb.StatusRequest(protocol_version=V), timeout)
+        stage.status = await route.rpc(stage, stage.control.Status, pb.StatusRequest(protocol_version=V), timeout)
     except RouteError:
         stage.reachable = False
         raise
@@ -154,7 +162,7 @@ async def build(route: Route, own_memory: int, artifact_source: str,
 
 
 async def _claim(route: Route, stage: RemoteStage) -> None:
-    reply = await route.rpc(stage, "Claim", pb.ClaimRequest(
+    reply = await route.rpc(stage, stage.control.Claim, pb.ClaimRequest(
         protocol_version=V, coordinator_id=route.coordinator_id, term=route.term,
         topology_id=route.manifest_sha[:16], run_id=uuid.uuid4().hex[:8],
         lease_until_ms=int(time.time() * 1000) + 24 * 3600 * 1000))
@@ -166,7 +174,7 @@ async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> No
     from packages import hub  # only coordinators prepare stages; stage daemons skip the import
 
     assert stage.range is not None
-    reply = await route.rpc(stage, "Prepare", pb.PrepareRequest(
+    reply = await route.rpc(stage, stage.control.Prepare, pb.PrepareRequest(
         protocol_version=V, term=route.term, package_ref=hub.package_ref(route.package_dir),
         manifest_sha256=route.manifest_sha, layer_start=stage.range.start,
         layer_end=stage.range.end, artifact_source=artifact_source))
@@ -177,7 +185,7 @@ async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> No
 async def _await_prepared(route: Route, say: Callable[[str], None]) -> None:
     last_report = 0.0
     while True:
-        replies = [await route.rpc(s, "Inventory", pb.InventoryRequest(protocol_version=V))
+        replies = [await route.rpc(s, s.control.Inventory, pb.InventoryRequest(protocol_version=V))
                    for s in route.stages]
         for stage, inv in zip(route.stages, replies, strict=True):
             if inv.state == pb.PREPARE_FAILED:
@@ -196,9 +204,9 @@ async def _await_prepared(route: Route, say: Callable[[str], None]) -> None:
 async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -> None:
     s = route.settings
     assert stage.range is not None
-    reply = await route.rpc(stage, "Load", pb.LoadRequest(
+    reply = await route.rpc(stage, stage.control.Load, pb.LoadRequest(
         protocol_version=V, term=route.term, layer_start=stage.range.start,
-        layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,  # type: ignore[arg-type]
+        layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
         downstream=downstream, stage_index=index))
     if not reply.ready:
@@ -215,7 +223,7 @@ async def teardown(route: Route) -> None:
 async def _release(route: Route, stage: RemoteStage) -> None:
     if stage.stub is not None and route.term:
         with contextlib.suppress(Exception):
-            await route.rpc(stage, "Stop", pb.StopRequest(protocol_version=V, term=route.term),
+            await route.rpc(stage, stage.control.Stop, pb.StopRequest(protocol_version=V, term=route.term),
                             STOP_TIMEOUT)
     if stage.channel is not None:
         await stage.channel.close()

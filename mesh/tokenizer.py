@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 import llama_cpp
@@ -116,10 +116,16 @@ class Tokenizer:
         return self._eos
 
 
+class Detokenizer(Protocol):
+    """All TextStream needs of a tokenizer, so its tests can feed it bytes without a model."""
+
+    def detokenize(self, tokens: list[int]) -> bytes: ...
+
+
 class TextStream:
     """Turns a token stream into text deltas without ever splitting a UTF-8 character."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Detokenizer) -> None:
         self.tokenizer = tokenizer
         self.pending = b""
 

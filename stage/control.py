@@ -22,6 +22,7 @@ import psutil
 
 from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
+from proto.clients import artifact_transfer
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
 from stage.batcher import close_engine
@@ -259,7 +260,7 @@ def _fetcher(source: str, manifest_sha: str, opt: StageOptions) -> Fetcher | Non
 
     async def fetch(path: str, offset: int) -> AsyncIterator[bytes]:
         async with tls_channel(source, opt.tls) as channel:
-            stub = pb_grpc.ArtifactTransferStub(channel)
+            stub = artifact_transfer(channel)
             request = pb.FetchRequest(protocol_version=PROTOCOL_VERSION,
                                       manifest_sha256=manifest_sha, path=path, offset=offset)
             async for chunk in stub.Fetch(request, metadata=token_metadata(opt.token),

@@ -7,9 +7,9 @@ is just text. Nothing is loaded beyond the vocabulary, which takes milliseconds.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from mesh.backend import GenerationRequest, GenerationStats, Sampled
+from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 
 BYTE0 = 3  # the first byte token
@@ -32,12 +32,13 @@ class FakeBackend:
         self.fail, self.fail_after = fail, fail_after
         self.requests: list[GenerationRequest] = []
         self.closed = 0  # generators closed (finished or abandoned)
-        self.healthy: dict[str, Any] = {"ok": True, "stages": []}
+        self.healthy = Health(ok=True, model=self.model_id, route="none", stages=(), error=None,
+                              speculative="off")
 
     def tok(self) -> Tokenizer:
         return self._tok
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> Health:
         return self.healthy
 
     async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:

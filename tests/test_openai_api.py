@@ -14,6 +14,7 @@ import openai
 import pytest
 from mesh_server import mesh_serve
 
+from mesh.health import Health
 from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.slow
@@ -209,8 +210,8 @@ class _BrokenBackend:
     def tok(self):
         raise RuntimeError("a bug in the backend")
 
-    async def health(self):
-        return {"ok": True}
+    async def health(self) -> Health:
+        return Health(ok=True, model=self.model_id, route="none", stages=(), error=None, speculative="off")
 
 
 def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):

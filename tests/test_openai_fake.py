@@ -62,7 +62,7 @@ def test_models_and_health(client: TestClient):
 
 
 def test_unhealthy_backend_is_503(backend: FakeBackend, client: TestClient):
-    backend.healthy = {"ok": False}
+    backend.healthy = backend.healthy.model_copy(update={"ok": False})
     assert client.get("/health").status_code == 503
 
 

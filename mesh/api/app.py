@@ -44,7 +44,7 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
     @app.get("/health")
     async def health() -> JSONResponse:
         state = await backend.health()
-        return JSONResponse(state, status_code=200 if state.get("ok") else 503)
+        return JSONResponse(state.model_dump(mode="json"), status_code=200 if state.ok else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

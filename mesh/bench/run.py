@@ -31,6 +31,7 @@ from mesh.bench import numerics
 from mesh.bench.breakdown import measure
 from mesh.bench.client import StreamTiming, stream_chat
 from mesh.bench.local_server import LocalServer, local_serve, stage_pids
+from mesh.health import Health
 from mesh.model_source import resolve_model
 from mesh.proc_memory import peak_rss
 from mesh.tokenizer import Tokenizer
@@ -356,12 +357,13 @@ def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
     for n, server in servers.items():
         if n == 1:
             continue
-        stages = httpx.get(f"{server.url}/health", timeout=10).json()["stages"]
+        stages = Health.model_validate_json(httpx.get(f"{server.url}/health", timeout=10).content).stages
         pids = [server.process.pid, *stage_pids(server.process.pid)]
         for stage, pid in zip(stages, pids, strict=False):
-            share = _weight_share(setup.manifest, stage["start"], stage["end"])
-            rows.append(Row(f"split-{n} stage {stage['stage']}", f"peak RSS (MB), {label}, layers "
-                            f"[{stage['start']},{stage['end']}), weights {share / 1e6:.0f} MB",
+            assert stage.start is not None and stage.end is not None  # a served route is fully planned
+            share = _weight_share(setup.manifest, stage.start, stage.end)
+            rows.append(Row(f"split-{n} stage {stage.stage}", f"peak RSS (MB), {label}, layers "
+                            f"[{stage.start},{stage.end}), weights {share / 1e6:.0f} MB",
                             peak_rss(pid) / 1e6, base_rss / 1e6,
                             f"<= {(share + 200e6) / 1e6:.0f} MB" if single else ""))
     return rows

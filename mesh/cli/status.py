@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import urllib.error
 import urllib.request
 
+from mesh.health import Health
 from packages.describe import human_bytes
 
 
@@ -18,26 +18,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    base = _base_url(args.url)
+    print(format_health(fetch_health(_base_url(args.url))))
+    return 0
+
+
+def fetch_health(base: str) -> Health:
     try:
         with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
-            state = json.load(resp)
+            return Health.model_validate_json(resp.read())
     except urllib.error.HTTPError as exc:  # 503 still carries the topology
-        state = json.load(exc)
+        return Health.model_validate_json(exc.read())
     except (urllib.error.URLError, OSError) as exc:
         raise OSError(f"cannot reach the coordinator at {base}: {exc}") from None
-    print(f"model: {state.get('model')}   route: {'ok' if state.get('ok') else 'BROKEN'}")
-    for key, label in (("error", "error"), ("speculative", "speculative")):
-        if state.get(key):
-            print(f"{label}: {state[key]}")
+
+
+def format_health(state: Health) -> str:
+    lines = [f"model: {state.model}   route: {'ok' if state.ok else 'BROKEN'}"]
+    for value, label in ((state.error, "error"), (state.speculative, "speculative")):
+        if value:
+            lines.append(f"{label}: {value}")
     rows = [("stage", "endpoint", "layers", "state", "rss", "mem free")]
-    for s in state.get("stages", []):
-        rows.append((str(s["stage"]), s["endpoint"], f"[{s['start']},{s['end']})", s["state"],
-                     human_bytes(s["rss_bytes"] or 0), human_bytes(s["mem_available_bytes"] or 0)))
+    for s in state.stages:
+        rows.append((str(s.stage), s.endpoint, f"[{s.start},{s.end})", s.state,
+                     human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
-    return 0
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
 
 
 def _base_url(url: str) -> str:

@@ -1,0 +1,46 @@
+"""The /health answer: built by the coordinator, served as JSON, read back by `mesh status` and the bench.
+
+One model on both sides of the wire, so the server and its readers cannot drift apart: a
+key renamed here is renamed everywhere, and a reader never guesses at a shape.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+# READY: serving. BROKEN: the pipeline failed a request and the route is being rebuilt.
+# UNREACHABLE: the stage did not answer its last Status call (the pipeline may still work).
+StageState = Literal["READY", "BROKEN", "UNREACHABLE"]
+
+
+class _Frozen(BaseModel):
+    # strict: no silent coercion of the server's values; forbid: a key the model does not
+    # know means the server and this reader are different versions, which should be loud
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+
+class StageHealth(_Frozen):
+    """One stage of the route; stage 0 is the coordinator itself."""
+
+    stage: int
+    endpoint: str
+    start: int | None  # the layer range [start, end)
+    end: int | None
+    state: StageState
+    rss_bytes: int | None  # from the stage's last Status reply; None before the first
+    mem_available_bytes: int | None
+    status_at: float  # wall time of that reply (0.0 before the first)
+
+
+class Health(_Frozen):
+    """What the coordinator serves at /health; HTTP 200 when `ok`, else 503."""
+
+    ok: bool  # only a broken pipeline counts: an UNREACHABLE stage alone leaves it true
+    model: str
+    route: str
+    stages: tuple[StageHealth, ...]
+    error: str | None
+    speculative: str  # the draft and window policy, or why speculation is off
+
