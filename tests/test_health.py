@@ -103,3 +103,12 @@ def test_mesh_status_prints_what_health_serves_even_on_503(served, capsys):
     assert main(["status", "--url", url]) == 0
     out = capsys.readouterr().out
     assert out.startswith("model: tiny   route: BROKEN\nerror: rebuilding route: stage gone\n")
+
+
+def test_mesh_status_names_a_server_that_is_not_a_coordinator(served, capsys):
+    url, answers = served
+    answers += [(200, b'{"status": "ok"}'), (200, b"<html>hello</html>")]
+    for _ in range(2):
+        assert main(["status", "--url", url]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("mesh status: error: http://127.0.0.1:") and "not a meshpipe coordinator's answer" in err

@@ -6,6 +6,9 @@ import argparse
 import urllib.error
 import urllib.request
 
+from pydantic import ValidationError
+
+from config.errors import MeshpipeError
 from mesh.health import Health
 from packages.describe import human_bytes
 
@@ -25,11 +28,20 @@ def _run(args: argparse.Namespace) -> int:
 def fetch_health(base: str) -> Health:
     try:
         with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
-            return Health.model_validate_json(resp.read())
+            body = resp.read()
     except urllib.error.HTTPError as exc:  # 503 still carries the topology
-        return Health.model_validate_json(exc.read())
+        body = exc.read()
     except (urllib.error.URLError, OSError) as exc:
         raise OSError(f"cannot reach the coordinator at {base}: {exc}") from None
+    try:
+        return Health.model_validate_json(body)
+    except ValidationError as exc:
+        raise StatusError(f"{base}/health is not a meshpipe coordinator's answer "
+                          f"({exc.error_count()} problems, first: {exc.errors()[0]['msg']})") from None
+
+
+class StatusError(MeshpipeError):
+    """The address answered, but not as a meshpipe coordinator does."""
 
 
 def format_health(state: Health) -> str:
