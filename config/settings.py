@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from config.errors import MeshpipeError
+from packages.speculative import problem
 
 CONFIG_VERSION = 1
 
@@ -25,16 +28,27 @@ class UsageError(ConfigError):
     """A command-line flag is malformed or conflicts with another; `mesh` prints it as one line."""
 
 
-@dataclass(frozen=True)
-class Speculative:
-    """One level of the precedence chain; None means "not set here"."""
+class Speculative(BaseModel):
+    """One level of the precedence chain; None means "not set here".
+
+    The window keys are a partial packages.speculative.WindowPolicy: each dumps to that type's
+    alias (window_changes). A level checks only their types; WindowPolicy checks the values,
+    once, when mesh/speculative/plan.py has merged the levels.
+    """
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
     strategy: str | None = None  # auto | disabled | a package strategy name
     draft_model: str | None = None
-    window_policy: str | None = None  # fixed | adaptive | cost-aware
+    # fixed | adaptive | cost-aware; a manifest's window_policy object calls it "default"
+    window_policy: str | None = Field(default=None, serialization_alias="default")
     initial_window: int | None = None
     min_window: int | None = None
     max_window: int | None = None
+
+    def window_changes(self) -> dict[str, object]:
+        """The window keys set at this level, named as WindowPolicy.overridden wants them."""
+        return self.model_dump(by_alias=True, exclude_none=True, exclude={"strategy", "draft_model"})
 
 
 @dataclass(frozen=True)
@@ -115,13 +129,12 @@ def _model(raw: Any, where: str) -> ModelEntry:
 
 def _speculative(raw: Any, where: str) -> Speculative:
     table = _table(raw, where)
-    names = {f.name: f.type for f in fields(Speculative)}
-    _only(table, set(names), where)
-    for key, value in table.items():
-        want = int if "int" in str(names[key]) else str
-        if not isinstance(value, want) or isinstance(value, bool):
-            raise ConfigError(f"{where}.{key}: expected {want.__name__}, got {value!r}")
-    return Speculative(**table)
+    _only(table, set(Speculative.model_fields), where)
+    try:
+        return Speculative.model_validate(table)
+    except ValidationError as exc:
+        key, message = problem(exc)
+        raise ConfigError(f"{where}.{key}: {message}") from None
 
 
 def _table(raw: Any, where: str) -> dict[str, Any]:

@@ -10,12 +10,12 @@ import hashlib
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from packages.errors import PackageError
 from packages.manifest import Manifest
 from packages.refs import is_hub_ref, parse_hub_ref
 from packages.requantize import requantize
+from packages.speculative import WindowPolicy
 from packages.validate import check_metadata_agrees, validate_package
 from packages.writer import write_package
 
@@ -70,13 +70,13 @@ def _embedded_package(cache: Path, say: Callable[[str], None]) -> Path:
             requantize(embedded_gguf(), draft, EMBEDDED_DRAFT_QUANT)
         # cost-aware: the draft costs about what the target does, so it pays only when
         # the network between stages is slow; the controller measures and decides.
-        window = {"window_policy": "cost-aware", "initial_window": 4, "min_window": 1, "max_window": 8}
+        window = WindowPolicy(policy="cost-aware", initial=4, min=1, max=8)
         return _packaged(embedded_gguf(), dest, EMBEDDED_ID, say, draft=str(draft), window=window)
     return dest
 
 
 def _packaged(gguf: Path, dest: Path, model_id: str, say: Callable[[str], None],
-              draft: str | None = None, window: dict[str, Any] | None = None) -> Path:
+              draft: str | None = None, window: WindowPolicy | None = None) -> Path:
     if not (dest / "model-package.json").is_file():
         say(f"writing layer package for {gguf.name} into {dest} (first run only)")
         write_package(gguf, dest, model_id=model_id, progress=lambda _: None, draft=draft, window=window)

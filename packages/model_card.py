@@ -82,6 +82,7 @@ def _speculative(generation: dict[str, Any]) -> str:
     for s in strategies.values():
         mark = " (default)" if s.name == default else ""
         where = "shipped in the package" if s.in_package else "resolved from the Hub"
-        lines.append(f"- `{s.name}`{mark}: draft model `{s.draft_model}` ({where}), {s.window_policy} window "
-                     f"starting at {s.initial_window} tokens, between {s.min_window} and {s.max_window}")
+        w = s.window
+        lines.append(f"- `{s.name}`{mark}: draft model `{s.draft_model}` ({where}), {w.policy} window "
+                     f"starting at {w.initial} tokens, between {w.min} and {w.max}")
     return "\n".join(lines)

@@ -1,51 +1,146 @@
-"""The `generation.speculative_decoding` block of model-package.json (DESIGN.md §5).
+"""The speculative-decoding types, defined once: `WindowPolicy` and `DraftStrategy` (DESIGN.md §5, §6).
 
-A package may declare draft-model strategies; stage 0 alone uses them. A draft shipped
-inside the package lives under `draft/` and is pinned by sha256 like every artifact.
+The package manifest (`generation.speculative_decoding`), the TOML config (whose
+`[models.speculative]` keys are a partial `WindowPolicy`, config/settings.py) and the
+coordinator's window controllers (mesh/speculative/window.py) all use these types, so their
+validators are the only checks. Python names are the ones the code reads; the serialized
+names are pydantic aliases, so published packages keep loading. A draft shipped inside the
+package lives under `draft/` and is pinned by sha256 like every artifact.
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Self, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from packages.errors import PackageError
 from packages.integrity import atomic_file, sha256_file, verify_file
 
-_STRATEGY_KEYS = {"type", "draft_model", "draft_sha256", "draft_bytes", "window_policy"}
-_WINDOW_KEYS = {"default", "initial_window", "min_window", "max_window"}
-WINDOW_POLICIES = ("fixed", "adaptive", "cost-aware")
+Policy = Literal["fixed", "adaptive", "cost-aware"]
+WINDOW_POLICIES: tuple[str, ...] = get_args(Policy)
+MAX_WINDOW = 64  # the largest window any policy may propose
+
+# Frozen and strict (no "8" for 8), unknown keys refused. Both names construct from code;
+# parse() reads serialized documents by their aliases alone.
+_STRICT = ConfigDict(frozen=True, strict=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
+_Model = TypeVar("_Model", bound=BaseModel)
+_EXPECTED = {"int_type": "int", "string_type": "str", "model_type": "object", "dict_type": "object"}
 
 
-@dataclass(frozen=True)
-class DraftStrategy:
-    name: str
+class WindowPolicy(BaseModel):
+    """How many draft tokens a window proposes: `policy` and its window sizes (DESIGN.md §6).
+
+    The aliases are the keys of a manifest's `window_policy` object; config.settings.Speculative
+    dumps its TOML keys to the same aliases, so a level of the config merges without a table.
+    """
+
+    model_config = _STRICT
+
+    policy: Policy = Field(default="adaptive", validation_alias="default", serialization_alias="default")
+    initial: int = Field(default=4, validation_alias="initial_window", serialization_alias="initial_window")
+    min: int = Field(default=1, validation_alias="min_window", serialization_alias="min_window")
+    max: int = Field(default=16, validation_alias="max_window", serialization_alias="max_window")
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _known(cls, value: object) -> object:
+        # before the Literal check, so the message lists the choices as users write them
+        if value not in WINDOW_POLICIES:
+            raise ValueError(f"window policy must be one of {', '.join(WINDOW_POLICIES)}, not {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if not 1 <= self.min <= self.initial <= self.max <= MAX_WINDOW:
+            raise ValueError(f"windows need 1 <= min_window ({self.min}) <= initial_window ({self.initial}) "
+                             f"<= max_window ({self.max}) <= {MAX_WINDOW}")
+        return self
+
+    def describe(self) -> str:
+        if self.policy == "fixed":
+            return f"fixed {self.initial}"
+        return f"{self.policy} {self.initial} [{self.min},{self.max}]"
+
+    def overridden(self, changes: Mapping[str, object]) -> WindowPolicy:
+        """This policy with `changes` (keyed by the aliases) applied; the result is checked again."""
+        return parse(WindowPolicy, self.model_dump(by_alias=True) | dict(changes))
+
+
+def ref_in_package(ref: str) -> bool:
+    """Whether a draft ref names a file inside the package (not hf://… nor org/repo:QUANT)."""
+    return not (ref.startswith("hf://") or ":" in ref)
+
+
+class DraftStrategy(BaseModel):
+    """A draft model and its window policy, as a package declares it (DESIGN.md §5)."""
+
+    model_config = _STRICT
+
+    name: str = Field(exclude=True)  # its key under `strategies`, not a field of the entry
+    type: Literal["draft-model"]  # required: other strategy types are planned (issue 16)
     draft_model: str  # a path inside the package, an hf:// ref, or org/repo:QUANT
-    window_policy: str = "adaptive"
-    initial_window: int = 4
-    min_window: int = 1
-    max_window: int = 16
+    window: WindowPolicy = Field(default_factory=WindowPolicy, validation_alias="window_policy",
+                                 serialization_alias="window_policy")
     draft_sha256: str | None = None
     draft_bytes: int | None = None
 
+    @field_validator("type", mode="before")
+    @classmethod
+    def _draft_model_type(cls, value: object) -> object:
+        if value != "draft-model":
+            raise ValueError("must be 'draft-model'")
+        return value
+
+    @field_validator("draft_model", mode="before")
+    @classmethod
+    def _safe_ref(cls, value: object) -> object:
+        if not isinstance(value, str) or not value:
+            raise ValueError("must be a non-empty string")
+        if ref_in_package(value) and (Path(value).is_absolute() or ".." in Path(value).parts):
+            raise ValueError("must stay inside the package")
+        return value
+
+    @model_validator(mode="after")
+    def _pinned(self) -> Self:
+        if self.in_package and not (isinstance(self.draft_sha256, str) and isinstance(self.draft_bytes, int)):
+            raise ValueError("a draft inside the package needs draft_sha256 and draft_bytes")
+        return self
+
     @property
     def in_package(self) -> bool:
-        return not (self.draft_model.startswith("hf://") or ":" in self.draft_model)
+        return ref_in_package(self.draft_model)
 
     def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"type": "draft-model", "draft_model": self.draft_model,
-                                 "window_policy": {"default": self.window_policy,
-                                                   "initial_window": self.initial_window,
-                                                   "min_window": self.min_window,
-                                                   "max_window": self.max_window}}
-        if self.draft_sha256:
-            entry |= {"draft_sha256": self.draft_sha256, "draft_bytes": self.draft_bytes}
-        return entry
+        return self.model_dump(by_alias=True, exclude_none=True)
 
 
-def declared(generation: dict[str, Any]) -> tuple[str | None, dict[str, DraftStrategy]]:
+def parse(model: type[_Model], data: object) -> _Model:
+    """`data` read by its serialized names alone, as a manifest or a config level is."""
+    return model.model_validate(data, by_alias=True, by_name=False)
+
+
+def problem(exc: ValidationError) -> tuple[str, str]:
+    """The first error's dotted path, in serialized names, and a one-line message for users."""
+    error = exc.errors()[0]
+    kind = error["type"]
+    if kind == "value_error":
+        message = str(error["ctx"]["error"])
+    elif kind == "extra_forbidden":
+        message = "unknown field"
+    elif kind == "missing":
+        message = "required"
+    elif kind in _EXPECTED:
+        message = f"expected {_EXPECTED[kind]}, got {error['input']!r}"
+    else:
+        message = error["msg"]
+    return ".".join(str(part) for part in error["loc"]), message
+
+
+def declared(generation: Mapping[str, Any]) -> tuple[str | None, dict[str, DraftStrategy]]:
     """(default strategy name, strategies); PackageError names the bad field."""
     block = generation.get("speculative_decoding")
     if block is None:
@@ -66,31 +161,13 @@ def declared(generation: dict[str, Any]) -> tuple[str | None, dict[str, DraftStr
 def _strategy(where: str, name: str, body: Any) -> DraftStrategy:
     if not isinstance(body, dict):
         raise PackageError(f"{where} must be an object")
-    unknown = sorted(set(body) - _STRATEGY_KEYS)
-    if unknown:
-        raise PackageError(f"{where}.{unknown[0]}: unknown field")
-    if body.get("type") != "draft-model":
-        raise PackageError(f"{where}.type must be 'draft-model'")
-    if not isinstance(body.get("draft_model"), str) or not body["draft_model"]:
-        raise PackageError(f"{where}.draft_model must be a non-empty string")
-    window = body.get("window_policy", {})
-    if not isinstance(window, dict) or set(window) - _WINDOW_KEYS:
-        raise PackageError(f"{where}.window_policy: expected only {', '.join(sorted(_WINDOW_KEYS))}")
-    strategy = DraftStrategy(
-        name=name, draft_model=body["draft_model"], window_policy=window.get("default", "adaptive"),
-        initial_window=window.get("initial_window", 4), min_window=window.get("min_window", 1),
-        max_window=window.get("max_window", 16), draft_sha256=body.get("draft_sha256"),
-        draft_bytes=body.get("draft_bytes"))
-    if strategy.window_policy not in WINDOW_POLICIES:
-        raise PackageError(f"{where}.window_policy.default must be one of {', '.join(WINDOW_POLICIES)}")
-    sizes = (strategy.min_window, strategy.initial_window, strategy.max_window)
-    if not all(isinstance(v, int) for v in sizes) or not 1 <= sizes[0] <= sizes[1] <= sizes[2] <= 64:
-        raise PackageError(f"{where}.window_policy: need 1 <= min_window <= initial_window <= max_window <= 64")
-    if strategy.in_package and (Path(strategy.draft_model).is_absolute() or ".." in Path(strategy.draft_model).parts):
-        raise PackageError(f"{where}.draft_model must stay inside the package")
-    if strategy.in_package and not (isinstance(strategy.draft_sha256, str) and isinstance(strategy.draft_bytes, int)):
-        raise PackageError(f"{where}: a draft inside the package needs draft_sha256 and draft_bytes")
-    return strategy
+    if "name" in body:  # the name is the entry's key; a field of that name is not in the schema
+        raise PackageError(f"{where}.name: unknown field")
+    try:
+        return parse(DraftStrategy, body | {"name": name})
+    except ValidationError as exc:
+        path, message = problem(exc)
+        raise PackageError(f"{where}{'.' if path else ''}{path}: {message}") from None
 
 
 def verify_draft(package_dir: Path, strategy: DraftStrategy) -> Path:
@@ -101,13 +178,13 @@ def verify_draft(package_dir: Path, strategy: DraftStrategy) -> Path:
     return path
 
 
-def bundle_draft(gguf: Path, package_dir: Path, name: str, window: dict[str, Any]) -> DraftStrategy:
+def bundle_draft(gguf: Path, package_dir: Path, name: str, window: WindowPolicy) -> DraftStrategy:
     """Copy a local draft GGUF into `draft/` and describe it as a strategy."""
     rel = f"draft/{gguf.name}"
     with atomic_file(package_dir / rel) as tmp:
         shutil.copyfile(gguf, tmp)
-    return DraftStrategy(name=name, draft_model=rel, draft_sha256=sha256_file(package_dir / rel),
-                         draft_bytes=(package_dir / rel).stat().st_size, **window)
+    return DraftStrategy(name=name, type="draft-model", draft_model=rel, window=window,
+                         draft_sha256=sha256_file(package_dir / rel), draft_bytes=(package_dir / rel).stat().st_size)
 
 
 def block_for(strategy: DraftStrategy) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from packages.gguf_files import (
 )
 from packages.integrity import atomic_dir, sha256_file
 from packages.manifest import MANIFEST_NAME, Artifact, LayerArtifact, Manifest, SourceModel
-from packages.speculative import DraftStrategy, block_for, bundle_draft, declared
+from packages.speculative import DraftStrategy, WindowPolicy, block_for, bundle_draft, declared, ref_in_package
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 Progress = Callable[[str], None]
@@ -42,16 +42,15 @@ def layer_path(index: int) -> str:
 
 def write_package(
     src: Path, out_dir: Path, model_id: str | None = None, progress: Progress | None = None,
-    draft: str | None = None, window: dict[str, Any] | None = None,
+    draft: str | None = None, window: WindowPolicy | None = None,
 ) -> Manifest:
     """Split `src` into `out_dir`; on any failure `out_dir` is left as it was.
 
     `draft` declares a draft-model strategy: a local GGUF is copied into the package,
-    an `hf://` or `org/repo:QUANT` ref is recorded as given. `window` holds the
-    DraftStrategy window fields (window_policy, initial_window, min_window, max_window).
+    an `hf://` or `org/repo:QUANT` ref is recorded as given, with `window` (default: adaptive).
     """
     say = progress or _stderr_progress
-    if draft and DraftStrategy("draft", draft).in_package and not Path(draft).expanduser().is_file():
+    if draft and ref_in_package(draft) and not Path(draft).expanduser().is_file():
         raise PackageError(f"draft model not found: {draft}")  # before minutes of splitting
     reader = open_gguf(src)
     arch = architecture_of(reader)
@@ -79,7 +78,7 @@ def write_package(
             allowed_cuts=cuts,
             shared=shared,
             layers=layers,
-            generation=_generation(draft, window or {}, tmp, model_id or src.stem),
+            generation=_generation(draft, window or WindowPolicy(), tmp, model_id or src.stem),
             created_at_unix_secs=int(time.time()),
         )
         (tmp / MANIFEST_NAME).write_bytes(manifest.to_json())
@@ -87,16 +86,17 @@ def write_package(
     return manifest
 
 
-def _generation(draft: str | None, window: dict[str, Any], package_dir: Path, name: str) -> dict[str, Any]:
+def _generation(draft: str | None, window: WindowPolicy, package_dir: Path, name: str) -> dict[str, Any]:
     if draft is None:
         return {}
-    strategy = DraftStrategy(f"{name}-draft", draft, **window)
-    if strategy.in_package:
+    if ref_in_package(draft):
         local = Path(draft).expanduser()
         if not local.is_file():
             raise PackageError(f"draft model not found: {draft}")
         strategy = bundle_draft(local, package_dir, f"{name}-draft", window)
-    declared(block_for(strategy))  # the same checks `validate` runs
+    else:
+        strategy = DraftStrategy(name=f"{name}-draft", type="draft-model", draft_model=draft, window=window)
+    declared(block_for(strategy))  # the same checks `validate` runs, on the JSON as written
     return block_for(strategy)
 
 

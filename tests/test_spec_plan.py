@@ -9,13 +9,14 @@ import pytest
 from config.settings import Config, ConfigError, ModelEntry, Speculative, parse_config
 from mesh.speculative.plan import resolve_plan
 from packages.manifest import load_manifest
-from packages.speculative import DraftStrategy, block_for
+from packages.speculative import DraftStrategy, WindowPolicy, block_for
 
 
 @pytest.fixture(scope="module")
 def manifest(tiny_package):
     m, _ = load_manifest(tiny_package)
-    strategy = DraftStrategy("pkg-draft", "org/draft:Q4_0", "adaptive", 4, 1, 16)
+    strategy = DraftStrategy(name="pkg-draft", type="draft-model", draft_model="org/draft:Q4_0",
+                             window=WindowPolicy(policy="adaptive", initial=4, min=1, max=16))
     return dataclasses.replace(m, generation=block_for(strategy))
 
 

@@ -20,10 +20,11 @@ from mesh.backend import GenerationRequest, GenerationStats
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.loop import generate
-from mesh.speculative.window import Adaptive, CostAware, WindowPolicy, controller_for
+from mesh.speculative.window import Adaptive, CostAware, controller_for
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
 from packages.requantize import requantize
+from packages.speculative import WindowPolicy
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
@@ -86,7 +87,8 @@ def test_speculative_greedy_equals_plain_and_every_stage_rolls_back(smollm2_pack
         async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
             plain, _ = await _run(pipeline, None, prompt, 64)
             await pipeline.end(1)
-            spec, stats = await _run(pipeline, draft, prompt, 64, window=controller_for(WindowPolicy("fixed", 6, 1, 6)))
+            fixed = WindowPolicy(policy="fixed", initial=6, min=1, max=6)
+            spec, stats = await _run(pipeline, draft, prompt, 64, window=controller_for(fixed))
             assert spec == plain
             s = stats.speculative
             assert s["proposed"] > s["accepted"] > 0, "the Q4_0 draft must be both right and wrong sometimes"
@@ -110,7 +112,8 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
             try:
                 stats = GenerationStats()
                 req = GenerationRequest(prompt, 40, SamplingParams(), ignore_eos=True)
-                tokens = generate(pipeline, 1, req, stats, 512, draft, controller_for(WindowPolicy("fixed", 4, 1, 4)))
+                fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
+                tokens = generate(pipeline, 1, req, stats, 512, draft, controller_for(fixed))
                 out = [(await anext(tokens)).token for _ in range(6)]  # 1 from prefill, then 5 windows
                 assert stats.speculative["accepted"] == 0 and stats.speculative["windows"] == 5
                 lane = pipeline.lanes.lane_for(1)
@@ -135,7 +138,7 @@ def test_draft_equal_to_target_accepts_everything_and_window_reaches_max(smollm2
 
     async def scenario():
         async with two_stages(smollm2_package, stage_cache, smollm2_gguf) as (pipeline, draft, _):
-            window = Adaptive(WindowPolicy("adaptive", 2, 1, 8))
+            window = Adaptive(WindowPolicy(policy="adaptive", initial=2, min=1, max=8))
             _, stats = await _run(pipeline, draft, prompt, 96, window=window)
             assert stats.speculative["accept_rate"] == 1.0
             assert window.window == 8
@@ -176,7 +179,7 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
             windows = 0
             for seed in range(20):
                 sp = SamplingParams(temperature=1.0, seed=seed)
-                policy = controller_for(WindowPolicy("fixed", 3, 1, 3))
+                policy = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
                 spec, stats = await _run(pipeline, draft, context, 24, sp, policy, session=100 + seed)
                 plain, _ = await _run(pipeline, None, context, 24, sp, session=200 + seed)
                 await pipeline.end(100 + seed)
@@ -206,7 +209,7 @@ def test_speculative_equals_plain_in_tokens_and_logprobs_with_penalties_and_bias
             accepted = 0
             for seed in range(6):
                 sp = replace(PENALISED, seed=seed)
-                policy = controller_for(WindowPolicy("fixed", 3, 1, 3))
+                policy = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
                 spec, stats = await _sampled(pipeline, draft, [1, 5, 9, 17], 24, sp, policy, session=10 + seed)
                 plain, _ = await _sampled(pipeline, None, [1, 5, 9, 17], 24, sp, session=20 + seed)
                 unpenalised, _ = await _sampled(pipeline, None, [1, 5, 9, 17], 24,
@@ -234,7 +237,7 @@ def test_smollm2_speculative_equals_plain_when_sampling_with_penalties(smollm2_p
         async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
             plain, _ = await _sampled(pipeline, None, prompt, 40, sp)
             await pipeline.end(1)
-            window = controller_for(WindowPolicy("fixed", 4, 1, 4))
+            window = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
             spec, stats = await _sampled(pipeline, draft, prompt, 40, sp, window, session=2)
             assert spec == plain
             assert stats.speculative["accepted"] > 0
@@ -299,14 +302,14 @@ def test_accepted_prefix():
 
 
 def test_adaptive_window_moves_within_bounds():
-    w = Adaptive(WindowPolicy("adaptive", 2, 1, 3))
+    w = Adaptive(WindowPolicy(policy="adaptive", initial=2, min=1, max=3))
     for accepted, expect in [(2, 3), (3, 3), (0, 2), (0, 1), (0, 1)]:
         w.record(w.next_window(), accepted, 0.0, 0.0)
         assert w.window == expect
 
 
 def test_cost_aware_turns_off_when_the_draft_costs_as_much_as_the_target():
-    w = CostAware(WindowPolicy("cost-aware", 4, 1, 8), probe_every=5)
+    w = CostAware(WindowPolicy(policy="cost-aware", initial=4, min=1, max=8), probe_every=5)
     windows = []
     for _ in range(200):
         k = w.next_window()
@@ -319,7 +322,7 @@ def test_cost_aware_turns_off_when_the_draft_costs_as_much_as_the_target():
 
 
 def test_cost_aware_speculates_when_verify_is_slow():
-    w = CostAware(WindowPolicy("cost-aware", 4, 1, 8))
+    w = CostAware(WindowPolicy(policy="cost-aware", initial=4, min=1, max=8))
     for _ in range(20):
         k = w.next_window()
         w.record(k, int(k * 0.8), draft_s=0.001 * k, verify_s=0.05 + 0.001 * k)  # a 20 ms-each-way hop
@@ -351,7 +354,7 @@ def test_gemma_speculative_output_is_the_targets_up_to_near_ties(gemma3_gguf):
             for i, prompt in enumerate(prompts):
                 plain, _ = await _run(pipeline, None, prompt, 64, session=2 * i)
                 await pipeline.end(2 * i)
-                window = controller_for(WindowPolicy("fixed", 4, 1, 4))
+                window = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
                 spec, stats = await _run(pipeline, draft, prompt, 64, window=window, session=2 * i + 1)
                 await pipeline.end(2 * i + 1)
                 runs.append((prompt, plain, spec))

@@ -6,13 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from config.paths import cache_dir
+from config.settings import UsageError
 from packages import hub
 from packages.describe import describe, format_table, human_bytes
 from packages.materialize import materialize_stage
 from packages.publish import format_plan, plan_publish, publish
 from packages.refs import HubRef, parse_hub_ref, parse_package_ref
-from packages.speculative import WINDOW_POLICIES
+from packages.speculative import WINDOW_POLICIES, WindowPolicy, problem
 from packages.validate import validate_package
 from packages.writer import write_package
 
@@ -62,12 +65,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _write(args: argparse.Namespace) -> int:
-    window = {"window_policy": args.window_policy, "initial_window": args.initial_window,
-              "min_window": args.min_window, "max_window": args.max_window}
+    window = _window(args) if args.draft else None  # without --draft the window flags say nothing
     m = write_package(args.src, args.out_dir, model_id=args.model_id, draft=args.draft, window=window)
     total = sum(a.artifact_bytes for a in m.artifacts())
     print(f"{args.out_dir}: {m.architecture}, {m.layer_count} layers, {human_bytes(total)}")
     return 0
+
+
+def _window(args: argparse.Namespace) -> WindowPolicy:
+    """The draft's window from the flags, checked before minutes of splitting."""
+    try:
+        return WindowPolicy(policy=args.window_policy, initial=args.initial_window, min=args.min_window,
+                            max=args.max_window)
+    except ValidationError as exc:
+        raise UsageError(f"--min-window/--initial-window/--max-window: {problem(exc)[1]}") from None
 
 
 def _validate(args: argparse.Namespace) -> int:

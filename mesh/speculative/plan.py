@@ -7,15 +7,13 @@ draft is never loaded or downloaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from pydantic import ValidationError
 
 from config.settings import Config, ConfigError, Speculative
-from mesh.speculative.window import WindowPolicy
 from packages.manifest import Manifest
-from packages.speculative import DraftStrategy, declared
-
-_WINDOW_FIELDS = {"window_policy": "policy", "initial_window": "initial", "min_window": "min",
-                  "max_window": "max"}
+from packages.speculative import DraftStrategy, WindowPolicy, declared, problem
 
 
 @dataclass(frozen=True)
@@ -66,14 +64,10 @@ def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[str, str] 
 
 
 def _window(levels: list[tuple[str, Speculative]], package: DraftStrategy | None) -> WindowPolicy:
-    values = {f.name: getattr(WindowPolicy(), f.name) for f in fields(WindowPolicy)}
-    for key, attr in _WINDOW_FIELDS.items():
-        found = _first(levels, key)
-        if found is not None:
-            values[attr] = found[0]
-        elif package is not None:
-            values[attr] = getattr(package, key)
+    changes: dict[str, object] = {}
+    for _, level in reversed(levels):  # lowest first, so each level overwrites the ones below
+        changes |= level.window_changes()
     try:
-        return WindowPolicy(**values)
-    except ValueError as exc:
-        raise ConfigError(f"speculative window: {exc}") from None
+        return (package.window if package else WindowPolicy()).overridden(changes)
+    except ValidationError as exc:
+        raise ConfigError(f"speculative window: {problem(exc)[1]}") from None

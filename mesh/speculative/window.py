@@ -4,6 +4,7 @@
 shrinks by one after an early reject, within [min, max]. `cost-aware` measures draft step
 time, verify time and acceptance, and picks the window (0 = off) that maximizes expected
 tokens per second; when it has turned speculation off it probes again every so often.
+Each reads its bounds from the one `WindowPolicy` (packages/speculative.py).
 """
 
 from __future__ import annotations
@@ -11,27 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-POLICIES = ("fixed", "adaptive", "cost-aware")
-
-
-@dataclass(frozen=True)
-class WindowPolicy:
-    policy: str = "adaptive"
-    initial: int = 4
-    min: int = 1
-    max: int = 16
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"window policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
-        if not 1 <= self.min <= self.initial <= self.max <= 64:
-            raise ValueError(f"windows need 1 <= min ({self.min}) <= initial ({self.initial}) "
-                             f"<= max ({self.max}) <= 64")
-
-    def describe(self) -> str:
-        if self.policy == "fixed":
-            return f"fixed {self.initial}"
-        return f"{self.policy} {self.initial} [{self.min},{self.max}]"
+from packages.speculative import WindowPolicy
 
 
 class Controller(Protocol):
