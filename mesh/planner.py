@@ -7,6 +7,7 @@ cuts. A plan is computed once and frozen for the topology's lifetime.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from config.errors import MeshpipeError
@@ -26,7 +27,7 @@ class StageRange:
         return self.end - self.start
 
 
-def plan_ranges(layer_count: int, allowed_cuts: list[int], weights: list[float]) -> list[StageRange]:
+def plan_ranges(layer_count: int, allowed_cuts: Sequence[int], weights: list[float]) -> list[StageRange]:
     """One range per weight; every layer lands in exactly one range, in order."""
     n = len(weights)
     if n == 0:

@@ -7,6 +7,8 @@ must repeat with the cut's period, or the split model computes something else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from packages.errors import PackageError
 
 # Llama-family graphs do not depend on the layer index: every cut is safe.
@@ -36,7 +38,7 @@ def allowed_cuts(architecture: str, layer_count: int) -> list[int]:
     raise AssertionError(architecture)
 
 
-def check_range(start: int, end: int, layer_count: int, cuts: list[int]) -> None:
+def check_range(start: int, end: int, layer_count: int, cuts: Sequence[int]) -> None:
     """Refuse empty, out-of-bounds, or disallowed-boundary layer ranges."""
     if end <= start:
         raise PackageError(f"layer range [{start},{end}) is empty")

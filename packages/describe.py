@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from packages.architectures import allowed_cuts
@@ -57,8 +58,8 @@ def _describe_gguf(path: Path) -> list[tuple[str, str]]:
     ]
 
 
-def _cuts_text(cuts: list[int], layers: int) -> str:
-    if cuts == list(range(1, layers)):
+def _cuts_text(cuts: Sequence[int], layers: int) -> str:
+    if list(cuts) == list(range(1, layers)):
         return f"any (1..{layers - 1})"
     return ", ".join(map(str, cuts)) or "none"
 

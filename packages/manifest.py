@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, is_dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from packages.errors import PackageError
@@ -35,7 +38,7 @@ class SourceModel:
     repo: str | None
     revision: str | None
     sha256: str
-    files: list[str]
+    files: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,11 @@ class Manifest:
     layer_count: int
     activation_width: int
     quantization: str
-    allowed_cuts: list[int]
-    shared: dict[str, Artifact]
-    layers: list[LayerArtifact]
-    generation: dict[str, Any] = field(default_factory=dict)
+    allowed_cuts: tuple[int, ...]
+    shared: Mapping[str, Artifact]
+    layers: tuple[LayerArtifact, ...]
+    # raw JSON, read by packages/speculative.py `declared`; read-only at the top level
+    generation: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     created_at_unix_secs: int = 0
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -58,7 +62,18 @@ class Manifest:
         return [*self.shared.values(), *self.layers]
 
     def to_json(self) -> bytes:
-        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+        return (json.dumps(_plain(self), indent=2, sort_keys=True) + "\n").encode()
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy: dataclasses and read-only mappings become dicts, tuples lists."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclass_fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 SHARED_KEYS = ("metadata", "embeddings", "output")
@@ -95,7 +110,7 @@ def parse_manifest(doc: Any) -> Manifest:
         allowed_cuts=_cuts(fields.get("allowed_cuts", list), layer_count),
         shared=_shared(fields.sub("shared")),
         layers=_layers(fields.get("layers", list), layer_count),
-        generation=fields.get("generation", dict),
+        generation=MappingProxyType(fields.get("generation", dict)),
         created_at_unix_secs=fields.get("created_at_unix_secs", int),
     )
     fields.reject_unknown()
@@ -142,7 +157,7 @@ def _source(f: _Fields) -> SourceModel:
         repo=f.get("repo", str, optional=True),
         revision=f.get("revision", str, optional=True),
         sha256=f.get("sha256", str),
-        files=f.get("files", list),
+        files=tuple(f.get("files", list)),
     )
     f.reject_unknown()
     return src
@@ -163,17 +178,17 @@ def _check_relpath(path: str, where: str) -> None:
         raise PackageError(f"{MANIFEST_NAME}: field '{where}path' escapes the package: {path!r}")
 
 
-def _shared(f: _Fields) -> dict[str, Artifact]:
+def _shared(f: _Fields) -> Mapping[str, Artifact]:
     shared = {}
     for key in SHARED_KEYS:
         sub = f.sub(key)
         shared[key] = Artifact(**_artifact(sub))
         sub.reject_unknown()
     f.reject_unknown()
-    return shared
+    return MappingProxyType(shared)
 
 
-def _layers(items: list[Any], layer_count: int) -> list[LayerArtifact]:
+def _layers(items: list[Any], layer_count: int) -> tuple[LayerArtifact, ...]:
     layers = []
     for i, item in enumerate(items):
         f = _Fields(item, f"layers[{i}].")
@@ -186,10 +201,10 @@ def _layers(items: list[Any], layer_count: int) -> list[LayerArtifact]:
         raise PackageError(
             f"{MANIFEST_NAME}: lists {len(layers)} layers but layer_count is {layer_count}"
         )
-    return layers
+    return tuple(layers)
 
 
-def _cuts(cuts: list[Any], layer_count: int) -> list[int]:
+def _cuts(cuts: list[Any], layer_count: int) -> tuple[int, ...]:
     if any(not isinstance(c, int) or isinstance(c, bool) or not 0 < c < layer_count for c in cuts):
         raise PackageError(f"{MANIFEST_NAME}: 'allowed_cuts' must hold layers in (0,{layer_count})")
-    return sorted(cuts)
+    return tuple(sorted(cuts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from packages.describe import human_bytes
@@ -68,13 +69,13 @@ token; they fall back to the Hub only when the coordinator cannot supply the fil
 """
 
 
-def _cuts(cuts: list[int], layers: int) -> str:
-    if cuts == list(range(1, layers)):
+def _cuts(cuts: Sequence[int], layers: int) -> str:
+    if list(cuts) == list(range(1, layers)):
         return f"any layer (1..{layers - 1})"
     return ", ".join(map(str, cuts)) or "none (one stage only)"
 
 
-def _speculative(generation: dict[str, Any]) -> str:
+def _speculative(generation: Mapping[str, Any]) -> str:
     default, strategies = declared(generation)
     if not strategies:
         return "None declared: the package serves without a draft model."

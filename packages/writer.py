@@ -69,15 +69,15 @@ def write_package(
         manifest = Manifest(
             model_id=model_id or src.stem,
             source_model=SourceModel(
-                path=src.name, repo=None, revision=None, sha256=source_sha, files=[src.name]
+                path=src.name, repo=None, revision=None, sha256=source_sha, files=(src.name,)
             ),
             architecture=arch,
             layer_count=layer_count,
             activation_width=int(field_value(reader, f"{arch}.embedding_length")),
             quantization=quantization_of(reader),
-            allowed_cuts=cuts,
+            allowed_cuts=tuple(cuts),
             shared=shared,
-            layers=layers,
+            layers=tuple(layers),
             generation=_generation(draft, window or WindowPolicy(), tmp, model_id or src.stem),
             created_at_unix_secs=int(time.time()),
         )

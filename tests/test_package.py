@@ -42,7 +42,7 @@ def mesh(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_round_trip_write_validate_materialize_load(tiny_package, tmp_path):
     manifest, sha = validate_package(tiny_package)
-    assert manifest.layer_count == 4 and manifest.allowed_cuts == [1, 2, 3]
+    assert manifest.layer_count == 4 and manifest.allowed_cuts == (1, 2, 3)
     assert len(manifest.layers) == 4 and all(a.sha256 for a in manifest.artifacts())
     stage = materialize_stage(tiny_package, manifest, sha, 1, 3, tmp_path)
     reader = open_gguf(stage)
