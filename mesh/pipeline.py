@@ -21,9 +21,10 @@ from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.hop_timing import HopTotals
 from proto import meshpipe_pb2 as pb
-from stage.activations import FrameSampling, hop, sampled_of
+from stage.activations import hop
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
+from stage.frames import FrameSampling, sampled_of
 from stage.lanes import LanePool
 from stage.sampling import Sampled, SamplingParams, sample_rows
 from stage.transport import Link, LinkClosedError, encode_tensor
@@ -41,14 +42,6 @@ class _Waiter:
     own: pb.Hop  # stage 0's part of the frame
     sent_at: float
     kind: int
-
-
-def _frame_sampling(params: SamplingParams, history: Sequence[int], tokens: list[int], rows: int) -> FrameSampling:
-    """Split the penalty history at the frame's first logits row (fed tokens[-rows])."""
-    if not params.penalised or not history:
-        return FrameSampling(params)
-    cut = len(tokens) - rows + 1
-    return FrameSampling(params, (*history, *tokens[1:cut]), tuple(tokens[cut:]))
 
 
 class Pipeline:
@@ -92,7 +85,7 @@ class Pipeline:
             raise MeshUnavailableError(self.broken)
         lane = self.lanes.lane_for(session)
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
-        frame = _frame_sampling(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
+        frame = FrameSampling.for_rows(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
         reply: asyncio.Future[pb.FrameHeader] | None = None
         pos = start
         for i, piece in enumerate(pieces):

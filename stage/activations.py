@@ -19,8 +19,9 @@ import numpy as np
 from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
+from stage.frames import add_sampled, input_rows, sampling_of
 from stage.lanes import LanePool, LanesExhaustedError
-from stage.sampling import Sampled, SamplingParams, sample_rows
+from stage.sampling import sample_rows
 from stage.transport import Link, LinkClosedError, decode_tensor, encode_tensor
 
 log = logging.getLogger("meshpipe.stage")
@@ -41,69 +42,6 @@ def hop(stage_index: int, clock: StepClock, codec_s: float = 0.0, sample_s: floa
     return pb.Hop(stage_index=stage_index, queue_us=int(clock.queue_s * 1e6),
                   compute_us=int(clock.compute_s * 1e6), codec_us=int(codec_s * 1e6),
                   sample_us=int(sample_s * 1e6), batch_rows=clock.rows)
-
-
-@dataclass(frozen=True)
-class FrameSampling:
-    """What the final stage needs to sample a frame: the parameters and the penalty history."""
-
-    params: SamplingParams
-    history: tuple[int, ...] = ()  # row i of the logits counts history + drafts[:i]
-    drafts: tuple[int, ...] = ()
-
-    def to_wire(self) -> pb.Sampling:
-        p = self.params
-        wire = pb.Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
-                           presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                           logit_bias=[pb.LogitBias(token=t, bias=b) for t, b in p.logit_bias])
-        if p.logprobs >= 0:
-            wire.logprobs = p.logprobs
-        if p.penalised:  # the history costs bytes on every frame: only when it counts
-            wire.history.extend(self.history)
-            wire.drafts.extend(self.drafts)
-        return wire
-
-    def problem(self, vocab: int, ctx: int, rows: int) -> str | None:
-        """None when a frame with `rows` logits rows can be sampled like this, else why not."""
-        if (problem := self.params.problem(vocab)) is not None:
-            return problem
-        if len(self.history) + len(self.drafts) > ctx or len(self.drafts) >= max(rows, 1):
-            return (f"penalty history of {len(self.history)} + {len(self.drafts)} drafts does not fit "
-                    f"{rows} logits rows in a context of {ctx}")
-        if any(not 0 <= t < vocab for t in (*self.history, *self.drafts)):
-            return f"penalty history holds a token outside the vocabulary of {vocab}"
-        return None
-
-
-def sampling_of(header: pb.FrameHeader) -> FrameSampling:
-    s = header.sampling
-    params = SamplingParams(s.temperature, s.top_p or 1.0, s.top_k, s.seed, s.presence_penalty, s.frequency_penalty,
-                            tuple((b.token, b.bias) for b in s.logit_bias),
-                            s.logprobs if s.HasField("logprobs") else -1)
-    return FrameSampling(params, tuple(s.history), tuple(s.drafts))
-
-
-def add_sampled(reply: pb.FrameHeader, picks: list[Sampled]) -> None:
-    reply.tokens.extend(p.token for p in picks)
-    if picks and picks[0].logprob is not None:
-        reply.logprobs.extend(p.logprob or 0.0 for p in picks)
-        reply.top.extend(pb.TopLogprobs(tokens=[t for t, _ in p.top], logprobs=[lp for _, lp in p.top])
-                         for p in picks)
-
-
-def sampled_of(reply: pb.FrameHeader) -> list[Sampled]:
-    """The reply's tokens with their logprobs, when the frame asked for them."""
-    if not reply.logprobs:
-        return [Sampled(t) for t in reply.tokens]
-    if not len(reply.logprobs) == len(reply.top) == len(reply.tokens):
-        raise ValueError("a reply's logprobs do not match its tokens")
-    return [Sampled(t, lp, tuple(zip(top.tokens, top.logprobs, strict=True)))
-            for t, lp, top in zip(reply.tokens, reply.logprobs, reply.top, strict=True)]
-
-
-def _input_rows(h: pb.FrameHeader) -> int:
-    """Rows the frame feeds: hidden-state rows, or token ids at a first stage."""
-    return int(h.shape[0]) if len(h.shape) else len(h.tokens)
 
 
 class ActivationStage:
@@ -180,7 +118,7 @@ class ActivationStage:
 
     def _sampling_problem(self, header: pb.FrameHeader) -> str | None:
         """Sampling arrives from the network: check it before it reaches the sampler."""
-        rows = _input_rows(header) if header.all_logits else 1
+        rows = input_rows(header) if header.all_logits else 1
         return sampling_of(header).problem(self.engine.n_vocab, self.engine.ctx_per_lane, rows)
 
     async def _send_results(self, link: Link, outbox: asyncio.Queue[_Admitted | None]) -> None:
@@ -223,7 +161,7 @@ class ActivationStage:
 
     def _reply(self, item: _Admitted, logits: np.ndarray) -> pb.FrameHeader:
         h = item.header
-        rows = _input_rows(h)
+        rows = input_rows(h)
         reply = pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.REPLY,
                                start_pos=h.start_pos)
         sampling = time.perf_counter()
