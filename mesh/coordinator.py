@@ -276,7 +276,7 @@ class Coordinator:
         async with self.admission:
             pipeline = self._live_pipeline()
             session = next(self.sessions)
-            lane = pipeline.lanes.lane_for(session)
+            lane = pipeline.core.lane_for(session)
             draft = self.draft if self.spec is not None else None
             window = self._window()
             try:

@@ -113,14 +113,14 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 tokens = generate(pipeline, 1, req, stats, 512, draft, controller_for(WindowPolicy("fixed", 4, 1, 4)))
                 out = [(await anext(tokens)).token for _ in range(6)]  # 1 from prefill, then 5 windows
                 assert stats.speculative["accepted"] == 0 and stats.speculative["windows"] == 5
-                lane = pipeline.lanes.lane_for(1)
+                lane = pipeline.core.lane_for(1)
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
                 # the fifth window fed 1 + 4 rows through both stages, and none was accepted
-                assert pipeline.engine.position(lane) == final.position(lane) == accepted + 4
+                assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 4
                 assert draft.held[lane][:accepted] == (prompt + out)[:accepted]
                 # the next frame starts at the accepted position: every stage drops the rest
                 await anext(tokens)
-                assert pipeline.engine.position(lane) == final.position(lane) == accepted + 5
+                assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 5
                 assert draft.held[lane][: accepted + 1] == (prompt + out)[: accepted + 1]
                 await tokens.aclose()
             finally:

@@ -45,7 +45,7 @@ async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, sta
     tokens = list(req.prompt)
     pending = await pipeline.run(session, 0, tokens, req.sampling, kind=pb.PREFILL)
     acceptance = Acceptance() if draft is not None else None
-    lane = pipeline.lanes.lane_for(session)
+    lane = pipeline.core.lane_for(session)
     while True:
         for sampled in pending:
             if sampled.token in stops:
