@@ -2,8 +2,11 @@
 
 Stage 0 computes its layers in-process on a stage core (`stage/core.py`, as every stage
 does), sends the hidden states down the activation link, and waits for the final stage's
-sampled tokens to come back. Long inputs go in chunks: the
-next chunk is computed here while later stages work on the previous one (pipelined prefill).
+sampled tokens to come back. Long inputs go in chunks: the next chunk is computed here
+while later stages work on the previous one (pipelined prefill).
+
+A request holds one lane for its whole life: `open` takes it, every `run` is given it, and
+`end` frees it here and the session's KV on every stage.
 """
 
 from __future__ import annotations
@@ -70,16 +73,20 @@ class Pipeline:
             self.link.close()
         await self.core.stop()
 
-    async def run(self, session: int, start: int, tokens: list[int], sampling: SamplingParams,
+    def open(self, session: int) -> int:
+        """The session's lane at stage 0, taken once per request and freed by `end`."""
+        return self.core.lane_for(session)
+
+    async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
         """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits.
 
-        `history` is the completion the penalties count, up to and including tokens[0]; the
-        later tokens extend it row by row. A prompt has none: only the completion is penalised.
+        `lane` is the one `open(session)` gave. `history` is the completion the penalties
+        count, up to and including tokens[0]; the later tokens extend it row by row. A prompt
+        has none: only the completion is penalised.
         """
         if self.broken:
             raise MeshUnavailableError(self.broken)
-        lane = self.core.lane_for(session)
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
         frame = FrameSampling.for_rows(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
         reply: asyncio.Future[pb.FrameHeader] | None = None
@@ -145,7 +152,7 @@ class Pipeline:
             raise StageFailedError(str(exc)) from None
 
     async def end(self, session: int) -> None:
-        """Free the session's KV on every stage."""
+        """Free the session's lane here and its KV on every stage."""
         trim = self.core.release(session)
         if trim is not None:
             with contextlib.suppress(Exception):
