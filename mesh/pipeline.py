@@ -133,7 +133,7 @@ class Pipeline:
             self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind)
         try:
             await self.link.send(header, encoded.data)
-        except (LinkClosedError, ConnectionError) as exc:
+        except ConnectionError as exc:
             self._break(f"activation link to stage 1 lost: {exc}")
             raise MeshUnavailableError(self.broken) from None
         return future
@@ -158,7 +158,7 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 await trim
         if self.link is not None and not self.broken:
-            with contextlib.suppress(LinkClosedError, ConnectionError):
+            with contextlib.suppress(ConnectionError):
                 await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END))
 
     async def _read_replies(self) -> None:
@@ -171,7 +171,7 @@ class Pipeline:
                     asyncio.get_running_loop().call_later(self.reply_delay, self._deliver, waiter, header)
                 elif waiter is not None:
                     self._deliver(waiter, header)
-        except (LinkClosedError, ConnectionError) as exc:
+        except LinkClosedError as exc:
             self._break(f"activation link to stage 1 lost: {exc or 'closed'}")
 
     def _break(self, reason: str) -> None:

@@ -69,7 +69,7 @@ class ActivationStage:
             while True:
                 header, payload = await link.recv()
                 outbox.put_nowait(self._admit(header, payload))
-        except (LinkClosedError, ConnectionError):
+        except LinkClosedError:
             pass
         finally:
             outbox.put_nowait(None)
@@ -103,7 +103,7 @@ class ActivationStage:
                 result = None
             try:
                 await self._emit(link, item, result)
-            except (LinkClosedError, ConnectionError) as exc:
+            except ConnectionError as exc:
                 log.warning("stage %d: cannot send: %s", self.core.index, exc)
 
     async def _emit(self, link: Link, item: _Admitted, result: np.ndarray | None) -> None:
@@ -146,7 +146,7 @@ class ActivationStage:
                 header, payload = await self.downstream.recv()
                 if self.upstream is not None:
                     await self.upstream.send(header, payload or None)
-        except (LinkClosedError, ConnectionError) as exc:
+        except ConnectionError as exc:
             self.failed = f"stage {self.core.index}: downstream link lost ({exc})"
             log.error(self.failed)
             if self.upstream is not None:
