@@ -100,8 +100,7 @@ class StageCore:
         clock = StepClock()  # from arrival: decoding the payload counts as queueing too
         lane = self.lanes.lane_for(header.session_id)  # the wire names sessions; lanes are ours
         if self.engine.first:
-            # a stage loaded from layer 0 (a Load with layer_start 0; the coordinator's own
-            # routes never ask it) takes token ids
+            # layer 0 is remote only when a Load asks for layer_start 0 (the coordinator's routes never do)
             tokens = np.asarray(header.tokens, dtype=np.int32)
             step = Step(lane, header.start_pos, tokens=tokens, all_logits=header.all_logits)
         else:
