@@ -268,11 +268,11 @@ class Coordinator:
         async with self.admission:
             pipeline = self._live_pipeline()
             session = next(self.sessions)
-            lane = pipeline.lanes.lane_for(session)
+            lane = pipeline.open(session)  # the request's lane until pipeline.end
             draft = self.draft if self.spec is not None else None
             window = self._window()
             try:
-                async for sampled in generate(pipeline, session, req, stats, self.ctx_per_session,
+                async for sampled in generate(pipeline, session, lane, req, stats, self.ctx_per_session,
                                               draft, window):
                     yield sampled
             except MeshUnavailableError as exc:

@@ -1,8 +1,12 @@
 """Stage 0 and the way through the mesh: one `run` is one pass through every stage.
 
-Stage 0 computes its layers in-process, sends the hidden states down the activation link,
-and waits for the final stage's sampled tokens to come back. Long inputs go in chunks: the
-next chunk is computed here while later stages work on the previous one (pipelined prefill).
+Stage 0 computes its layers in-process on a stage core (`stage/core.py`, as every stage
+does), sends the hidden states down the activation link, and waits for the final stage's
+sampled tokens to come back. Long inputs go in chunks: the next chunk is computed here
+while later stages work on the previous one (pipelined prefill).
+
+A request holds one lane for its whole life: `open` takes it, every `run` is given it, and
+`end` frees it here and the session's KV on every stage.
 """
 
 from __future__ import annotations
@@ -21,12 +25,11 @@ from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.hop_timing import HopTotals
 from proto import meshpipe_pb2 as pb
-from stage.activations import FrameSampling, hop, sampled_of
-from stage.batcher import Batcher, StepClock
+from stage.core import CannotSampleError, StageCore, Work
 from stage.engine import RangeEngine, Step
-from stage.lanes import LanePool
-from stage.sampling import Sampled, SamplingParams, sample_rows
-from stage.transport import Link, LinkClosedError, encode_tensor
+from stage.frames import FrameSampling, sampled_of
+from stage.sampling import Sampled, SamplingParams
+from stage.transport import Link, LinkClosedError
 
 log = logging.getLogger("meshpipe.pipeline")
 
@@ -43,26 +46,15 @@ class _Waiter:
     kind: int
 
 
-def _frame_sampling(params: SamplingParams, history: Sequence[int], tokens: list[int], rows: int) -> FrameSampling:
-    """Split the penalty history at the frame's first logits row (fed tokens[-rows])."""
-    if not params.penalised or not history:
-        return FrameSampling(params)
-    cut = len(tokens) - rows + 1
-    return FrameSampling(params, (*history, *tokens[1:cut]), tuple(tokens[cut:]))
-
-
 class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
                  chunk: int = 128, reply_timeout: float = 60.0, reply_delay_ms: float = 0.0,
                  hops: HopTotals | None = None) -> None:
-        self.engine = engine
+        self.core = StageCore(engine, 0, wire_dtype)
         self.link = link
-        self.wire_dtype = wire_dtype
         self.chunk = chunk
         self.reply_timeout = reply_timeout
         self.reply_delay = reply_delay_ms / 1000  # emulated wire latency, for benchmarks
-        self.batcher = Batcher(engine)
-        self.lanes = LanePool(engine.lanes)
         self.windows = itertools.count(1)
         self.waiters: dict[tuple[int, int], _Waiter] = {}
         self.hops = hops or HopTotals()
@@ -70,7 +62,7 @@ class Pipeline:
         self.replies: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.batcher.start()
+        self.core.start()
         if self.link is not None:
             self.replies = asyncio.get_running_loop().create_task(self._read_replies())
 
@@ -79,69 +71,69 @@ class Pipeline:
             self.replies.cancel()
         if self.link:
             self.link.close()
-        await self.batcher.stop()
+        await self.core.stop()
 
-    async def run(self, session: int, start: int, tokens: list[int], sampling: SamplingParams,
+    def open(self, session: int) -> int:
+        """The session's lane at stage 0, taken once per request and freed by `end`."""
+        return self.core.lane_for(session)
+
+    async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
         """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits.
 
-        `history` is the completion the penalties count, up to and including tokens[0]; the
-        later tokens extend it row by row. A prompt has none: only the completion is penalised.
+        `lane` is the one `open(session)` gave. `history` is the completion the penalties
+        count, up to and including tokens[0]; the later tokens extend it row by row. A prompt
+        has none: only the completion is penalised.
         """
         if self.broken:
             raise MeshUnavailableError(self.broken)
-        lane = self.lanes.lane_for(session)
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
-        frame = _frame_sampling(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
+        frame = FrameSampling.for_rows(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
         reply: asyncio.Future[pb.FrameHeader] | None = None
         pos = start
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
             step = Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
                         all_logits=all_logits and last)
-            clock = StepClock()
-            out = await self.batcher.submit(step, clock)
+            work = self.core.submit(step)
+            out = await work.output
             if self.link is None:
                 if last:
-                    return self._sample_here(out, frame, pos, len(piece), clock, kind)
+                    return self._sample_here(work, out, frame, pos, len(piece), kind)
             else:
-                reply = await self._send(session, pos, out, clock, frame, kind, last, all_logits)
+                reply = await self._send(session, pos, work, out, frame, kind, last, all_logits)
             pos += len(piece)
         assert reply is not None
         return await self._await_reply(reply)
 
-    def _sample_here(self, logits: np.ndarray, frame: FrameSampling, pos: int, rows: int,
-                     clock: StepClock, kind: int) -> list[Sampled]:
-        started = time.perf_counter()
+    def _sample_here(self, work: Work, logits: np.ndarray, frame: FrameSampling, pos: int, rows: int,
+                     kind: int) -> list[Sampled]:
         try:
-            tokens = sample_rows(logits, frame.params, pos, rows, frame.history, frame.drafts)
-        except ValueError as exc:  # as at a final stage: finite but extreme values can overflow
-            raise StageFailedError(f"stage 0: cannot sample: {exc}") from None
-        self.hops.record(kind, hop(0, clock, sample_s=time.perf_counter() - started))
+            tokens, own = self.core.sample(work, logits, frame, pos, rows)
+        except CannotSampleError as exc:  # fails the request, not the route, as at a remote final stage
+            raise StageFailedError(str(exc)) from None
+        self.hops.record(kind, own)
         return tokens
 
-    async def _send(self, session: int, pos: int, hidden: np.ndarray, clock: StepClock,
+    async def _send(self, session: int, pos: int, work: Work, hidden: np.ndarray,
                     frame: FrameSampling, kind: int, last: bool, all_logits: bool
                     ) -> asyncio.Future[pb.FrameHeader] | None:
         assert self.link is not None
-        encoding = time.perf_counter()
-        shape, data = encode_tensor(hidden, self.wire_dtype)
-        own = hop(0, clock, codec_s=time.perf_counter() - encoding)
+        encoded = self.core.encode(work, hidden)
         window = next(self.windows)
         header = pb.FrameHeader(
             session_id=session, window_id=window, kind=kind if last else pb.PREFILL,  # type: ignore[arg-type]
-            start_pos=pos, dtype=self.wire_dtype,  # type: ignore[arg-type]
-            shape=shape, payload_bytes=len(data),
-            want_reply=last, all_logits=all_logits and last,
+            start_pos=pos, want_reply=last, all_logits=all_logits and last,
             sampling=frame.to_wire() if last else None,
         )
+        encoded.describe(header)
         future = None
         if last:
             future = asyncio.get_running_loop().create_future()
-            self.waiters[(session, window)] = _Waiter(future, own, time.perf_counter(), kind)
+            self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind)
         try:
-            await self.link.send(header, data)
-        except (LinkClosedError, ConnectionError) as exc:
+            await self.link.send(header, encoded.data)
+        except ConnectionError as exc:
             self._break(f"activation link to stage 1 lost: {exc}")
             raise MeshUnavailableError(self.broken) from None
         return future
@@ -160,13 +152,13 @@ class Pipeline:
             raise StageFailedError(str(exc)) from None
 
     async def end(self, session: int) -> None:
-        """Free the session's KV on every stage."""
-        lane = self.lanes.release(session)
-        if lane is not None:
+        """Free the session's lane here and its KV on every stage."""
+        trim = self.core.release(session)
+        if trim is not None:
             with contextlib.suppress(Exception):
-                await self.batcher.trim(lane, 0)
+                await trim
         if self.link is not None and not self.broken:
-            with contextlib.suppress(LinkClosedError, ConnectionError):
+            with contextlib.suppress(ConnectionError):
                 await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END))
 
     async def _read_replies(self) -> None:
@@ -179,7 +171,7 @@ class Pipeline:
                     asyncio.get_running_loop().call_later(self.reply_delay, self._deliver, waiter, header)
                 elif waiter is not None:
                     self._deliver(waiter, header)
-        except (LinkClosedError, ConnectionError) as exc:
+        except LinkClosedError as exc:
             self._break(f"activation link to stage 1 lost: {exc or 'closed'}")
 
     def _break(self, reason: str) -> None:

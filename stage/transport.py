@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from config.errors import MeshpipeError
 from proto import meshpipe_pb2 as pb
@@ -30,7 +31,8 @@ KNOWN_KINDS = {pb.PREFILL, pb.DECODE, pb.VERIFY, pb.END, pb.REPLY, pb.ERROR}
 
 
 class LinkClosedError(MeshpipeError, ConnectionError):
-    pass
+    """The link is gone. `recv` turns every socket failure into this; a send can still raise
+    the socket's own ConnectionError, so senders catch ConnectionError (this is one)."""
 
 
 class TransportRefusedError(MeshpipeError, ConnectionError):
@@ -203,7 +205,8 @@ async def serve(host: str, port: int, handler: Callable[[Link], Awaitable[None]]
         _nodelay(writer)
         try:
             hello = await asyncio.wait_for(_read_message(reader, pb.Handshake), 10)
-        except (asyncio.IncompleteReadError, ConnectionError, FrameError, TimeoutError, Exception):
+        except (asyncio.IncompleteReadError, OSError, TimeoutError, FrameError, DecodeError):
+            # closed early, reset or TLS failure, silent for 10 s, too large, not a Handshake
             writer.close()
             return
         problem = check_version(hello.protocol_version) or _token_problem(token, hello.token)

@@ -71,7 +71,7 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
 async def _sampled(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
     stats = GenerationStats()
     req = GenerationRequest(prompt, n, sampling, ignore_eos=True)
-    return [s async for s in generate(pipeline, session, req, stats, 512, draft, window)], stats
+    return [s async for s in generate(pipeline, session, pipeline.open(session), req, stats, 512, draft, window)], stats
 
 
 async def _run(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
@@ -113,17 +113,17 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 stats = GenerationStats()
                 req = GenerationRequest(prompt, 40, SamplingParams(), ignore_eos=True)
                 fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
-                tokens = generate(pipeline, 1, req, stats, 512, draft, controller_for(fixed))
+                lane = pipeline.open(1)
+                tokens = generate(pipeline, 1, lane, req, stats, 512, draft, controller_for(fixed))
                 out = [(await anext(tokens)).token for _ in range(6)]  # 1 from prefill, then 5 windows
                 assert stats.speculative["accepted"] == 0 and stats.speculative["windows"] == 5
-                lane = pipeline.lanes.lane_for(1)
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
                 # the fifth window fed 1 + 4 rows through both stages, and none was accepted
-                assert pipeline.engine.position(lane) == final.position(lane) == accepted + 4
+                assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 4
                 assert draft.held[lane][:accepted] == (prompt + out)[:accepted]
                 # the next frame starts at the accepted position: every stage drops the rest
                 await anext(tokens)
-                assert pipeline.engine.position(lane) == final.position(lane) == accepted + 5
+                assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 5
                 assert draft.held[lane][: accepted + 1] == (prompt + out)[: accepted + 1]
                 await tokens.aclose()
             finally:
@@ -167,11 +167,12 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
     async def scenario() -> tuple[list[list[int]], int]:
         async with two_stages(tiny_package, stage_cache, tiny_gguf, cut=2, lanes=16) as (pipeline, draft, _):
             sessions = range(1, 17)
-            await asyncio.gather(*(pipeline.run(s, 0, context, GREEDY, kind=pb.PREFILL) for s in sessions))
+            lanes = {s: pipeline.open(s) for s in sessions}
+            await asyncio.gather(*(pipeline.run(s, lanes[s], 0, context, GREEDY, kind=pb.PREFILL) for s in sessions))
             samples: list[list[int]] = []
             for first in range(0, 2000, 16):
                 replies = await asyncio.gather(*(
-                    pipeline.run(s, len(context), window, SamplingParams(temperature=1.0, seed=first + s),
+                    pipeline.run(s, lanes[s], len(context), window, SamplingParams(temperature=1.0, seed=first + s),
                                  all_logits=True, kind=pb.VERIFY) for s in sessions))
                 samples += [[r.token for r in reply] for reply in replies]
             for s in sessions:
@@ -258,11 +259,12 @@ def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_pac
 
     async def scenario() -> None:
         async with two_stages(tiny_package, stage_cache, None, cut=2) as (pipeline, _, _):
-            await pipeline.run(1, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
+            lane = pipeline.open(1)
+            await pipeline.run(1, lane, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
             for params, history, words in bad:
                 with pytest.raises(StageFailedError, match=words):
-                    await pipeline.run(1, 3, [7], params, history=history)
-            ok = await pipeline.run(1, 3, [7], SamplingParams(logprobs=2), history=[7])
+                    await pipeline.run(1, lane, 3, [7], params, history=history)
+            ok = await pipeline.run(1, lane, 3, [7], SamplingParams(logprobs=2), history=[7])
             assert len(ok) == 1 and len(ok[0].top) == 2
 
     asyncio.run(scenario())

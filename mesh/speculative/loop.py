@@ -38,14 +38,13 @@ class Acceptance:
                 "mean_window": round(self.proposed / self.windows, 3) if self.windows else 0.0}
 
 
-async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, stats: GenerationStats,
+async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationRequest, stats: GenerationStats,
                    ctx: int, draft: Draft | None = None, window: Controller | None = None
                    ) -> AsyncIterator[Sampled]:
     stops = set() if req.ignore_eos else set(req.stop_tokens)
     tokens = list(req.prompt)
-    pending = await pipeline.run(session, 0, tokens, req.sampling, kind=pb.PREFILL)
+    pending = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
     acceptance = Acceptance() if draft is not None else None
-    lane = pipeline.lanes.lane_for(session)
     while True:
         for sampled in pending:
             if sampled.token in stops:
@@ -64,7 +63,7 @@ async def generate(pipeline: Pipeline, session: int, req: GenerationRequest, sta
         sent = time.perf_counter()
         # the penalties count the completion only, so the history starts after the prompt
         history = tokens[len(req.prompt):] if req.sampling.penalised else ()
-        target = await pipeline.run(session, len(tokens) - 1, [tokens[-1], *drafts], req.sampling,
+        target = await pipeline.run(session, lane, len(tokens) - 1, [tokens[-1], *drafts], req.sampling,
                                     all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE,
                                     history=history)
         n = common_prefix(drafts, [s.token for s in target])

@@ -1,0 +1,142 @@
+"""The stage core: one layer range of the model, run for many sessions (DESIGN.md §2, §3).
+
+Stage 0 (`mesh/pipeline.py` `Pipeline`) and every `mesh stage` (`stage/activations.py`
+`ActivationStage`) are built on it; they differ only in where frames come from and go to.
+The core owns the engine's batcher and the session → lane map, turns a frame's payload
+into engine input and engine output into wire bytes, samples at the final stage, and
+stamps each step's timings as a Hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from config.errors import MeshpipeError
+from proto import meshpipe_pb2 as pb
+from stage.batcher import Batcher, StepClock
+from stage.engine import RangeEngine, Step
+from stage.frames import FrameSampling, input_rows, sampling_of
+from stage.lanes import LanePool
+from stage.sampling import Sampled, sample_rows
+from stage.transport import decode_tensor, encode_tensor
+
+
+class CannotSampleError(MeshpipeError):
+    """The final stage's logits could not be sampled (the request fails, the stage goes on)."""
+
+
+@dataclass
+class Work:
+    """A step on its way through the core: its output, and the time it has taken so far."""
+
+    output: asyncio.Future[np.ndarray]
+    clock: StepClock = field(default_factory=StepClock)
+    codec_s: float = 0.0  # decoding the input frame; encoding the output adds to it
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A step's output as wire bytes, and the hop that made it."""
+
+    dtype: int
+    shape: tuple[int, ...]
+    data: bytes
+    hop: pb.Hop
+
+    def describe(self, header: pb.FrameHeader) -> None:
+        """Write the payload's dtype, shape and size into the frame that carries it."""
+        header.dtype = self.dtype  # type: ignore[assignment]
+        del header.shape[:]
+        header.shape.extend(self.shape)
+        header.payload_bytes = len(self.data)
+
+
+class StageCore:
+    def __init__(self, engine: RangeEngine, index: int, wire_dtype: int = pb.F32) -> None:
+        self.engine = engine
+        self.index = index  # this stage's place in the route, stamped on its hops
+        self.wire_dtype = wire_dtype
+        self.batcher = Batcher(engine)
+        self.lanes = LanePool(engine.lanes)
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+
+    # -- lanes ---------------------------------------------------------------------------
+
+    def lane_for(self, session: int) -> int:
+        """The session's KV lane, taken on first sight; raises LanesExhaustedError."""
+        return self.lanes.lane_for(session)
+
+    def release(self, session: int) -> asyncio.Future[np.ndarray] | None:
+        """Free the session's lane; the future resolves once its KV is dropped (None: no lane)."""
+        lane = self.lanes.release(session)
+        return None if lane is None else self.batcher.trim(lane, 0)
+
+    async def release_all(self) -> None:
+        for session in list(self.lanes.by_session):
+            trim = self.release(session)
+            if trim is not None:
+                with contextlib.suppress(Exception):
+                    await trim
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def submit(self, step: Step) -> Work:
+        """Queue a step on its lane (stage 0, which has the lane already)."""
+        clock = StepClock()
+        return Work(self.batcher.submit(step, clock), clock)
+
+    def submit_frame(self, header: pb.FrameHeader, payload: bytes) -> Work:
+        """Queue a compute frame from upstream; raises LanesExhaustedError."""
+        clock = StepClock()  # from arrival: decoding the payload counts as queueing too
+        lane = self.lanes.lane_for(header.session_id)  # the wire names sessions; lanes are ours
+        if self.engine.first:
+            # layer 0 is remote only when a Load asks for layer_start 0 (the coordinator's routes never do)
+            tokens = np.asarray(header.tokens, dtype=np.int32)
+            step = Step(lane, header.start_pos, tokens=tokens, all_logits=header.all_logits)
+        else:
+            hidden = decode_tensor(header, payload)
+            step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits)
+        codec_s = time.perf_counter() - clock.queued
+        return Work(self.batcher.submit(step, clock), clock, codec_s)
+
+    def sampling_problem(self, header: pb.FrameHeader) -> str | None:
+        """Sampling arrives from the network: check it before it reaches the sampler."""
+        rows = input_rows(header) if header.all_logits else 1
+        problem = sampling_of(header).problem(self.engine.n_vocab, self.engine.ctx_per_lane, rows)
+        return None if problem is None else f"stage {self.index}: {problem}"
+
+    # -- outputs -------------------------------------------------------------------------
+
+    def encode(self, work: Work, hidden: np.ndarray) -> Encoded:
+        """A non-final stage's output, packed for the next stage."""
+        encoding = time.perf_counter()
+        shape, data = encode_tensor(hidden, self.wire_dtype)
+        hop = self._hop(work, codec_s=time.perf_counter() - encoding)
+        return Encoded(self.wire_dtype, tuple(shape), data, hop)
+
+    def sample(self, work: Work, logits: np.ndarray, frame: FrameSampling, start: int,
+               rows: int) -> tuple[list[Sampled], pb.Hop]:
+        """The final stage's tokens for a step of `rows` input rows fed at `start`."""
+        sampling = time.perf_counter()
+        try:
+            picks = sample_rows(logits, frame.params, start, rows, frame.history, frame.drafts)
+        except ValueError as exc:  # finite but extreme values can still overflow to NaN probabilities
+            raise CannotSampleError(f"stage {self.index}: cannot sample: {exc}") from None
+        return picks, self._hop(work, sample_s=time.perf_counter() - sampling)
+
+    def _hop(self, work: Work, codec_s: float = 0.0, sample_s: float = 0.0) -> pb.Hop:
+        """The timings this stage stamps on a step it ran; `codec_s` adds to the decoding."""
+        clock = work.clock
+        return pb.Hop(stage_index=self.index, queue_us=int(clock.queue_s * 1e6),
+                      compute_us=int(clock.compute_s * 1e6), codec_us=int((work.codec_s + codec_s) * 1e6),
+                      sample_us=int(sample_s * 1e6), batch_rows=clock.rows)

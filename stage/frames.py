@@ -1,0 +1,88 @@
+"""What a frame says besides its tensor: how the final stage samples it, and what it replies.
+
+Stage 0 writes a frame's sampling (`FrameSampling.to_wire`); the final stage reads it back
+(`sampling_of`), checks it, and answers with the sampled tokens (`add_sampled`), which
+stage 0 reads (`sampled_of`). DESIGN.md §4 lists the fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proto import meshpipe_pb2 as pb
+from stage.sampling import Sampled, SamplingParams
+
+
+@dataclass(frozen=True)
+class FrameSampling:
+    """What the final stage needs to sample a frame: the parameters and the penalty history."""
+
+    params: SamplingParams
+    history: tuple[int, ...] = ()  # row i of the logits counts history + drafts[:i]
+    drafts: tuple[int, ...] = ()
+
+    @classmethod
+    def for_rows(cls, params: SamplingParams, history: Sequence[int], tokens: Sequence[int],
+                 rows: int) -> FrameSampling:
+        """A frame feeding `tokens` whose last `rows` rows are sampled; `history` is the
+        completion the penalties count, up to and including tokens[0]. The history is split
+        at the frame's first logits row (fed tokens[-rows])."""
+        if not params.penalised or not history:
+            return cls(params)
+        cut = len(tokens) - rows + 1
+        return cls(params, (*history, *tokens[1:cut]), tuple(tokens[cut:]))
+
+    def to_wire(self) -> pb.Sampling:
+        p = self.params
+        wire = pb.Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
+                           presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                           logit_bias=[pb.LogitBias(token=t, bias=b) for t, b in p.logit_bias])
+        if p.logprobs >= 0:
+            wire.logprobs = p.logprobs
+        if p.penalised:  # the history costs bytes on every frame: only when it counts
+            wire.history.extend(self.history)
+            wire.drafts.extend(self.drafts)
+        return wire
+
+    def problem(self, vocab: int, ctx: int, rows: int) -> str | None:
+        """None when a frame with `rows` logits rows can be sampled like this, else why not."""
+        if (problem := self.params.problem(vocab)) is not None:
+            return problem
+        if len(self.history) + len(self.drafts) > ctx or len(self.drafts) >= max(rows, 1):
+            return (f"penalty history of {len(self.history)} + {len(self.drafts)} drafts does not fit "
+                    f"{rows} logits rows in a context of {ctx}")
+        if any(not 0 <= t < vocab for t in (*self.history, *self.drafts)):
+            return f"penalty history holds a token outside the vocabulary of {vocab}"
+        return None
+
+
+def sampling_of(header: pb.FrameHeader) -> FrameSampling:
+    s = header.sampling
+    params = SamplingParams(s.temperature, s.top_p or 1.0, s.top_k, s.seed, s.presence_penalty, s.frequency_penalty,
+                            tuple((b.token, b.bias) for b in s.logit_bias),
+                            s.logprobs if s.HasField("logprobs") else -1)
+    return FrameSampling(params, tuple(s.history), tuple(s.drafts))
+
+
+def input_rows(h: pb.FrameHeader) -> int:
+    """Rows the frame feeds: hidden-state rows, or token ids at a first stage."""
+    return int(h.shape[0]) if len(h.shape) else len(h.tokens)
+
+
+def add_sampled(reply: pb.FrameHeader, picks: list[Sampled]) -> None:
+    reply.tokens.extend(p.token for p in picks)
+    if picks and picks[0].logprob is not None:
+        reply.logprobs.extend(p.logprob or 0.0 for p in picks)
+        reply.top.extend(pb.TopLogprobs(tokens=[t for t, _ in p.top], logprobs=[lp for _, lp in p.top])
+                         for p in picks)
+
+
+def sampled_of(reply: pb.FrameHeader) -> list[Sampled]:
+    """The reply's tokens with their logprobs, when the frame asked for them."""
+    if not reply.logprobs:
+        return [Sampled(t) for t in reply.tokens]
+    if not len(reply.logprobs) == len(reply.top) == len(reply.tokens):
+        raise ValueError("a reply's logprobs do not match its tokens")
+    return [Sampled(t, lp, tuple(zip(top.tokens, top.logprobs, strict=True)))
+            for t, lp, top in zip(reply.tokens, reply.logprobs, reply.top, strict=True)]
