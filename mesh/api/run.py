@@ -12,7 +12,15 @@ from typing import Any
 
 from mesh.api.error import ApiError
 from mesh.api.request import Prepared
-from mesh.backend import Backend, GenerationStats, MeshUnavailableError, RequestRejectedError, Sampled
+from mesh.backend import (
+    Acceptance,
+    Backend,
+    Finished,
+    GenerationEvent,
+    MeshUnavailableError,
+    RequestRejectedError,
+    Sampled,
+)
 from mesh.metrics import Metrics
 from mesh.tokenizer import TextStream
 
@@ -22,32 +30,47 @@ log = logging.getLogger("meshpipe.api")
 class Run:
     def __init__(self, backend: Backend, metrics: Metrics, prepared: Prepared, endpoint: str) -> None:
         self.backend, self.metrics, self.p, self.endpoint = backend, metrics, prepared, endpoint
-        self.stats = GenerationStats()
         self.id = ("chatcmpl-" if prepared.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.started = time.perf_counter()
-        self.tokens: AsyncIterator[Sampled] | None = None
+        self.events: AsyncIterator[GenerationEvent] | None = None
         self.first: Sampled | None = None
-        self.stopped = False
+        self.stopped = False  # by a stop string, which the backend never sees
+        # what the events said so far: usage for a run that stops before Finished comes
+        self.completion_tokens = 0
+        self.speculative: Acceptance | None = None
+        self.finished: Finished | None = None
         self.logprobs = _Logprobs(backend, prepared.chat) if prepared.generation.sampling.logprobs >= 0 \
             else None
 
     async def open(self) -> None:
         """Start generating; errors before the first token raise here, with their status."""
         self.metrics.in_flight.inc()
-        self.tokens = self.backend.generate(self.p.generation, self.stats)
+        self.events = self.backend.generate(self.p.generation)
         try:
-            self.first = await anext(self.tokens, None)
+            self.first = await self._next_token()
         except BaseException as exc:  # cancellation too: it must free the session, then go on
-            await self._finish(failed=True)
+            await self._finish(failed=True, refused=isinstance(exc, RequestRejectedError))
             if isinstance(exc, Exception):
                 raise as_api_error(exc) from None
             raise
         self.metrics.ttft.observe(time.perf_counter() - self.started)
 
+    async def _next_token(self) -> Sampled | None:
+        """The next token, noting the other events on the way; None when the generation is over."""
+        assert self.events is not None
+        while (event := await anext(self.events, None)) is not None:
+            if isinstance(event, Sampled):
+                self.completion_tokens += 1
+                return event
+            if isinstance(event, Acceptance):
+                self.speculative = event
+            else:
+                self.finished = event
+        return None
+
     async def deltas(self) -> AsyncIterator[tuple[str, list[Sampled]]]:
         """Text as it becomes final, with the tokens that made it."""
-        assert self.tokens is not None
         stream, held, made = TextStream(self.backend.tok()), "", []
         keep = max((len(s) for s in self.p.stops), default=1) - 1
         step = self.first
@@ -61,7 +84,7 @@ class Run:
             if len(held) > keep:
                 yield held[: len(held) - keep], made
                 held, made = held[len(held) - keep:], []
-            step = await anext(self.tokens, None)
+            step = await self._next_token()
         if not self.stopped:
             held += stream.flush()
         if held or made:
@@ -118,27 +141,41 @@ class Run:
         return self.logprobs.render(made) if self.logprobs is not None else None
 
     def finish_reason(self) -> str:
-        return "stop" if self.stopped else self.stats.finish_reason
+        if self.stopped:
+            return "stop"
+        assert self.finished is not None, "the backend's events ended without Finished"
+        return self.finished.finish_reason
+
+    def outcome(self) -> Finished:
+        """The backend's Finished; for a run that ended first (a stop string, an error, a client
+        gone), the same account from the events it saw."""
+        if self.finished is not None:
+            return self.finished
+        return Finished("stop", len(self.p.generation.prompt), self.completion_tokens, self.speculative)
 
     def usage(self) -> dict[str, Any]:
-        s = self.stats
-        usage: dict[str, Any] = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-                                 "total_tokens": s.prompt_tokens + s.completion_tokens}
-        if s.speculative is not None:
-            usage["speculative"] = s.speculative
+        done = self.outcome()
+        usage: dict[str, Any] = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+                                 "total_tokens": done.prompt_tokens + done.completion_tokens}
+        if done.speculative is not None:
+            a = done.speculative
+            usage["speculative"] = {"windows": a.windows, "proposed": a.proposed, "accepted": a.accepted,
+                                    "accept_rate": round(a.accept_rate, 4), "mean_window": round(a.mean_window, 3)}
         return usage
 
-    async def _finish(self, failed: bool) -> None:
+    async def _finish(self, failed: bool, refused: bool = False) -> None:
         """Always close the backend's generator: that frees the session on every stage."""
-        if self.tokens is not None:
-            tokens, self.tokens = self.tokens, None
-            await tokens.aclose()  # type: ignore[attr-defined]
+        if self.events is not None:
+            events, self.events = self.events, None
+            await events.aclose()  # type: ignore[attr-defined]
         self.metrics.in_flight.dec()
-        self.metrics.prompt_tokens.inc(self.stats.prompt_tokens)
-        self.metrics.generated.inc(self.stats.completion_tokens)
+        done = self.outcome()
+        if not refused:  # a refused prompt was never processed
+            self.metrics.prompt_tokens.inc(done.prompt_tokens)
+        self.metrics.generated.inc(done.completion_tokens)
         if not failed:
             self.metrics.latency.observe(time.perf_counter() - self.started)
-        self.metrics.record_speculative(self.stats.speculative)
+        self.metrics.record_speculative(done.speculative)
 
 
 class _Logprobs:
