@@ -92,8 +92,9 @@ class Backend(Protocol):
         is not yielded). With a draft, the running `Acceptance` comes first and again after
         every verify window, before the tokens that window produced, so a consumer that
         stops early still knows the record of every token it saw. `Finished` comes last,
-        and only when the generation ends by itself. Errors raise: before the first event
-        for a refused request or a broken mesh. Closing the iterator early (a stop string,
-        a client gone) frees the session on every stage.
+        and only when the generation ends by itself. Errors raise from the iterator:
+        `RequestRejectedError` before any event, `MeshUnavailableError` at any point.
+        Closing the iterator early (a stop string, a client gone) frees the session on
+        every stage.
         """
         ...
