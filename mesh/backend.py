@@ -1,13 +1,16 @@
-"""What the HTTP frontend needs from the mesh: tokens in, tokens out, and health.
+"""What the HTTP frontend needs from the mesh: tokens in, typed events out, and health.
 
 The coordinator implements `Backend`; the OpenAI-compatible API depends on nothing else.
+A generation is a stream of frozen events, in the style of mlx-lm's `stream_generate`:
+`Sampled` per token, `Acceptance` after each verify window when a draft is on, and
+`Finished` at a normal end. Nothing is written into the caller's objects.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Literal, Protocol, TypeAlias
 
 from config.errors import MeshpipeError
 from mesh.health import Health
@@ -16,8 +19,8 @@ from mesh.tokenizer import Tokenizer
 # both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
 from stage.sampling import Sampled, SamplingParams
 
-__all__ = ["Backend", "GenerationRequest", "GenerationStats", "MeshUnavailableError", "RequestRejectedError", "Sampled",
-           "SamplingParams"]
+__all__ = ["Acceptance", "Backend", "Finished", "GenerationEvent", "GenerationRequest", "MeshUnavailableError",
+           "RequestRejectedError", "Sampled", "SamplingParams"]
 
 
 class MeshUnavailableError(MeshpipeError):
@@ -37,14 +40,40 @@ class GenerationRequest:
     ignore_eos: bool = False
 
 
-@dataclass
-class GenerationStats:
-    """Filled in by the backend while a generation runs; read after it ends."""
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """The draft's record in one generation so far: verify windows, drafts proposed and accepted."""
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    finish_reason: str = "length"  # "stop" when a stop token ended it
-    speculative: dict[str, Any] | None = None
+    windows: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+    def add(self, proposed: int, accepted: int) -> Acceptance:
+        """The record with one more window; a round that proposed nothing was a plain decode."""
+        if not proposed:
+            return self
+        return Acceptance(self.windows + 1, self.proposed + proposed, self.accepted + accepted)
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_window(self) -> float:
+        return self.proposed / self.windows if self.windows else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last event of a generation that ended by itself: a stop token or max_tokens."""
+
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+    speculative: Acceptance | None = None  # None when no draft ran
+
+
+GenerationEvent: TypeAlias = Sampled | Acceptance | Finished
 
 
 class Backend(Protocol):
@@ -57,6 +86,16 @@ class Backend(Protocol):
 
     async def health(self) -> Health: ...
 
-    def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
-        """Yield generated tokens. Closing the iterator early frees the session on every stage."""
+    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Generate for `req`, as events.
+
+        One `Sampled` per completion token, in order (a stop token ends the generation and
+        is not yielded). With a draft, the running `Acceptance` comes first and again after
+        every verify window, before the tokens that window produced, so a consumer that
+        stops early still knows the record of every token it saw. `Finished` comes last,
+        and only when the generation ends by itself. Errors raise from the iterator:
+        `RequestRejectedError` before any event, `MeshUnavailableError` at any point.
+        Closing the iterator early (a stop string, a client gone) frees the session on
+        every stage.
+        """
         ...

@@ -21,8 +21,10 @@ import psutil
 
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
+    Acceptance,
+    Finished,
+    GenerationEvent,
     GenerationRequest,
-    GenerationStats,
     MeshUnavailableError,
     RequestRejectedError,
     Sampled,
@@ -255,7 +257,7 @@ class Coordinator:
         ready: StageState = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
         return (own, *(_remote_row(i, s, ready) for i, s in enumerate(self.route.stages, 1)))
 
-    async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         if len(req.prompt) == 0:
             raise RequestRejectedError("the prompt is empty")
         if len(req.prompt) + req.max_tokens > self.ctx_per_session:
@@ -264,17 +266,18 @@ class Coordinator:
         # the final stage checks these too, but a refusal there could only be a 503
         if self.engine is not None and (problem := req.sampling.problem(self.engine.n_vocab)):
             raise RequestRejectedError(problem)
-        stats.prompt_tokens = len(req.prompt)
         async with self.admission:
             pipeline = self._live_pipeline()
             session = next(self.sessions)
             lane = pipeline.open(session)  # the request's lane until pipeline.end
             draft = self.draft if self.spec is not None else None
             window = self._window()
+            last: Acceptance | Finished | None = None  # for the session's log line
             try:
-                async for sampled in generate(pipeline, session, lane, req, stats, self.ctx_per_session,
-                                              draft, window):
-                    yield sampled
+                async for event in generate(pipeline, session, lane, req, self.ctx_per_session, draft, window):
+                    if not isinstance(event, Sampled):
+                        last = event
+                    yield event
             except MeshUnavailableError as exc:
                 self._route_broken(str(exc))
                 raise
@@ -283,8 +286,7 @@ class Coordinator:
             finally:
                 if draft is not None:
                     draft.forget(lane)
-                    log.info("session %d: %d tokens, speculative %s", session, stats.completion_tokens,
-                             stats.speculative)
+                    log.info("session %d: %s", session, _outcome(last))
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pipeline.end(session))
 
@@ -317,3 +319,9 @@ def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
                        rss_bytes=s.status.rss_bytes if s.status else None,
                        mem_available_bytes=s.status.mem_available_bytes if s.status else None,
                        status_at=s.status_at)
+
+
+def _outcome(last: Acceptance | Finished | None) -> str:
+    if isinstance(last, Finished):
+        return f"{last.completion_tokens} tokens ({last.finish_reason}), speculative {last.speculative}"
+    return f"ended early, speculative {last}"  # a stop string, a client gone or an error closed it

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from mesh.backend import Acceptance
 from mesh.hop_timing import HopTotals
 
 
@@ -29,11 +29,11 @@ class Metrics:
         self.spec_accepted = Counter("meshpipe_speculative_accepted_tokens", "draft tokens accepted",
                                      registry=r)
 
-    def record_speculative(self, spec: dict[str, Any] | None) -> None:
-        if spec:
-            self.spec_windows.inc(spec.get("windows", 0))
-            self.spec_proposed.inc(spec.get("proposed", 0))
-            self.spec_accepted.inc(spec.get("accepted", 0))
+    def record_speculative(self, spec: Acceptance | None) -> None:
+        if spec is not None:
+            self.spec_windows.inc(spec.windows)
+            self.spec_proposed.inc(spec.proposed)
+            self.spec_accepted.inc(spec.accepted)
 
     def watch_hops(self, totals: HopTotals) -> None:
         """Export where frames spent their time: per stage and part, plus the wire."""

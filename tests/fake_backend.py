@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from mesh.backend import GenerationRequest, GenerationStats, Sampled
+from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled
 from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 
@@ -26,8 +26,9 @@ class FakeBackend:
     ctx_per_session = 256
 
     def __init__(self, tok: Tokenizer, script: str | bytes = "Hello world", eos: bool = True,
-                 fail: Callable[[], BaseException] | None = None, fail_after: int = 0) -> None:
+                 fail: Callable[[], BaseException] | None = None, fail_after: int = 0, window: int = 0) -> None:
         self._tok, self.eos = tok, eos
+        self.window = window  # > 0: a draft proposes this many before each token and one is accepted
         self.script = byte_tokens(script)
         self.fail, self.fail_after = fail, fail_after
         self.requests: list[GenerationRequest] = []
@@ -41,24 +42,31 @@ class FakeBackend:
     async def health(self) -> Health:
         return self.healthy
 
-    async def generate(self, req: GenerationRequest, stats: GenerationStats) -> AsyncIterator[Sampled]:
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self.requests.append(req)
-        stats.prompt_tokens = len(req.prompt)
         tokens = [*self.script, *([EOS] if self.eos else [])]
+        acceptance = Acceptance() if self.window else None
+        made = 0
         try:
             for i, token in enumerate(tokens):
                 if self.fail is not None and i == self.fail_after:
                     raise self.fail()
-                if stats.completion_tokens >= req.max_tokens:
-                    return
+                if made >= req.max_tokens:
+                    break
                 if token in req.stop_tokens and not req.ignore_eos:
-                    stats.finish_reason = "stop"
+                    yield Finished("stop", len(req.prompt), made, acceptance)
                     return
-                stats.completion_tokens += 1
-                if req.sampling.logprobs >= 0:
-                    top = tuple((token + j, -0.5 - j) for j in range(req.sampling.logprobs))
-                    yield Sampled(token, -0.5, top)
-                else:
-                    yield Sampled(token)
+                if acceptance is not None:
+                    acceptance = acceptance.add(self.window, 1)
+                    yield acceptance
+                made += 1
+                yield self._sampled(token, req)
+            yield Finished("length", len(req.prompt), made, acceptance)
         finally:
             self.closed += 1
+
+    @staticmethod
+    def _sampled(token: int, req: GenerationRequest) -> Sampled:
+        if req.sampling.logprobs < 0:
+            return Sampled(token)
+        return Sampled(token, -0.5, tuple((token + j, -0.5 - j) for j in range(req.sampling.logprobs)))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from chain import chat_prompt
 
-from mesh.backend import GenerationRequest, GenerationStats
+from mesh.backend import Acceptance, Finished, GenerationRequest, Sampled
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.loop import generate
@@ -69,14 +69,17 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
 
 
 async def _sampled(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
-    stats = GenerationStats()
     req = GenerationRequest(prompt, n, sampling, ignore_eos=True)
-    return [s async for s in generate(pipeline, session, pipeline.open(session), req, stats, 512, draft, window)], stats
+    events = [e async for e in generate(pipeline, session, pipeline.open(session), req, 512, draft, window)]
+    done = events[-1]
+    assert isinstance(done, Finished) and done.finish_reason == "length" and done.completion_tokens == n
+    assert (done.speculative is None) == (draft is None)
+    return [e for e in events if isinstance(e, Sampled)], done
 
 
 async def _run(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
-    out, stats = await _sampled(pipeline, draft, prompt, n, sampling, window, session)
-    return [s.token for s in out], stats
+    out, done = await _sampled(pipeline, draft, prompt, n, sampling, window, session)
+    return [s.token for s in out], done
 
 
 def test_speculative_greedy_equals_plain_and_every_stage_rolls_back(smollm2_package, smollm2_gguf,
@@ -88,10 +91,10 @@ def test_speculative_greedy_equals_plain_and_every_stage_rolls_back(smollm2_pack
             plain, _ = await _run(pipeline, None, prompt, 64)
             await pipeline.end(1)
             fixed = WindowPolicy(policy="fixed", initial=6, min=1, max=6)
-            spec, stats = await _run(pipeline, draft, prompt, 64, window=controller_for(fixed))
+            spec, done = await _run(pipeline, draft, prompt, 64, window=controller_for(fixed))
             assert spec == plain
-            s = stats.speculative
-            assert s["proposed"] > s["accepted"] > 0, "the Q4_0 draft must be both right and wrong sometimes"
+            s = done.speculative
+            assert s.proposed > s.accepted > 0, "the Q4_0 draft must be both right and wrong sometimes"
 
     asyncio.run(scenario())
 
@@ -110,22 +113,27 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
             draft = WrongDraft(draft_gguf, lanes=4, ctx_per_lane=512, threads=2)
             draft.start()
             try:
-                stats = GenerationStats()
                 req = GenerationRequest(prompt, 40, SamplingParams(), ignore_eos=True)
-                fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
                 lane = pipeline.open(1)
-                tokens = generate(pipeline, 1, lane, req, stats, 512, draft, controller_for(fixed))
-                out = [(await anext(tokens)).token for _ in range(6)]  # 1 from prefill, then 5 windows
-                assert stats.speculative["accepted"] == 0 and stats.speculative["windows"] == 5
+                fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
+                events = generate(pipeline, 1, lane, req, 512, draft, controller_for(fixed))
+                out, acceptance = [], None
+                while len(out) < 6:  # 1 from prefill, then 5 windows
+                    event = await anext(events)
+                    if isinstance(event, Acceptance):
+                        acceptance = event
+                    else:
+                        out.append(event.token)
+                assert acceptance.accepted == 0 and acceptance.windows == 5
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
                 # the fifth window fed 1 + 4 rows through both stages, and none was accepted
                 assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 4
                 assert draft.held[lane][:accepted] == (prompt + out)[:accepted]
                 # the next frame starts at the accepted position: every stage drops the rest
-                await anext(tokens)
+                assert isinstance(await anext(events), Acceptance)  # the record of the sixth window, verified
                 assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 5
                 assert draft.held[lane][: accepted + 1] == (prompt + out)[: accepted + 1]
-                await tokens.aclose()
+                await events.aclose()
             finally:
                 await draft.stop()
 
@@ -139,8 +147,8 @@ def test_draft_equal_to_target_accepts_everything_and_window_reaches_max(smollm2
     async def scenario():
         async with two_stages(smollm2_package, stage_cache, smollm2_gguf) as (pipeline, draft, _):
             window = Adaptive(WindowPolicy(policy="adaptive", initial=2, min=1, max=8))
-            _, stats = await _run(pipeline, draft, prompt, 96, window=window)
-            assert stats.speculative["accept_rate"] == 1.0
+            _, done = await _run(pipeline, draft, prompt, 96, window=window)
+            assert done.speculative.accept_rate == 1.0
             assert window.window == 8
 
     asyncio.run(scenario())
@@ -181,12 +189,12 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
             for seed in range(20):
                 sp = SamplingParams(temperature=1.0, seed=seed)
                 policy = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
-                spec, stats = await _run(pipeline, draft, context, 24, sp, policy, session=100 + seed)
+                spec, done = await _run(pipeline, draft, context, 24, sp, policy, session=100 + seed)
                 plain, _ = await _run(pipeline, None, context, 24, sp, session=200 + seed)
                 await pipeline.end(100 + seed)
                 await pipeline.end(200 + seed)
                 assert spec == plain, seed
-                windows += stats.speculative["windows"]
+                windows += done.speculative.windows
             return samples, windows
 
     samples, windows = asyncio.run(scenario())
@@ -211,7 +219,7 @@ def test_speculative_equals_plain_in_tokens_and_logprobs_with_penalties_and_bias
             for seed in range(6):
                 sp = replace(PENALISED, seed=seed)
                 policy = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
-                spec, stats = await _sampled(pipeline, draft, [1, 5, 9, 17], 24, sp, policy, session=10 + seed)
+                spec, done = await _sampled(pipeline, draft, [1, 5, 9, 17], 24, sp, policy, session=10 + seed)
                 plain, _ = await _sampled(pipeline, None, [1, 5, 9, 17], 24, sp, session=20 + seed)
                 unpenalised, _ = await _sampled(pipeline, None, [1, 5, 9, 17], 24,
                                                 replace(sp, presence_penalty=0.0, frequency_penalty=0.0), session=30)
@@ -221,7 +229,7 @@ def test_speculative_equals_plain_in_tokens_and_logprobs_with_penalties_and_bias
                 assert all(s.logprob is not None and len(s.top) == 4 for s in spec)
                 assert 9 not in [s.token for s in spec]
                 assert [s.token for s in unpenalised] != [s.token for s in plain]
-                accepted += stats.speculative["accepted"]
+                accepted += done.speculative.accepted
             assert accepted > 0
 
     asyncio.run(scenario())
@@ -239,9 +247,9 @@ def test_smollm2_speculative_equals_plain_when_sampling_with_penalties(smollm2_p
             plain, _ = await _sampled(pipeline, None, prompt, 40, sp)
             await pipeline.end(1)
             window = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
-            spec, stats = await _sampled(pipeline, draft, prompt, 40, sp, window, session=2)
+            spec, done = await _sampled(pipeline, draft, prompt, 40, sp, window, session=2)
             assert spec == plain
-            assert stats.speculative["accepted"] > 0
+            assert done.speculative.accepted > 0
 
     asyncio.run(scenario())
 
@@ -357,11 +365,11 @@ def test_gemma_speculative_output_is_the_targets_up_to_near_ties(gemma3_gguf):
                 plain, _ = await _run(pipeline, None, prompt, 64, session=2 * i)
                 await pipeline.end(2 * i)
                 window = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
-                spec, stats = await _run(pipeline, draft, prompt, 64, window=window, session=2 * i + 1)
+                spec, done = await _run(pipeline, draft, prompt, 64, window=window, session=2 * i + 1)
                 await pipeline.end(2 * i + 1)
                 runs.append((prompt, plain, spec))
                 for key in totals:
-                    totals[key] += stats.speculative[key]
+                    totals[key] += getattr(done.speculative, key)
         finally:
             await draft.stop()
             await pipeline.stop()

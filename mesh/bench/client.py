@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
+
+from mesh.api.responses import ChatCompletionChunk, SpeculativeUsage, Usage
 
 
 @dataclass(frozen=True)
 class StreamTiming:
     ttft: float  # request sent -> first token chunk
-    arrivals: list[float]  # seconds since the request, one per content chunk
+    arrivals: tuple[float, ...]  # seconds since the request, one per content chunk
     completion_tokens: int
-    speculative: dict[str, Any] | None = field(default=None)
+    speculative: SpeculativeUsage | None = field(default=None)
 
     @property
     def decode_tps(self) -> float:
@@ -32,21 +33,26 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int) -> StreamTim
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     arrivals: list[float] = []
-    usage: dict[str, Any] = {}
+    usage: Usage | None = None
     start = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"server error mid-stream: {chunk['error']['message']}")
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+            chunk = _chunk(line[6:])
+            usage = chunk.usage or usage
+            if any(c.delta.content for c in chunk.choices):
                 arrivals.append(time.perf_counter() - start)
     if not arrivals:
         raise RuntimeError("the server streamed no tokens")
-    return StreamTiming(arrivals[0], arrivals, int(usage.get("completion_tokens", len(arrivals))),
-                        usage.get("speculative"))
+    return StreamTiming(arrivals[0], tuple(arrivals), usage.completion_tokens if usage else len(arrivals),
+                        usage.speculative if usage else None)
+
+
+def _chunk(data: str) -> ChatCompletionChunk:
+    """One SSE chunk; an error event (OpenAI's error body, not a chunk) raises."""
+    raw = json.loads(data)
+    if "error" in raw:
+        raise RuntimeError(f"server error mid-stream: {raw['error']['message']}")
+    return ChatCompletionChunk.model_validate(raw)

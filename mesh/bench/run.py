@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from config.paths import cache_dir
+from mesh.api.responses import SpeculativeUsage
 from mesh.bench import numerics
 from mesh.bench.breakdown import measure
 from mesh.bench.client import StreamTiming, stream_chat
@@ -272,7 +273,7 @@ def _spec_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: li
     servers = {(d, spec): stack.enter_context(_serve(setup, tmp, 2, draft=spec, delay_ms=d))
                for d in delays for spec in (True, False)}
     tps: dict[tuple[float, bool], list[float]] = {key: [] for key in servers}
-    spec_stats: dict[float, list[dict[str, Any]]] = {d: [] for d in delays}
+    spec_stats: dict[float, list[SpeculativeUsage]] = {d: [] for d in delays}
     for _ in range(repeats):
         for key, server in servers.items():
             for p in prompts:
@@ -284,9 +285,9 @@ def _spec_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: li
     for d in delays:
         plain, spec = statistics.median(tps[(d, False)]), statistics.median(tps[(d, True)])
         stats = spec_stats[d]
-        proposed = sum(s["proposed"] for s in stats)
-        accept = sum(s["accepted"] for s in stats) / proposed if proposed else 0.0
-        windows = sum(s["windows"] for s in stats)
+        proposed = sum(s.proposed for s in stats)
+        accept = sum(s.accepted for s in stats) / proposed if proposed else 0.0
+        windows = sum(s.windows for s in stats)
         goal = ">= 1.5" if d >= 20 else ">= 0.95" if d == 0 else ""
         rows.append(Row(f"spec {d:g} ms", "no-draft decode tok/s", plain, samples=tps[(d, False)]))
         rows.append(Row(f"spec {d:g} ms", "draft decode tok/s (vs no-draft)", spec, plain, goal, tps[(d, True)]))

@@ -11,53 +11,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-from mesh.backend import GenerationRequest, GenerationStats, Sampled
+from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest
 from mesh.pipeline import Pipeline
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
 
 
-@dataclass
-class Acceptance:
-    windows: int = 0
-    proposed: int = 0
-    accepted: int = 0
-
-    def add(self, proposed: int, accepted: int) -> None:
-        if proposed:
-            self.windows += 1
-            self.proposed += proposed
-            self.accepted += accepted
-
-    def report(self) -> dict[str, float | int]:
-        return {"windows": self.windows, "proposed": self.proposed, "accepted": self.accepted,
-                "accept_rate": round(self.accepted / self.proposed, 4) if self.proposed else 0.0,
-                "mean_window": round(self.proposed / self.windows, 3) if self.windows else 0.0}
-
-
-async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationRequest, stats: GenerationStats,
-                   ctx: int, draft: Draft | None = None, window: Controller | None = None
-                   ) -> AsyncIterator[Sampled]:
+async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationRequest, ctx: int,
+                   draft: Draft | None = None, window: Controller | None = None) -> AsyncIterator[GenerationEvent]:
+    """The events of one generation, as `Backend.generate` documents them."""
     stops = set() if req.ignore_eos else set(req.stop_tokens)
     tokens = list(req.prompt)
     pending = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
     acceptance = Acceptance() if draft is not None else None
+    if acceptance is not None:
+        yield acceptance  # with a draft, every token comes after a record that counts its window
+    completion = 0
     while True:
         for sampled in pending:
             if sampled.token in stops:
-                stats.finish_reason = "stop"
+                yield Finished("stop", len(req.prompt), completion, acceptance)
                 return
-            stats.completion_tokens += 1
+            completion += 1
             tokens.append(sampled.token)
             yield sampled  # with the target's numbers for this position: its verify row drew it
-            if stats.completion_tokens >= req.max_tokens:
-                stats.finish_reason = "length"
+            if completion >= req.max_tokens:
+                yield Finished("length", len(req.prompt), completion, acceptance)
                 return
         # the last token is not in any KV yet; room bounds the window by context and budget
-        room = min(ctx - len(tokens), req.max_tokens - stats.completion_tokens) - 1
+        room = min(ctx - len(tokens), req.max_tokens - completion) - 1
         k = max(0, min(window.next_window() if window else 0, room))
         drafts = await draft.propose(lane, tokens, k) if draft and k else []
         sent = time.perf_counter()
@@ -70,7 +54,7 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
         if window is not None:
             draft_s = draft.step_seconds * k if draft else 0.0
             window.record(k, n, draft_s, time.perf_counter() - sent)
-        if acceptance is not None:
-            acceptance.add(k, n)
-            stats.speculative = acceptance.report()
+        if acceptance is not None and k:
+            acceptance = acceptance.add(k, n)
+            yield acceptance  # before the tokens this window produced
         pending = target[: n + 1]

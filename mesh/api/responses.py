@@ -1,0 +1,134 @@
+"""OpenAI response bodies as pydantic models, shared by the server (`run.py`) and the bench client.
+
+Field order is the JSON key order. A null the API documents stays in the JSON (`finish_reason`,
+`logprobs`, `refusal`); a field OpenAI leaves out when it has nothing to say (`usage` on a
+stream chunk, `usage.speculative` without a draft, a delta's `role`) is left out, not null.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mesh.backend import Acceptance, Finished
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True)  # extra fields are ignored: a client may read a newer server
+
+
+class SpeculativeUsage(_Body):
+    """meshpipe's own usage field: how the draft did."""
+
+    windows: int
+    proposed: int
+    accepted: int
+    accept_rate: float
+    mean_window: float
+
+    @classmethod
+    def of(cls, acceptance: Acceptance) -> SpeculativeUsage:
+        a = acceptance
+        return cls(windows=a.windows, proposed=a.proposed, accepted=a.accepted,
+                   accept_rate=round(a.accept_rate, 4), mean_window=round(a.mean_window, 3))
+
+
+class Usage(_Body):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    speculative: SpeculativeUsage | None = Field(default=None, exclude_if=_absent)
+
+    @classmethod
+    def of(cls, done: Finished) -> Usage:
+        spec = SpeculativeUsage.of(done.speculative) if done.speculative is not None else None
+        return cls(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
+                   total_tokens=done.prompt_tokens + done.completion_tokens, speculative=spec)
+
+
+class TopLogprob(_Body):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Body):
+    content: list[TokenLogprob]
+    refusal: str | None = None
+
+
+class CompletionLogprobs(_Body):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class ChatMessage(_Body):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: str | None = None
+
+
+class ChatChoice(_Body):
+    index: int = 0
+    finish_reason: str | None
+    logprobs: ChatLogprobs | None
+    message: ChatMessage
+
+
+class ChatCompletion(_Body):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(_Body):
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=_absent)  # the first chunk's only
+    content: str | None = Field(default=None, exclude_if=_absent)  # absent from the last chunk
+
+
+class ChatChunkChoice(_Body):
+    index: int = 0
+    finish_reason: str | None
+    logprobs: ChatLogprobs | None
+    delta: ChatDelta
+
+
+class ChatCompletionChunk(_Body):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(default=None, exclude_if=_absent)  # only on the usage chunk, which has no choices
+
+
+class CompletionChoice(_Body):
+    index: int = 0
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None
+    text: str
+
+
+class Completion(_Body):
+    """A /v1/completions body, and each of its stream chunks: OpenAI streams the same object."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = Field(default=None, exclude_if=_absent)  # always in a body; in a stream, its last chunk

@@ -1,0 +1,158 @@
+"""The typed events of a generation: the generate loop over a scripted pipeline and draft, and
+usage built from them by the OpenAI layer over the fake backend. No model is loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from fake_backend import FakeBackend
+from fastapi.testclient import TestClient
+
+from mesh.api.app import build_app
+from mesh.api.responses import SpeculativeUsage, Usage
+from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled
+from mesh.metrics import Metrics
+from mesh.speculative.loop import generate
+from mesh.speculative.window import Fixed, WindowPolicy
+
+PROMPT = [1, 2, 3]
+TARGET = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # what the target samples after PROMPT
+EOS = 2
+
+
+class ScriptedPipeline:
+    """The target's token at every row, as the final stage samples it: row i fed at
+    `start` picks the token at start + i + 1."""
+
+    def __init__(self, target: list[int]) -> None:
+        self.target = target
+
+    async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: Any, all_logits: bool = False,
+                  kind: int = 0, history: Any = ()) -> list[Sampled]:
+        rows = range(len(tokens)) if all_logits else [len(tokens) - 1]
+        return [Sampled(self.target[start + i + 1 - len(PROMPT)]) for i in rows]
+
+
+class ScriptedDraft:
+    """Proposes the target's next tokens, except where `wrong` says to miss."""
+
+    step_seconds = 0.001
+
+    def __init__(self, target: list[int], wrong: bool = False) -> None:
+        self.target, self.wrong = target, wrong
+
+    async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
+        done = len(sequence) - len(PROMPT)
+        return [t + 1000 if self.wrong else t for t in self.target[done:done + k]]
+
+
+def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | None = None,
+            stop: frozenset[int] = frozenset()) -> list[GenerationEvent]:
+    req = GenerationRequest(PROMPT, max_tokens, stop_tokens=stop)
+    window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2)) if draft else None
+
+    async def go() -> list[GenerationEvent]:
+        loop = generate(ScriptedPipeline(target), 1, 0, req, 64, draft, window)  # type: ignore[arg-type]
+        return [e async for e in loop]
+
+    return asyncio.run(go())
+
+
+def test_without_a_draft_tokens_then_finished_with_length():
+    events = _events(4)
+    assert events == [Sampled(10), Sampled(11), Sampled(12), Sampled(13), Finished("length", 3, 4, None)]
+
+
+def test_a_stop_token_finishes_with_stop_and_is_not_a_token():
+    events = _events(8, target=[10, 11, EOS, 13], stop=frozenset({EOS}))
+    assert events == [Sampled(10), Sampled(11), Finished("stop", 3, 2, None)]
+
+
+def test_with_a_draft_each_window_record_comes_before_its_tokens():
+    events = _events(7, draft=ScriptedDraft(TARGET))
+    # prefill gives one token; each window of 2 accepts both drafts plus the target's next
+    assert events == [Acceptance(), Sampled(10),
+                      Acceptance(1, 2, 2), Sampled(11), Sampled(12), Sampled(13),
+                      Acceptance(2, 4, 4), Sampled(14), Sampled(15), Sampled(16),
+                      Finished("length", 3, 7, Acceptance(2, 4, 4))]
+
+
+def test_a_draft_that_always_misses_gives_one_token_per_window():
+    events = _events(4, draft=ScriptedDraft(TARGET, wrong=True))
+    assert [e.token for e in events if isinstance(e, Sampled)] == TARGET[:4]
+    # the windows shrink with the budget left: 2, then 1, then a plain decode for the last token
+    assert events[-1] == Finished("length", 3, 4, Acceptance(2, 3, 0))
+
+
+def test_a_stop_token_inside_an_accepted_window_ends_it_there():
+    target = [10, 11, 12, EOS, 14, 15]
+    events = _events(8, target=target, draft=ScriptedDraft(target), stop=frozenset({EOS}))
+    assert [e.token for e in events if isinstance(e, Sampled)] == [10, 11, 12]
+    assert events[-1] == Finished("stop", 3, 3, Acceptance(1, 2, 2))
+
+
+def test_acceptance_is_frozen_and_counts_only_rounds_that_proposed():
+    a = Acceptance().add(0, 0)
+    assert a == Acceptance() and (a.accept_rate, a.mean_window) == (0.0, 0.0)
+    a = a.add(4, 3).add(0, 0).add(2, 0)
+    assert a == Acceptance(2, 6, 3) and a.accept_rate == 0.5 and a.mean_window == 3.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.windows = 0  # type: ignore[misc]
+
+
+def test_usage_from_finished_has_todays_keys_and_rounding():
+    usage = Usage.of(Finished("length", 5, 7, Acceptance(3, 9, 1))).model_dump()
+    assert usage == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+                     "speculative": {"windows": 3, "proposed": 9, "accepted": 1, "accept_rate": 0.1111,
+                                     "mean_window": 3.0}}
+    assert Usage.of(Finished("stop", 5, 0)).model_dump() == {"prompt_tokens": 5, "completion_tokens": 0,
+                                                             "total_tokens": 5}
+    assert SpeculativeUsage.of(Acceptance(3, 10, 10)).mean_window == 3.333
+
+
+HI = [{"role": "user", "content": "hi"}]
+SPEC = {"windows": 11, "proposed": 33, "accepted": 11, "accept_rate": 0.3333, "mean_window": 3.0}
+
+
+@pytest.fixture
+def draft_backend(byte_tokenizer) -> FakeBackend:
+    return FakeBackend(byte_tokenizer, "Hello world", window=3)  # 3 proposed, 1 accepted, before each token
+
+
+def test_a_body_reports_speculative_usage_from_finished(draft_backend: FakeBackend):
+    with TestClient(build_app(draft_backend, Metrics())) as client:
+        body = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI}).json()
+        metrics = client.get("/metrics").text
+    assert body["choices"][0]["finish_reason"] == "stop"
+    prompt = len(draft_backend.requests[0].prompt)
+    assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 11, "total_tokens": prompt + 11,
+                             "speculative": SPEC}
+    assert "meshpipe_speculative_proposed_tokens_total 33.0" in metrics
+
+
+def test_the_stream_usage_chunk_reports_speculative_usage(draft_backend: FakeBackend):
+    body = {"model": "tiny", "prompt": "hi", "stream": True, "max_tokens": 4,
+            "stream_options": {"include_usage": True}}
+    with TestClient(build_app(draft_backend, Metrics())) as client, \
+            client.stream("POST", "/v1/completions", json=body) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    usage = json.loads(lines[-1][6:])
+    assert usage["choices"] == [] and usage["object"] == "text_completion"
+    assert usage["usage"]["completion_tokens"] == 4
+    assert usage["usage"]["speculative"] == {"windows": 4, "proposed": 12, "accepted": 4, "accept_rate": 0.3333,
+                                             "mean_window": 3.0}
+
+
+def test_a_stop_string_reports_what_was_generated_before_it(draft_backend: FakeBackend):
+    """The run closes the generation at the stop string, so no Finished comes: usage is built
+    from the tokens and the draft's record seen so far."""
+    with TestClient(build_app(draft_backend, Metrics())) as client:
+        body = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "stop": "wor"}).json()
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == ("Hello ", "stop")
+    assert body["usage"]["completion_tokens"] == len("Hello wor")
+    assert body["usage"]["speculative"]["windows"] == len("Hello wor")
+    assert draft_backend.closed == 1
