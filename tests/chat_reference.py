@@ -35,7 +35,8 @@ def chat(client: openai.OpenAI, prompt: str, stream: bool = False) -> str:
     if not stream:
         r = client.chat.completions.create(model=EMBEDDED_ID, messages=messages,
                                            temperature=0, max_tokens=MAX_TOKENS)
-        assert r.usage is not None and r.usage.completion_tokens > 0
+        assert r.usage is not None
+        assert r.usage.completion_tokens > 0
         return r.choices[0].message.content or ""
     chunks = client.chat.completions.create(model=EMBEDDED_ID, messages=messages, temperature=0,
                                             max_tokens=MAX_TOKENS, stream=True)

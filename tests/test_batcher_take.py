@@ -74,4 +74,5 @@ def test_take_removes_exactly_what_it_returns(loop: asyncio.AbstractEventLoop):
     b = _batcher(loop, [(0, 1), (0, 1), (1, 1)])
     queued = list(b.jobs)
     first = b._take()
-    assert first == queued[:1] and b.jobs == queued[1:]
+    assert first == queued[:1]
+    assert b.jobs == queued[1:]

@@ -97,9 +97,12 @@ def test_a_stop_token_inside_an_accepted_window_ends_it_there():
 
 def test_acceptance_is_frozen_and_counts_only_rounds_that_proposed():
     a = Acceptance().add(0, 0)
-    assert a == Acceptance() and (a.accept_rate, a.mean_window) == (0.0, 0.0)
+    assert a == Acceptance()
+    assert (a.accept_rate, a.mean_window) == (0.0, 0.0)
     a = a.add(4, 3).add(0, 0).add(2, 0)
-    assert a == Acceptance(2, 6, 3) and a.accept_rate == 0.5 and a.mean_window == 3.0
+    assert a == Acceptance(2, 6, 3)
+    assert a.accept_rate == 0.5
+    assert a.mean_window == 3.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.windows = 0  # type: ignore[misc]
 
@@ -141,7 +144,8 @@ def test_the_stream_usage_chunk_reports_speculative_usage(draft_backend: FakeBac
             client.stream("POST", "/v1/completions", json=body) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     usage = json.loads(lines[-1][6:])
-    assert usage["choices"] == [] and usage["object"] == "text_completion"
+    assert usage["choices"] == []
+    assert usage["object"] == "text_completion"
     assert usage["usage"]["completion_tokens"] == 4
     assert usage["usage"]["speculative"] == {"windows": 4, "proposed": 12, "accepted": 4, "accept_rate": 0.3333,
                                              "mean_window": 3.0}

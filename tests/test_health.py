@@ -35,8 +35,10 @@ def test_health_round_trips_through_json_with_the_served_keys():
     raw = SPLIT.model_dump_json()
     assert Health.model_validate_json(raw) == SPLIT
     data = json.loads(raw)
-    assert list(data) == HEALTH_KEYS and [list(s) for s in data["stages"]] == [STAGE_KEYS, STAGE_KEYS]
-    assert data["stages"][1]["rss_bytes"] is None and data["stages"][0]["status_at"] == 1700000000.5
+    assert list(data) == HEALTH_KEYS
+    assert [list(s) for s in data["stages"]] == [STAGE_KEYS, STAGE_KEYS]
+    assert data["stages"][1]["rss_bytes"] is None
+    assert data["stages"][0]["status_at"] == 1700000000.5
 
 
 def test_health_refuses_what_the_server_never_sends():
@@ -55,7 +57,8 @@ def test_the_endpoint_serves_the_model_as_is(byte_tokenizer):
     backend.healthy = SPLIT
     with TestClient(build_app(backend, Metrics())) as client:
         r = client.get("/health")
-    assert r.status_code == 200 and r.json() == json.loads(SPLIT.model_dump_json())
+    assert r.status_code == 200
+    assert r.json() == json.loads(SPLIT.model_dump_json())
     assert Health.model_validate_json(r.content) == SPLIT
 
 
@@ -111,4 +114,5 @@ def test_mesh_status_names_a_server_that_is_not_a_coordinator(served, capsys):
     for _ in range(2):
         assert main(["status", "--url", url]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("mesh status: error: http://127.0.0.1:") and "not a meshpipe coordinator's answer" in err
+        assert err.startswith("mesh status: error: http://127.0.0.1:")
+        assert "not a meshpipe coordinator's answer" in err

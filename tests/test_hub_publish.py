@@ -64,7 +64,8 @@ def test_publish_uploads_artifacts_first_and_the_manifest_last(fake_hub, tiny_pa
 
     events = fake_hub.events
     manifest_at = events.index(("add", MANIFEST_NAME))
-    assert manifest_at == len(events) - 2 and events[-1] == ("commit", head.oid)  # last file to land
+    assert manifest_at == len(events) - 2
+    assert events[-1] == ("commit", head.oid)
     for art in manifest.artifacts():  # every artifact's bytes and tree entry came before it
         assert events.index(("put", art.sha256)) < manifest_at
         assert events.index(("add", art.path)) < manifest_at
@@ -78,7 +79,8 @@ def test_publish_uploads_artifacts_first_and_the_manifest_last(fake_hub, tiny_pa
     # What landed is byte for byte the package, with LFS oids equal to the manifest's sha256.
     for art in manifest.artifacts():
         blob = head.tree[art.path]
-        assert blob.lfs and _sha256(blob.data) == art.sha256
+        assert blob.lfs
+        assert _sha256(blob.data) == art.sha256
     assert head.tree[MANIFEST_NAME].data == (tiny_package / MANIFEST_NAME).read_bytes()
     card = head.tree["README.md"].data.decode()
     for needle in ("architecture | llama", "layers | 4", "allowed cuts | any layer (1..3)",
@@ -94,7 +96,8 @@ def test_dry_run_prints_the_plan_and_uploads_nothing(fake_hub, tiny_package, tmp
     lines = done.stdout.splitlines()
     listed = [line.split()[-1] for line in lines[1:-1]]
     assert listed == [*(a.path for a in manifest.artifacts()), "README.md", MANIFEST_NAME]
-    assert lines[-1].startswith("total ") and "in 9 files; nothing was uploaded" in lines[-1]
+    assert lines[-1].startswith("total ")
+    assert "in 9 files; nothing was uploaded" in lines[-1]
     assert fake_hub.requests == []  # not even a request, let alone an upload
 
 
@@ -102,17 +105,20 @@ def test_republishing_drops_the_old_manifest_before_new_artifacts(api, fake_hub,
     plan = plan_publish(tiny_package, "org/tiny")
     first = publish(plan, api=api)
     second = publish(plan_publish(tiny_package, "org/tiny"), api=api)
-    assert first.revision != second.revision and second.pinned
+    assert first.revision != second.revision
+    assert second.pinned
     artifacts_commit, final = fake_hub.commits("org/tiny")[-2:]
     assert artifacts_commit.changes[0] == ("delete", MANIFEST_NAME)
     assert MANIFEST_NAME not in artifacts_commit.tree
-    assert final.changes[-1] == ("add", MANIFEST_NAME) and final.oid == second.revision
+    assert final.changes[-1] == ("add", MANIFEST_NAME)
+    assert final.oid == second.revision
 
 
 def test_publish_to_a_branch(api, fake_hub, tiny_package):
     ref = publish(plan_publish(tiny_package, "org/tiny", revision="exp/q4"), api=api)
     branch = fake_hub.commits("org/tiny", "exp/q4")
-    assert branch[-1].oid == ref.revision and MANIFEST_NAME in branch[-1].tree
+    assert branch[-1].oid == ref.revision
+    assert MANIFEST_NAME in branch[-1].tree
     assert MANIFEST_NAME not in fake_hub.commits("org/tiny", "main")[-1].tree
     with pytest.raises(PackageError, match="is a commit: publish to a branch"):
         plan_publish(tiny_package, "org/tiny", revision="a" * 40)
@@ -164,7 +170,8 @@ def test_a_publish_that_fails_half_way_is_never_resolvable(fake_hub, tiny_packag
 ])
 def test_token_problems_are_clear(fake_hub, tiny_package, tmp_path, token, expected):
     done = _mesh(_env(tmp_path, fake_hub.url, token), "package", "publish", str(tiny_package), "--repo", "org/tiny")
-    assert done.returncode == 2 and expected in done.stderr
+    assert done.returncode == 2
+    assert expected in done.stderr
     assert "Traceback" not in done.stderr
     assert "org/tiny" not in fake_hub.repos or MANIFEST_NAME not in fake_hub.commits("org/tiny")[-1].tree
 
@@ -180,7 +187,8 @@ def test_resolving_a_missing_repo_or_file_online_is_clear(api, fake_hub, tiny_pa
     ref = publish(plan_publish(tiny_package, "org/tiny"), api=api)
     env = _env(tmp_path, fake_hub.url)
     absent = _mesh(env, "package", "pull", "hf://org/absent")
-    assert absent.returncode == 2 and "repository org/absent not found on the Hub" in absent.stderr
+    assert absent.returncode == 2
+    assert "repository org/absent not found on the Hub" in absent.stderr
     probe = (f"from pathlib import Path; from packages.hub import resolve_draft; "
              f"resolve_draft('hf://org/tiny@{ref.revision}/drafts/none.gguf', Path('.'))")
     missing = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)

@@ -48,7 +48,8 @@ def test_mutable_refs_pin_to_the_cached_commit(hf_offline, tiny_package, tmp_pat
     newer = cache_package(hf_offline, "org/tiny", tiny_package, COMMIT)  # ...then main moved on
     for text in ("hf://org/tiny", "hf://org/tiny@main", "hf://org/tiny:main"):
         pkg = hub.open_package(parse_hub_ref(text))
-        assert pkg.ref == HubRef("org/tiny", COMMIT) and pkg.ref.pinned
+        assert pkg.ref == HubRef("org/tiny", COMMIT)
+        assert pkg.ref.pinned
         assert pkg.root == newer
     older = hub.open_package(parse_hub_ref(f"hf://org/tiny@{OTHER_COMMIT}"))
     assert older.ref.revision == OTHER_COMMIT
@@ -112,7 +113,8 @@ def test_coordinator_resolves_the_whole_package_pinned(hf_offline, tiny_package,
     said: list[str] = []
     package_dir, manifest, sha, model_id = resolve_model("hf://org/tiny", tmp_path / "cache", said.append)
     assert (manifest, sha) == load_manifest(tiny_package)
-    assert model_id == "tiny" and said == [f"serving hf://org/tiny@{COMMIT}"]
+    assert model_id == "tiny"
+    assert said == [f"serving hf://org/tiny@{COMMIT}"]
     assert hub.package_ref(package_dir) == f"hf://org/tiny@{COMMIT}"  # what stages are handed
 
 
@@ -160,7 +162,8 @@ def test_a_stage_uses_a_pulled_range_from_the_hf_cache(hf_offline, tiny_package,
     calls: list[str] = []
     prepared = _prepare(f"hf://org/tiny@{COMMIT}", sha, 2, 4, tmp_path / "stage",
                         _coordinator(tiny_package, calls))
-    assert prepared.gguf.is_file() and (prepared.start, prepared.end) == (2, 4)
+    assert prepared.gguf.is_file()
+    assert (prepared.start, prepared.end) == (2, 4)
     assert calls == []  # everything was already in the HF cache: nothing crossed the network
 
 
@@ -170,7 +173,8 @@ def test_a_stage_prefers_the_coordinator_over_the_hub(hf_offline, tiny_package, 
     prepared = _prepare(f"hf://org/tiny@{COMMIT}", sha, 0, 2, tmp_path / "stage",
                         _coordinator(tiny_package, calls))
     assert prepared.gguf.is_file()
-    assert calls[0] == MANIFEST_NAME and "layers/layer-00002.gguf" not in calls
+    assert calls[0] == MANIFEST_NAME
+    assert "layers/layer-00002.gguf" not in calls
     assert not repo_dir(hf_offline, "org/tiny").exists()  # the Hub was never needed
 
 
@@ -214,13 +218,16 @@ def test_pull_and_validate_cli_offline(tmp_path, tiny_package):
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip().startswith(f"hf://org/tiny@{COMMIT} verified in {hf_home / 'hub'}")
     missing = _mesh(env, "package", "pull", "hf://org/tiny", "--range", "2:4")
-    assert missing.returncode == 2 and "layers/layer-00002.gguf" in missing.stderr
+    assert missing.returncode == 2
+    assert "layers/layer-00002.gguf" in missing.stderr
     assert "Traceback" not in missing.stderr
     partial = _mesh(env, "package", "validate", "hf://org/tiny")
-    assert partial.returncode == 2 and "not in the Hugging Face cache" in partial.stderr
+    assert partial.returncode == 2
+    assert "not in the Hugging Face cache" in partial.stderr
     cache_package(hf_home / "hub", "org/tiny", tiny_package)
     full = _mesh(env, "package", "validate", f"hf://org/tiny@{COMMIT}")
-    assert full.returncode == 0 and full.stdout.startswith("ok: tiny (4 layers")
+    assert full.returncode == 0
+    assert full.stdout.startswith("ok: tiny (4 layers")
 
 
 def test_serve_an_hf_ref_end_to_end(tmp_path, smollm2_package, expected_texts):

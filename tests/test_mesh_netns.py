@@ -37,7 +37,7 @@ def stage_daemons(machines: list[Host], cache: Path, hide: Path) -> Iterator[lis
             procs.append(proc)
             assert proc.stdout is not None
             line = proc.stdout.readline().decode().split()
-            assert line and line[0] == "listening", f"stage on {host.address} did not start"
+            assert line[:1] == ["listening"], f"stage on {host.address} did not start"
             endpoints.append(line[1])
         yield endpoints
     finally:
@@ -66,4 +66,5 @@ def test_stages_on_separate_hosts_match_unsplit_model(tmp_path, expected_texts, 
         # over the bridge: its manifest and artifacts sit in its own cache
         for i in range(stages - 1):
             fetched = list((tmp_path / f"stage{i}" / "packages").rglob("*.gguf"))
-            assert fetched and len(fetched) < len(list(packages.rglob("*.gguf")))
+            assert fetched
+            assert len(fetched) < len(list(packages.rglob("*.gguf")))

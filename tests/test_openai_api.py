@@ -67,7 +67,8 @@ def test_abandoned_non_streaming_requests_stop_and_free_their_lanes(server):
 def test_completions_default_to_16_tokens(server):
     r = client(server).completions.create(model=EMBEDDED_ID, prompt="Once upon a time",
                                           extra_body={"ignore_eos": True})
-    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 16
+    assert r.choices[0].finish_reason == "length"
 
 
 def test_ordinary_message_shapes_get_answers(server):
@@ -124,7 +125,8 @@ def test_no_seed_is_a_fresh_draw_and_a_seed_reproduces(server):
 def test_unsupported_chat_parameters_are_refused_by_name(server, param, value):
     with pytest.raises(openai.BadRequestError) as err:
         chat(server, extra_body={param: value})
-    assert err.value.status_code == 400 and err.value.body["param"] == param
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == param
 
 
 @pytest.mark.parametrize(("param", "value"), [("echo", True), ("suffix", "end"), ("best_of", 2)])
@@ -149,7 +151,8 @@ def test_an_injected_role_stays_text(server, smollm2_gguf):
 def test_big_bodies_are_refused_and_health_stays_fast_while_a_full_prompt_prefills(server):
     started = time.monotonic()
     huge = httpx.post(f"{server}/v1/chat/completions", content=b"x" * (50 << 20), timeout=60)
-    assert huge.status_code == 413 and time.monotonic() - started < 5
+    assert huge.status_code == 413
+    assert time.monotonic() - started < 5
     waits: list[float] = []
     result: dict[str, object] = {}
 
@@ -167,17 +170,20 @@ def test_big_bodies_are_refused_and_health_stays_fast_while_a_full_prompt_prefil
             waits.append(time.monotonic() - sent)
             time.sleep(0.02)
     assert result["r"].status_code == 200, result["r"].text  # type: ignore[attr-defined]
-    assert len(waits) > 5 and max(waits) < 0.1, (len(waits), max(waits))
+    assert len(waits) > 5, waits
+    assert max(waits) < 0.1, (len(waits), max(waits))
 
 
 def test_context_errors_are_right(server):
     with pytest.raises(openai.BadRequestError) as err:
         chat(server, messages=[{"role": "user", "content": "word " * 1500}])
     text = str(err.value)
-    assert "context holds 1024" in text and "-" not in text.split("context")[0].split("is")[-1]
+    assert "context holds 1024" in text
+    assert "-" not in text.split("context")[0].split("is")[-1]
     with pytest.raises(openai.BadRequestError) as err:
         chat(server, max_tokens=CTX)
-    assert "ask for at most" in str(err.value) and err.value.body["param"] == "messages"
+    assert "ask for at most" in str(err.value)
+    assert err.value.body["param"] == "messages"
     with pytest.raises(openai.BadRequestError) as err:
         client(server).completions.create(model=EMBEDDED_ID, prompt="word " * 1500)
     assert err.value.body["param"] == "prompt"
@@ -238,7 +244,9 @@ def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):
                 assert (resp.status, json.loads(resp.read()).get("object", "error")) == \
                     (status, "list" if status == 200 else "error")
         records = [r for r in caplog.records if r.name == "meshpipe.api"]
-        assert len(records) == 1 and records[0].exc_info is None and "a bug" in records[0].getMessage()
+        assert len(records) == 1
+        assert records[0].exc_info is None
+        assert "a bug" in records[0].getMessage()
         assert 'meshpipe_requests_total{endpoint="chat",status="500"} 1.0' in metrics.render().decode()
     finally:
         server.should_exit = True
@@ -250,8 +258,10 @@ def test_logprobs_in_each_endpoints_shape(server):
     entries = r.choices[0].logprobs.content
     assert len(entries) == r.usage.completion_tokens == 8
     for e in entries:  # greedy: the chosen token is the most likely one
-        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
-        assert e.logprob == e.top_logprobs[0].logprob <= 0 and bytes(e.bytes).decode(errors="replace") == e.token
+        assert len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].token == e.token
+        assert e.logprob == e.top_logprobs[0].logprob <= 0
+        assert bytes(e.bytes).decode(errors="replace") == e.token
         assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
     assert "".join(e.token for e in entries) == r.choices[0].message.content
     stream = client(server).chat.completions.create(model=EMBEDDED_ID, messages=HI, max_tokens=8,

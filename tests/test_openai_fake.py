@@ -48,7 +48,8 @@ def _error(r: Any, status: int, code: str | None = None, param: str | None = Non
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["message"], str)
+    assert err["message"]
     if code is not None:
         assert err["code"] == code
     if param is not None:
@@ -70,11 +71,13 @@ def test_chat_body(backend: FakeBackend, client: TestClient):
     r = client.post(CHAT, json={"model": "tiny", "messages": HI})
     assert r.status_code == 200
     body = r.json()
-    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
     assert body["model"] == "tiny"
     (choice,) = body["choices"]
     assert choice["message"] == {"role": "assistant", "content": "Hello world", "refusal": None}
-    assert choice["finish_reason"] == "stop" and choice["logprobs"] is None
+    assert choice["finish_reason"] == "stop"
+    assert choice["logprobs"] is None
     prompt = len(backend.requests[0].prompt)
     assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 11, "total_tokens": prompt + 11}
     assert backend.closed == 1
@@ -84,7 +87,8 @@ def test_completion_body_defaults_to_16_tokens(byte_tokenizer):
     backend = FakeBackend(byte_tokenizer, "x" * 40)
     with _client(backend) as client:
         body = client.post(COMPLETIONS, json={"model": "tiny", "prompt": "hi"}).json()
-    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["object"] == "text_completion"
+    assert body["id"].startswith("cmpl-")
     assert body["choices"][0]["text"] == "x" * 16
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 16
@@ -119,7 +123,8 @@ def test_completion_stream_with_stop_and_usage_when_asked(backend: FakeBackend, 
     *chunks, usage = events
     assert "".join(e["choices"][0]["text"] for e in chunks) == "Hello "
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert usage["choices"] == [] and usage["object"] == "text_completion"
+    assert usage["choices"] == []
+    assert usage["object"] == "text_completion"
     prompt = len(backend.requests[0].prompt)
     # the stop was seen in the token after "r": the tokens generated count, not the text kept
     assert usage["usage"]["prompt_tokens"] == prompt
@@ -146,7 +151,8 @@ def test_logprobs_in_a_chat_body(client: TestClient):
                                    "top_logprobs": 2}).json()
     content = body["choices"][0]["logprobs"]["content"]
     assert [c["token"] for c in content] == ["H", "e"]
-    assert content[0]["bytes"] == [ord("H")] and content[0]["logprob"] == -0.5
+    assert content[0]["bytes"] == [ord("H")]
+    assert content[0]["logprob"] == -0.5
     assert len(content[0]["top_logprobs"]) == 2
 
 

@@ -42,18 +42,23 @@ def mesh(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_round_trip_write_validate_materialize_load(tiny_package, tmp_path):
     manifest, sha = validate_package(tiny_package)
-    assert manifest.layer_count == 4 and manifest.allowed_cuts == (1, 2, 3)
-    assert len(manifest.layers) == 4 and all(a.sha256 for a in manifest.artifacts())
+    assert manifest.layer_count == 4
+    assert manifest.allowed_cuts == (1, 2, 3)
+    assert len(manifest.layers) == 4
+    assert all(a.sha256 for a in manifest.artifacts())
     stage = materialize_stage(tiny_package, manifest, sha, 1, 3, tmp_path)
     reader = open_gguf(stage)
     assert field_value(reader, "llama.block_count") == 2
     names = {t.name for t in reader.tensors}
-    assert "blk.0.attn_q.weight" in names and "blk.1.attn_q.weight" in names
-    assert "blk.2.attn_q.weight" not in names and "token_embd.weight" in names
+    assert "blk.0.attn_q.weight" in names
+    assert "blk.1.attn_q.weight" in names
+    assert "blk.2.attn_q.weight" not in names
+    assert "token_embd.weight" in names
     engine = LlamaRangeEngine(stage, EngineConfig(first=False, final=False, lanes=1, ctx_per_lane=64))
     try:
         out = engine.step([Step(lane=0, start=0, hidden=np.ones((3, 64), dtype=np.float32))])[0]
-        assert out.shape == (3, 64) and np.isfinite(out).all()
+        assert out.shape == (3, 64)
+        assert np.isfinite(out).all()
     finally:
         engine.close()
 
@@ -130,7 +135,7 @@ def test_failed_write_leaves_nothing_behind(tiny_gguf, tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(writer_module, "_write_layer", failing)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk full"):
         write_package(tiny_gguf, tmp_path / "out", progress=_quiet)
     assert list(tmp_path.iterdir()) == []
 
@@ -147,7 +152,8 @@ def _assert_clean_failure(result: subprocess.CompletedProcess[str], needle: str)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines[-1].startswith("mesh package: error:") and needle in lines[-1], result.stderr
+    assert lines[-1].startswith("mesh package: error:"), result.stderr
+    assert needle in lines[-1], result.stderr
 
 
 def test_cli_bad_inputs_fail_cleanly(tiny_gguf, tiny_package, tmp_path):
@@ -190,4 +196,5 @@ def test_cli_write_inspect_validate(tiny_gguf, tmp_path):
     for needle in ("architecture", "llama", "layers", "allowed cuts", "quantization"):
         assert needle in shown
     ok = mesh("package", "validate", out)
-    assert ok.returncode == 0 and ok.stdout.startswith("ok: tiny")
+    assert ok.returncode == 0
+    assert ok.stdout.startswith("ok: tiny")

@@ -22,7 +22,9 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 def test_version_check_names_both_versions() -> None:
     assert check_version(PROTOCOL_VERSION) is None
     message = check_version(PROTOCOL_VERSION + 1)
-    assert message is not None and str(PROTOCOL_VERSION + 1) in message and str(PROTOCOL_VERSION) in message
+    assert message is not None
+    assert str(PROTOCOL_VERSION + 1) in message
+    assert str(PROTOCOL_VERSION) in message
 
 
 @pytest.mark.parametrize(("client", "service"), [(StageControlClient, "StageControl"),

@@ -25,7 +25,7 @@ def _route() -> Route:
 def test_rpc_sends_the_token_and_returns_the_reply():
     seen: list[tuple[pb.StatusRequest, float | None, Metadata | None]] = []
 
-    async def status(request: pb.StatusRequest, *, timeout: float | None = None,
+    async def status(request: pb.StatusRequest, *, timeout: float | None = None,  # noqa: ASYNC109 -- grpc's own signature
                      metadata: Metadata | None = None) -> pb.StatusReply:
         seen.append((request, timeout, metadata))
         return pb.StatusReply(rss_bytes=7)
@@ -37,7 +37,7 @@ def test_rpc_sends_the_token_and_returns_the_reply():
 
 @pytest.mark.parametrize(("details", "said"), [("connection refused", "connection refused"), ("", "UNAVAILABLE")])
 def test_a_failed_rpc_names_the_stage_and_the_rpc(details: str, said: str):
-    async def load(request: pb.LoadRequest, *, timeout: float | None = None,
+    async def load(request: pb.LoadRequest, *, timeout: float | None = None,  # noqa: ASYNC109 -- grpc's own signature
                    metadata: Metadata | None = None) -> pb.LoadReply:
         raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                    details=details)

@@ -86,7 +86,8 @@ def test_sigterm_lets_short_requests_finish_cancels_long_ones_and_ends_every_sta
     with mesh_serve(tmp_path, *args) as (url, proc):
         stages = [psutil.Process(pid) for pid in stage_pids(proc.pid)]
         stage_ports = [port for s in stages for _, port in _listening(s)]
-        assert len(stages) == 1 and stage_ports
+        assert len(stages) == 1
+        assert stage_ports
         short, long = Stream(url, 30), Stream(url, 1000)  # 30 tokens take 1.2 s of wire alone
         for s in (long, short):
             s.start()
@@ -104,7 +105,8 @@ def test_sigterm_lets_short_requests_finish_cancels_long_ones_and_ends_every_sta
         assert all(_refused(port) for port in stage_ports)
     assert rc == 0, log[-3000:]
     assert GRACE - 0.5 < took < GRACE + 5, f"exit took {took:.1f}s"
-    assert short.done and not long.done
+    assert short.done
+    assert not long.done
     assert "Exception in ASGI application" not in log
 
 
@@ -118,7 +120,8 @@ def test_a_taken_port_fails_at_once_and_builds_nothing(tiny, tmp_path):
                      "--listen", f"127.0.0.1:{port}")
         took = time.monotonic() - started
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 2 and took < 15
+    assert done.returncode == 2
+    assert took < 15
     assert lines == [f"mesh serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.gguf"))
 
@@ -149,14 +152,16 @@ def test_listen_flags_version_and_conflicts(tiny, tmp_path):
     server, log = _serve_alone(tmp_path, f"http://localhost:{port}", *model, "--host", "localhost",
                                "--port", str(port))
     try:
-        assert f":{port}/v1" in log and "serving tiny" in log
+        assert f":{port}/v1" in log
+        assert "serving tiny" in log
     finally:
         stop(server.process)
 
     version = _mesh(tmp_path, "--version")
     assert version.stdout.strip() == f"mesh {importlib.metadata.version('meshpipe')}"
     clash = _mesh(tmp_path, "serve", "--listen", "127.0.0.1:1", "--port", "2")
-    assert clash.returncode == 2 and clash.stderr.strip().startswith("mesh serve: error: ")
+    assert clash.returncode == 2
+    assert clash.stderr.strip().startswith("mesh serve: error: ")
     assert len(clash.stderr.strip().splitlines()) == 1
 
 
@@ -164,7 +169,8 @@ def test_status_takes_the_printed_url_and_shows_live_stage_state(tiny, tmp_path)
     with mesh_serve(tmp_path, "--model", str(tiny), "--local-stages", "2", "--no-draft") as (url, proc):
         shown = _mesh(tmp_path, "status", "--url", f"{url}/v1/")
         assert shown.returncode == 0, shown.stderr
-        assert "route: ok" in shown.stdout and shown.stdout.count("READY") == 2
+        assert "route: ok" in shown.stdout
+        assert shown.stdout.count("READY") == 2
 
         def stage1() -> dict[str, object]:
             return httpx.get(f"{url}/health", timeout=10).json()["stages"][1]

@@ -25,7 +25,9 @@ NAMES = {"tiny"}
 
 def test_package_default_when_nothing_else_says(manifest):
     plan, _ = resolve_plan(Speculative(), False, Config(), NAMES, manifest)
-    assert plan is not None and plan.draft_model == "org/draft:Q4_0" and plan.source == "package default"
+    assert plan is not None
+    assert plan.draft_model == "org/draft:Q4_0"
+    assert plan.source == "package default"
     assert plan.describe() == "draft pkg-draft (package default), adaptive 4 [1,16]"
 
 
@@ -34,14 +36,22 @@ def test_each_level_overrides_the_ones_below(manifest):
     model = Speculative(draft_model="org/other:Q8_0", initial_window=3, max_window=3)
     config = Config(defaults=defaults, models=(ModelEntry("tiny", model),))
     plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
-    assert plan and plan.draft_model == "org/other:Q8_0" and plan.source == "config [[models]]"
-    assert plan.window.policy == "fixed" and plan.window.initial == 3  # model beats defaults
+    assert plan
+    assert plan.draft_model == "org/other:Q8_0"
+    assert plan.source == "config [[models]]"
+    assert plan.window.policy == "fixed"
+    assert plan.window.initial == 3
     cli = Speculative(draft_model="/x/d.gguf", initial_window=5, max_window=5)
     plan, _ = resolve_plan(cli, False, config, NAMES, manifest)
-    assert plan and plan.draft_model == "/x/d.gguf" and plan.source == "CLI" and plan.window.initial == 5
+    assert plan
+    assert plan.draft_model == "/x/d.gguf"
+    assert plan.source == "CLI"
+    assert plan.window.initial == 5
     other_model = Config(defaults=defaults, models=(ModelEntry("something-else", model),))
     plan, _ = resolve_plan(Speculative(), False, other_model, NAMES, manifest)
-    assert plan and plan.draft_model == "org/draft:Q4_0" and plan.window.initial == 2
+    assert plan
+    assert plan.draft_model == "org/draft:Q4_0"
+    assert plan.window.initial == 2
 
 
 def test_off_switches(manifest, tiny_package):
@@ -49,10 +59,12 @@ def test_off_switches(manifest, tiny_package):
     assert off == (None, "off (--no-draft)")
     disabled = Config(defaults=Speculative(strategy="disabled"))
     plan, note = resolve_plan(Speculative(), False, disabled, NAMES, manifest)
-    assert plan is None and "disabled" in note
+    assert plan is None
+    assert "disabled" in note
     bare, _ = load_manifest(tiny_package)
     plan, note = resolve_plan(Speculative(), False, Config(), NAMES, bare)
-    assert plan is None and note.startswith("off (no draft declared")
+    assert plan is None
+    assert note.startswith("off (no draft declared")
 
 
 def test_bad_settings_are_clear_errors(manifest):
@@ -78,5 +90,7 @@ def test_config_parses_the_documented_example():
     config = parse_config({"version": 1, "mesh": {"listen": "0.0.0.0:9337", "peers": ["10.0.0.2:7070"]},
                            "defaults": {"speculative": {"strategy": "auto", "max_window": 8}},
                            "models": [{"model": "hf://org/m@abc", "speculative": {"initial_window": 4}}]})
-    assert config.mesh.peers == ("10.0.0.2:7070",) and config.defaults.max_window == 8
-    assert config.model({"hf://org/m@abc"}) is not None and config.model({"x"}) is None
+    assert config.mesh.peers == ("10.0.0.2:7070",)
+    assert config.defaults.max_window == 8
+    assert config.model({"hf://org/m@abc"}) is not None
+    assert config.model({"x"}) is None

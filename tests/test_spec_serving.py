@@ -23,7 +23,8 @@ def _complete(url: str, prompt: str) -> tuple[str, dict]:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
     r = client.chat.completions.create(model=EMBEDDED_ID, messages=[{"role": "user", "content": prompt}],
                                        max_tokens=TOKENS, temperature=0, extra_body={"ignore_eos": True})
-    assert r.usage is not None and r.usage.completion_tokens == TOKENS
+    assert r.usage is not None
+    assert r.usage.completion_tokens == TOKENS
     return r.choices[0].message.content or "", r.usage.model_dump()
 
 
@@ -61,13 +62,15 @@ def no_draft_sampled(serve_cache) -> tuple[str, list[dict]]:
 
 def test_logprobs_penalties_and_bias_with_the_draft_equal_no_draft(serve_cache, no_draft_sampled):
     text, logprobs = no_draft_sampled
-    assert len(logprobs) == 48 and all(len(e["top_logprobs"]) == 4 for e in logprobs)
+    assert len(logprobs) == 48
+    assert all(len(e["top_logprobs"]) == 4 for e in logprobs)
     assert all(e["logprob"] <= 0 and e["token"] for e in logprobs)
     with mesh_serve(serve_cache, "--local-stages", "2", "--draft-window", "4") as (url, _):
         assert _sampled(url) == (text, logprobs)  # bit for bit: SmolLM2 is batch-invariant
         windows = [line for line in httpx.get(f"{url}/metrics").text.splitlines()
                    if line.startswith("meshpipe_speculative_windows_total")]
-        assert windows and float(windows[0].split()[-1]) > 0  # the tokens came through verify windows
+        assert windows
+        assert float(windows[0].split()[-1]) > 0
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
@@ -94,13 +97,15 @@ def test_unresolvable_draft_serves_on_without_speculation(serve_cache, no_draft_
         note = httpx.get(f"{url}/health").json()["speculative"]
         assert note.startswith("off: draft /nonexistent/draft.gguf unavailable")
         text, usage = _complete(url, PROMPTS[0])
-        assert text == no_draft_texts[PROMPTS[0]] and "speculative" not in usage
+        assert text == no_draft_texts[PROMPTS[0]]
+        assert "speculative" not in usage
 
 
 def test_draft_with_another_tokenizer_is_refused(serve_cache, gemma3_gguf):
     with mesh_serve(serve_cache, "--draft", str(gemma3_gguf)) as (url, _):
         note = httpx.get(f"{url}/health").json()["speculative"]
-        assert "refused" in note and "vocabulary" in note
+        assert "refused" in note
+        assert "vocabulary" in note
         status = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
             "model": EMBEDDED_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert status.status_code == 200

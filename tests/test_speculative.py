@@ -72,7 +72,9 @@ async def _sampled(pipeline, draft, prompt, n, sampling=GREEDY, window=None, ses
     req = GenerationRequest(prompt, n, sampling, ignore_eos=True)
     events = [e async for e in generate(pipeline, session, pipeline.open(session), req, 512, draft, window)]
     done = events[-1]
-    assert isinstance(done, Finished) and done.finish_reason == "length" and done.completion_tokens == n
+    assert isinstance(done, Finished)
+    assert done.finish_reason == "length"
+    assert done.completion_tokens == n
     assert (done.speculative is None) == (draft is None)
     return [e for e in events if isinstance(e, Sampled)], done
 
@@ -124,7 +126,8 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                         acceptance = event
                     else:
                         out.append(event.token)
-                assert acceptance.accepted == 0 and acceptance.windows == 5
+                assert acceptance.accepted == 0
+                assert acceptance.windows == 5
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
                 # the fifth window fed 1 + 4 rows through both stages, and none was accepted
                 assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 4
@@ -273,7 +276,8 @@ def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_pac
                 with pytest.raises(StageFailedError, match=words):
                     await pipeline.run(1, lane, 3, [7], params, history=history)
             ok = await pipeline.run(1, lane, 3, [7], SamplingParams(logprobs=2), history=[7])
-            assert len(ok) == 1 and len(ok[0].top) == 2
+            assert len(ok) == 1
+            assert len(ok[0].top) == 2
 
     asyncio.run(scenario())
 
@@ -327,7 +331,8 @@ def test_cost_aware_turns_off_when_the_draft_costs_as_much_as_the_target():
         # draft step as slow as a whole verify pass, half the proposals accepted
         w.record(k, k // 2, draft_s=0.01 * k, verify_s=0.01 + 0.001 * k)
     late = windows[20:]
-    assert late.count(0) >= 0.95 * len(late) and 1 in late  # off, with a periodic re-probe
+    assert late.count(0) >= 0.95 * len(late)
+    assert 1 in late
     assert w.probe_every > 5  # each failed probe waits longer for the next
 
 

@@ -103,13 +103,15 @@ def test_stage_zero_alone_samples_in_process_and_frees_its_lane_at_end():
             assert pipeline.open(7) == lane  # one lane per session however often asked
             assert _tokens(await pipeline.run(7, lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)) == [4]
             verify = await pipeline.run(7, lane, 3, [4, 5, 9], GREEDY, all_logits=True, kind=pb.VERIFY)
-            assert _tokens(verify) == [5, 6, 10] and engine.position(lane) == 6
+            assert _tokens(verify) == [5, 6, 10]
+            assert engine.position(lane) == 6
             assert pipeline.hops.frames == {"prefill": 1, "verify": 1}
             assert pipeline.hops.batch_rows[("verify", "0")] == 3
             with pytest.raises(StageFailedError, match="stage 0: cannot sample"):
                 await pipeline.run(7, lane, 6, [10], OVERFLOW)
             await pipeline.end(7)
-            assert len(pipeline.core.lanes) == 0 and engine.position(lane) == 0
+            assert len(pipeline.core.lanes) == 0
+            assert engine.position(lane) == 0
         finally:
             await pipeline.stop()
 
@@ -134,7 +136,8 @@ def test_two_stages_chunk_encode_sample_and_map_sessions_to_their_own_lanes():
             assert ("verify", "links", "wire") in hops.seconds
             await pipeline.end(9)
             await _until(lambda: not final.core.lanes.by_session)
-            assert final.core.engine.position(0) == 0 and first.position(lane) == 0
+            assert final.core.engine.position(0) == 0
+            assert first.position(lane) == 0
 
     asyncio.run(scenario())
 

@@ -54,7 +54,8 @@ def test_wrong_or_missing_token_is_refused(stage_endpoint):
 
 def test_protocol_version_mismatch_is_refused(stage_endpoint):
     reply = _call(stage_endpoint, "Claim", pb.ClaimRequest(protocol_version=V + 1, term=1))
-    assert not reply.ok and "protocol version" in reply.message  # type: ignore[attr-defined]
+    assert not reply.ok
+    assert "protocol version" in reply.message
 
 
 def test_stale_term_is_refused(stage_endpoint):
@@ -62,11 +63,14 @@ def test_stale_term_is_refused(stage_endpoint):
         protocol_version=V, term=100, coordinator_id="new", lease_until_ms=2**62)).ok  # type: ignore[attr-defined]
     old = _call(stage_endpoint, "Claim", pb.ClaimRequest(
         protocol_version=V, term=50, coordinator_id="old", lease_until_ms=2**62))
-    assert not old.ok and "stale" in old.message  # type: ignore[attr-defined]
+    assert not old.ok
+    assert "stale" in old.message
     stop = _call(stage_endpoint, "Stop", pb.StopRequest(protocol_version=V, term=50))
-    assert not stop.ok and "stale coordinator term" in stop.message  # type: ignore[attr-defined]
+    assert not stop.ok
+    assert "stale coordinator term" in stop.message
     load = _call(stage_endpoint, "Load", pb.LoadRequest(protocol_version=V, term=50))
-    assert not load.ready and "stale" in load.message  # type: ignore[attr-defined]
+    assert not load.ready
+    assert "stale" in load.message
 
 
 def test_activation_link_checks_token_and_version():

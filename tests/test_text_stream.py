@@ -51,7 +51,8 @@ def test_invalid_bytes_become_replacement_characters_without_stalling():
     assert _deltas(b"\xc3A", b"b") == (["\ufffdA", "b"], "")
     # four pending bytes that still do not decode are not an incomplete character
     deltas, _ = _deltas(b"\xf0\x9f\x98", b"\x41")
-    assert deltas[0] == "" and deltas[1] == "\ufffdA"
+    assert deltas[0] == ""
+    assert deltas[1] == "\ufffdA"
 
 
 def test_flush_replaces_an_unfinished_character_and_empties_the_buffer():

@@ -18,7 +18,8 @@ def _round_trip(arr: np.ndarray, dtype: int) -> np.ndarray:
     header = pb.FrameHeader(kind=pb.DECODE, dtype=dtype, shape=shape, payload_bytes=len(data))
     validate_header(header, Limits())
     out = decode_tensor(header, data)
-    assert out.dtype == np.float32 and out.shape == arr.shape
+    assert out.dtype == np.float32
+    assert out.shape == arr.shape
     return out
 
 
@@ -52,8 +53,10 @@ def test_bf16_keeps_the_high_bits_and_rounds_to_nearest_even():
 def test_bf16_special_values():
     arr = np.array([[0.0, -0.0, np.inf, -np.inf, 3.0e38]], dtype=np.float32)
     out = _round_trip(arr, pb.BF16)
-    assert out[0, 0] == 0 and np.signbit(out[0, 1])
-    assert out[0, 2] == np.inf and out[0, 3] == -np.inf
+    assert out[0, 0] == 0
+    assert np.signbit(out[0, 1])
+    assert out[0, 2] == np.inf
+    assert out[0, 3] == -np.inf
     assert np.isfinite(out[0, 4]) or out[0, 4] == np.inf  # near max: rounds to max or inf, never NaN
     assert np.isnan(_round_trip(np.array([[np.nan]], dtype=np.float32), pb.BF16)).all()
 

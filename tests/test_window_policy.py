@@ -39,10 +39,12 @@ def test_defaults_and_python_names():
 def test_manifest_entry_reads_and_writes_the_published_names():
     entry = _entry()
     strategy = _declare(entry)
-    assert strategy.name == "s" and strategy.window == WindowPolicy(policy="fixed", initial=3, min=2, max=5)
+    assert strategy.name == "s"
+    assert strategy.window == WindowPolicy(policy="fixed", initial=3, min=2, max=5)
     assert strategy.to_json() == entry  # the same keys a published package has, nothing added
     bundled = _declare(_entry(draft_model="draft/d.gguf", draft_sha256=SHA, draft_bytes=7))
-    assert bundled.in_package and bundled.to_json()["draft_sha256"] == SHA
+    assert bundled.in_package
+    assert bundled.to_json()["draft_sha256"] == SHA
     assert _declare(_entry(window_policy=None)).window == WindowPolicy()  # the window is optional
 
 
@@ -89,7 +91,8 @@ def test_each_bad_window_names_the_rule(window, message):
 def test_each_bad_manifest_entry_is_a_clear_error(entry, message):
     with pytest.raises(PackageError) as caught:
         _declare(entry)
-    assert str(caught.value).startswith(WHERE) and str(caught.value).endswith(message)
+    assert str(caught.value).startswith(WHERE)
+    assert str(caught.value).endswith(message)
 
 
 def test_config_window_keys_are_a_partial_window_policy():
