@@ -112,7 +112,7 @@ class Coordinator:
             gguf = await asyncio.to_thread(draft_path, self.spec, self.package_dir)
             s = self.settings
             draft = await asyncio.to_thread(Draft, gguf, s.lanes, s.ctx_size, s.threads, s.cpu_lock)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- whatever broke the draft, serve on without it
             return self._no_speculation(f"draft {self.spec.draft_model} unavailable: {exc}")
         assert self.engine is not None
         mismatch = vocab_mismatch(self.engine, draft.engine)

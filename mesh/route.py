@@ -86,11 +86,12 @@ class Route:
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     async def rpc(self, stage: RemoteStage, call: Unary[Req, Reply], request: Req,
-                  timeout: float = RPC_TIMEOUT) -> Reply:
+                  deadline_s: float = RPC_TIMEOUT) -> Reply:
         """`call` is one of `stage.control`'s methods, so mypy knows its reply type; a failure
-        becomes a RouteError naming the stage and the RPC."""
+        becomes a RouteError naming the stage and the RPC. The deadline is gRPC's: the stage
+        sees it too and stops working on a call nobody waits for."""
         try:
-            return await call(request, timeout=timeout, metadata=token_metadata(self.settings.token))
+            return await call(request, timeout=deadline_s, metadata=token_metadata(self.settings.token))
         except grpc.aio.AioRpcError as exc:
             raise RouteError(f"stage {stage.endpoint}: {rpc_name(request)} failed: "
                              f"{exc.details() or exc.code().name}") from None
@@ -126,10 +127,10 @@ async def connect_stage(route: Route, stage: RemoteStage) -> None:
                          f"this coordinator speaks {V}; upgrade meshpipe so they match")
 
 
-async def refresh_status(route: Route, stage: RemoteStage, timeout: float) -> None:
+async def refresh_status(route: Route, stage: RemoteStage, deadline_s: float) -> None:
     """Ask the stage for its state and memory; `reachable` says whether it answered."""
     try:
-        stage.status = await route.rpc(stage, stage.control.Status, pb.StatusRequest(protocol_version=V), timeout)
+        stage.status = await route.rpc(stage, stage.control.Status, pb.StatusRequest(protocol_version=V), deadline_s)
     except RouteError:
         stage.reachable = False
         raise
@@ -231,12 +232,12 @@ async def _release(route: Route, stage: RemoteStage) -> None:
         await end_process(stage.process)
 
 
-async def end_process(process: subprocess.Popen[bytes], timeout: float = EXIT_TIMEOUT) -> None:
-    """SIGTERM, then SIGKILL after `timeout`. Polls rather than waiting in a thread: a cancelled
+async def end_process(process: subprocess.Popen[bytes], grace_s: float = EXIT_TIMEOUT) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`. Polls rather than waiting in a thread: a cancelled
     wait then leaves no executor thread behind for asyncio.run to block on at exit."""
     if process.poll() is None:
         process.terminate()
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + grace_s
     while process.poll() is None:
         if time.monotonic() > deadline:
             process.kill()

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from packages.architectures import allowed_cuts
+from packages.errors import PackageError
 from packages.gguf_files import architecture_of, field_value, open_gguf
 from packages.manifest import load_manifest
 from packages.writer import block_index, quantization_of
@@ -44,7 +45,7 @@ def _describe_gguf(path: Path) -> list[tuple[str, str]]:
     layer_bytes = sum(int(t.n_bytes) for t in reader.tensors if block_index(t.name) is not None)
     try:
         cuts = _cuts_text(allowed_cuts(arch, layers), layers)
-    except Exception as exc:
+    except PackageError as exc:  # an architecture nobody may split: say so in the table
         cuts = str(exc)
     return [
         ("file", str(path)),

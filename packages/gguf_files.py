@@ -22,7 +22,7 @@ def open_gguf(path: Path) -> GGUFReader:
         raise PackageError(f"missing file: {path}")
     try:
         return GGUFReader(path, "r")
-    except Exception as exc:  # the reader raises ValueError, struct.error, IndexError, ...
+    except Exception as exc:  # noqa: BLE001 -- the reader raises ValueError, struct.error, IndexError, ...
         raise PackageError(f"not a valid GGUF file: {path} ({type(exc).__name__}: {exc})") from None
 
 

@@ -172,7 +172,9 @@ def _strategy(where: str, name: str, body: Any) -> DraftStrategy:
 
 def verify_draft(package_dir: Path, strategy: DraftStrategy) -> Path:
     """The draft's path inside the package, checked against its sha256."""
-    assert strategy.in_package and strategy.draft_sha256 and strategy.draft_bytes is not None
+    assert strategy.in_package
+    assert strategy.draft_sha256
+    assert strategy.draft_bytes is not None
     path = package_dir / strategy.draft_model
     verify_file(path, strategy.draft_bytes, strategy.draft_sha256, strategy.draft_model)
     return path

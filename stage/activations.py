@@ -98,7 +98,7 @@ class ActivationStage:
         while (item := await outbox.get()) is not None:
             try:
                 result = await item.work.output if item.work is not None else None
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- one frame's failure is its ERROR reply, not the stage's end
                 item.error = f"stage {self.core.index}: {exc}"
                 result = None
             try:
@@ -115,7 +115,8 @@ class ActivationStage:
             if self.downstream is not None:
                 await self.downstream.send(h)
             return
-        assert item.work is not None and result is not None
+        assert item.work is not None
+        assert result is not None
         if self.downstream is None:
             if h.want_reply:
                 await link.send(self._reply(h, item.work, result))

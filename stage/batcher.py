@@ -137,7 +137,7 @@ class Batcher:
                 results = [self._guard(batch[0].control)]
             else:
                 results = self._step_all([j.step for j in batch if j.step is not None])
-        except Exception as exc:  # never let the worker die with futures pending
+        except Exception as exc:  # noqa: BLE001 -- never let the worker die with futures pending
             results = [exc] * len(batch)
         finished = time.perf_counter()
         rows = sum(job.step.n for job in batch if job.step is not None)
@@ -162,7 +162,7 @@ class Batcher:
         try:
             result = action()
             return result if isinstance(result, np.ndarray) else np.empty(0)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- the error goes to the job's future, not up the worker
             return exc
 
 

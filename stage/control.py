@@ -154,7 +154,7 @@ class StageControl(pb_grpc.StageControlServicer):
         assert prepared is not None
         try:
             endpoint = await self._start(prepared, request)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- a failed load is a FAILED state the coordinator reads
             self.state, self.message = pb.FAILED, f"load failed: {exc}"
             await self._unload(keep_state=True)
             return pb.LoadReply(ready=False, message=self.message)

@@ -81,12 +81,10 @@ async def _package_dir(
     hub_ref: HubRef | None, start: int, end: int,
 ) -> tuple[Path, Fetcher | None]:
     """The package directory to use, and the fetcher for what it lacks (None: it lacks nothing)."""
-    local = Path(package_ref)
-    if local.is_dir() and _manifest_sha(local) == manifest_sha:
-        return local, fetch
     cached = cache_dir / "packages" / manifest_sha
-    if _manifest_sha(cached) == manifest_sha:
-        return cached, fetch
+    for here in (Path(package_ref), cached):  # a manifest read is file I/O: off the event loop
+        if await asyncio.to_thread(_manifest_sha, here) == manifest_sha:
+            return here, fetch
     if hub_ref is not None:
         # A `mesh package pull`ed range (or the coordinator's own download on this host) needs no transfer.
         from packages import hub  # only Hub refs need it; a stage's RSS stays smaller

@@ -180,18 +180,21 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
 
 async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.SSLContext | None = None,
                   role: str = "coordinator", limits: Limits = Limits(), delay_ms: float = 0.0,
-                  timeout: float = 10.0) -> Link:
+                  handshake_s: float = 10.0) -> Link:
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(host, port, ssl=ssl_context,
-                                server_hostname=MESH_NAME if ssl_context else None), timeout)
+                                server_hostname=MESH_NAME if ssl_context else None), handshake_s)
     _nodelay(writer)
     _write_message(writer, pb.Handshake(protocol_version=PROTOCOL_VERSION, token=token or "", role=role))
     await writer.drain()
     try:
-        reply = await asyncio.wait_for(_read_message(reader, pb.HandshakeReply), timeout)
+        reply = await asyncio.wait_for(_read_message(reader, pb.HandshakeReply), handshake_s)
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         writer.close()
         raise TransportRefusedError(f"{host}:{port} closed the connection during the handshake") from exc
+    except (TimeoutError, FrameError, DecodeError) as exc:  # not a meshpipe stage, or a hung one
+        writer.close()
+        raise TransportRefusedError(f"{host}:{port} sent no valid handshake reply ({exc or 'timed out'})") from exc
     if not reply.ok:
         writer.close()
         raise TransportRefusedError(f"{host}:{port} refused the link: {reply.message}")

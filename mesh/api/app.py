@@ -64,7 +64,7 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
             return await _respond(request, Run(backend, metrics, prepared, endpoint), prepared)
         except ApiError as err:
             return JSONResponse(err.body(), status_code=err.status)
-        except Exception as exc:  # a bug: one line in the log, a 500 to the client, server on
+        except Exception as exc:  # noqa: BLE001 -- a bug: one line in the log, a 500 to the client, server on
             crash = as_api_error(exc)
             return JSONResponse(crash.body(), status_code=crash.status)
 

@@ -112,7 +112,7 @@ class Run:
         try:
             parts = [d async for d in self.deltas()]
             failed = False
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- every failure leaves as an API error with its status
             raise as_api_error(exc) from None
         finally:
             await self._finish(failed=failed)
@@ -140,7 +140,7 @@ class Run:
             if self.p.include_usage:
                 yield _sse(self._usage_chunk())
             failed = False
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- headers are sent: the error must go out as an event
             err = as_api_error(exc)
             self.metrics.stream_errors.labels(self.endpoint, str(err.status)).inc()
             yield _sse(err.body())

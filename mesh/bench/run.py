@@ -186,7 +186,8 @@ class Baseline:
         self.proc, self.tokenizer = proc, tokenizer
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -361,7 +362,8 @@ def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
         stages = Health.model_validate_json(httpx.get(f"{server.url}/health", timeout=10).content).stages
         pids = [server.process.pid, *stage_pids(server.process.pid)]
         for stage, pid in zip(stages, pids, strict=False):
-            assert stage.start is not None and stage.end is not None  # a served route is fully planned
+            assert stage.start is not None
+            assert stage.end is not None
             share = _weight_share(setup.manifest, stage.start, stage.end)
             rows.append(Row(f"split-{n} stage {stage.stage}", f"peak RSS (MB), {label}, layers "
                             f"[{stage.start},{stage.end}), weights {share / 1e6:.0f} MB",
