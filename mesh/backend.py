@@ -8,7 +8,7 @@ A generation is a stream of frozen events, in the style of mlx-lm's `stream_gene
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
 
@@ -33,11 +33,14 @@ class RequestRejectedError(MeshpipeError):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    prompt: list[int]
+    prompt: Sequence[int]  # kept as a tuple: nothing can change a request under the loop
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", tuple(self.prompt))
 
 
 @dataclass(frozen=True, slots=True)
