@@ -87,6 +87,8 @@ class Pipeline:
         """
         if self.broken:
             raise MeshUnavailableError(self.broken)
+        if all_logits and len(tokens) > self.chunk:  # rows are sampled from the last chunk only
+            raise ValueError(f"a window of {len(tokens)} rows exceeds the chunk of {self.chunk}")
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
         frame = FrameSampling.for_rows(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
         reply: asyncio.Future[pb.FrameHeader] | None = None

@@ -69,11 +69,13 @@ class Batcher:
         self.jobs: list[_Job] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.stopped = False
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        self.stopped = True  # work queued from here on fails at once: no worker will take it
         if self.task:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
@@ -97,6 +99,9 @@ class Batcher:
         return self.control(functools.partial(self.engine.trim, lane, position))
 
     def _enqueue(self, job: _Job) -> asyncio.Future[np.ndarray]:
+        if self.stopped:
+            job.future.set_exception(EngineError("stage stopped"))
+            return job.future
         self.jobs.append(job)
         self.wake.set()
         return job.future

@@ -76,3 +76,21 @@ def test_take_removes_exactly_what_it_returns(loop: asyncio.AbstractEventLoop):
     first = b._take()
     assert first == queued[:1]
     assert b.jobs == queued[1:]
+
+
+def test_work_queued_after_stop_fails_at_once_instead_of_waiting_forever(loop: asyncio.AbstractEventLoop):
+    from types import SimpleNamespace
+
+    from stage.llama_engine import EngineError
+
+    async def scenario() -> None:
+        never = SimpleNamespace(trim=lambda lane, position: pytest.fail("a stopped batcher ran a job"))
+        batcher = Batcher(engine=never)  # type: ignore[arg-type]  # only trim is ever looked up
+        batcher.start()
+        await batcher.stop()
+        trim = batcher.trim(0, 0)
+        assert trim.done()
+        with pytest.raises(EngineError, match="stage stopped"):
+            await trim
+
+    loop.run_until_complete(scenario())
