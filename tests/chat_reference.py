@@ -6,6 +6,7 @@ from pathlib import Path
 
 import openai
 from chain import reference_greedy
+from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.model_source import EMBEDDED_ID
 from mesh.tokenizer import Tokenizer
@@ -31,7 +32,7 @@ def unsplit_texts(gguf: Path) -> dict[str, str]:
 
 
 def chat(client: openai.OpenAI, prompt: str, stream: bool = False) -> str:
-    messages = [{"role": "user", "content": prompt}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
     if not stream:
         r = client.chat.completions.create(model=EMBEDDED_ID, messages=messages,
                                            temperature=0, max_tokens=MAX_TOKENS)

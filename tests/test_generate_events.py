@@ -56,6 +56,7 @@ def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | 
     window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2)) if draft else None
 
     async def go() -> list[GenerationEvent]:
+        # on purpose: scripted stand-ins for the concrete Pipeline and Draft classes, duck-typed
         loop = generate(ScriptedPipeline(target), 1, 0, req, 64, draft, window)  # type: ignore[arg-type]
         return [e async for e in loop]
 
@@ -104,7 +105,7 @@ def test_acceptance_is_frozen_and_counts_only_rounds_that_proposed():
     assert a.accept_rate == 0.5
     assert a.mean_window == 3.0
     with pytest.raises(dataclasses.FrozenInstanceError):
-        a.windows = 0  # type: ignore[misc]
+        a.windows = 0  # type: ignore[misc]  # on purpose: the assignment must be refused
 
 
 def test_usage_from_finished_has_todays_keys_and_rounding():

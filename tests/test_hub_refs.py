@@ -95,7 +95,9 @@ def test_draft_ref_forms():
     assert parse_draft_ref("drafts/small.gguf") == Path("drafts/small.gguf")
     assert parse_draft_ref("hf://org/repo@v2/sub/small.gguf") == HubRef("org/repo", "v2", "sub/small.gguf")
     assert parse_draft_ref("hf://org/repo/small.gguf") == HubRef("org/repo", None, "small.gguf")
-    assert parse_draft_ref("hf://org/repo@refs%2Fpr%2F3/x.gguf").revision == "refs/pr/3"
+    pr = parse_draft_ref("hf://org/repo@refs%2Fpr%2F3/x.gguf")
+    assert isinstance(pr, HubRef)
+    assert pr.revision == "refs/pr/3"
 
 
 def test_parse_hub_ref_refuses_local_paths():

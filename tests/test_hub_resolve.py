@@ -26,7 +26,7 @@ from packages.manifest import MANIFEST_NAME, load_manifest
 from packages.refs import HubRef, parse_hub_ref
 from packages.speculative import declared, verify_draft
 from packages.writer import write_package
-from stage.prepare import Progress, prepare_stage
+from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
 
 pytestmark = pytest.mark.slow
 
@@ -61,9 +61,11 @@ def test_a_stage_fetches_only_the_manifest_and_its_range(hf_offline, tiny_packag
     asked: list[str] = []
     real = hub_module.hf_hub_download
 
-    def spy(repo_id: str, filename: str, **kwargs: object) -> str:
+    def spy(repo_id: str, filename: str, *, revision: str | None = None, local_files_only: bool = False,
+            force_download: bool = False) -> str:
         asked.append(filename)
-        return real(repo_id, filename, **kwargs)  # type: ignore[arg-type]
+        return real(repo_id, filename, revision=revision, local_files_only=local_files_only,
+                    force_download=force_download)
 
     monkeypatch.setattr(hub_module, "hf_hub_download", spy)
     pkg = hub.fetch_range(parse_hub_ref("hf://org/tiny"), 0, 2)
@@ -141,11 +143,11 @@ def test_the_coordinator_also_fetches_a_bundled_draft(hf_offline, tiny_gguf, tmp
 # -- stage preparation with an hf:// package_ref ---------------------------------------------------------
 
 
-def _prepare(ref: str, sha: str, start: int, end: int, cache: Path, fetch=None):  # type: ignore[no-untyped-def]
+def _prepare(ref: str, sha: str, start: int, end: int, cache: Path, fetch: Fetcher | None = None) -> PreparedStage:
     return asyncio.run(prepare_stage(ref, sha, start, end, cache, fetch, Progress()))
 
 
-def _coordinator(package_dir: Path, calls: list[str], broken: bool = False):  # type: ignore[no-untyped-def]
+def _coordinator(package_dir: Path, calls: list[str], broken: bool = False) -> Fetcher:
     """A stand-in for the coordinator's ArtifactTransfer: serves files from a package directory."""
     async def fetch(path: str, offset: int) -> AsyncIterator[bytes]:
         calls.append(path)

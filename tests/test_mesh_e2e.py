@@ -10,6 +10,7 @@ import pytest
 from chat_reference import PROMPTS
 from chat_reference import chat as _chat
 from mesh_server import mesh_serve
+from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.bench.breakdown import measure
 from mesh.model_source import EMBEDDED_ID
@@ -50,7 +51,7 @@ def test_bad_requests_get_openai_errors_and_server_survives(two_stage, expected_
     assert bad_json.status_code == 400
     assert bad_json.json()["error"]["type"] == "invalid_request_error"
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    msgs = [{"role": "user", "content": "hi"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.NotFoundError, match=r"model_not_found|does not exist"):
         client.chat.completions.create(model="no-such-model", messages=msgs)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
@@ -72,6 +73,7 @@ def test_completions_endpoint_and_stop_strings(two_stage):
     r = client.completions.create(model=EMBEDDED_ID, prompt="One, two, three,", max_tokens=12,
                                   temperature=0)
     assert r.choices[0].text
+    assert r.usage is not None
     assert r.usage.completion_tokens > 0
     models = client.models.list()
     assert [m.id for m in models.data] == [EMBEDDED_ID]
@@ -93,6 +95,7 @@ def test_every_frame_reports_where_its_time_went(two_stage):
         r = client.chat.completions.create(model=EMBEDDED_ID, max_tokens=12, temperature=0,
                                            messages=[{"role": "user", "content": "Count to ten."}],
                                            extra_body={"ignore_eos": True})
+        assert r.usage is not None
         made.append(r.usage.completion_tokens)
         return r.usage.completion_tokens
 

@@ -7,20 +7,24 @@ import http.client
 import json
 import threading
 import time
+from collections.abc import AsyncIterator
 from urllib.parse import urlparse
 
 import httpx
 import openai
 import pytest
 from mesh_server import mesh_serve
+from openai.types.chat import ChatCompletionMessageParam
 
+from mesh.backend import GenerationEvent, GenerationRequest
 from mesh.health import Health
 from mesh.model_source import EMBEDDED_ID
+from mesh.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 
 CTX = 1024
-HI = [{"role": "user", "content": "hi"}]
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +50,12 @@ def chat(url: str, **body):
     return client(url).chat.completions.create(model=EMBEDDED_ID, **{"messages": HI, **body})
 
 
+def error_param(err: openai.APIStatusError) -> object:
+    """The `param` of an OpenAI-shaped error body, which the client unwraps to a dict."""
+    assert isinstance(err.body, dict), err.body
+    return err.body["param"]
+
+
 def test_abandoned_non_streaming_requests_stop_and_free_their_lanes(server):
     before = metric(server, "meshpipe_generated_tokens_total")
     impatient = client(server, timeout=1.5)
@@ -67,6 +77,7 @@ def test_abandoned_non_streaming_requests_stop_and_free_their_lanes(server):
 def test_completions_default_to_16_tokens(server):
     r = client(server).completions.create(model=EMBEDDED_ID, prompt="Once upon a time",
                                           extra_body={"ignore_eos": True})
+    assert r.usage is not None
     assert r.usage.completion_tokens == 16
     assert r.choices[0].finish_reason == "length"
 
@@ -105,7 +116,7 @@ def test_seeds_and_sizes_fit_every_type_they_travel_in(server):
     for bad in ({"seed": 2**64}, {"top_k": -2}, {"temperature": 3}, {"max_tokens": 10**12}):
         with pytest.raises(openai.BadRequestError) as err:
             chat(server, extra_body=bad)
-        assert err.value.body["param"] == next(iter(bad)) or "context" in str(err.value), bad
+        assert error_param(err.value) == next(iter(bad)) or "context" in str(err.value), bad
 
 
 def test_no_seed_is_a_fresh_draw_and_a_seed_reproduces(server):
@@ -126,14 +137,14 @@ def test_unsupported_chat_parameters_are_refused_by_name(server, param, value):
     with pytest.raises(openai.BadRequestError) as err:
         chat(server, extra_body={param: value})
     assert err.value.status_code == 400
-    assert err.value.body["param"] == param
+    assert error_param(err.value) == param
 
 
 @pytest.mark.parametrize(("param", "value"), [("echo", True), ("suffix", "end"), ("best_of", 2)])
 def test_unsupported_completion_parameters_are_refused_by_name(server, param, value):
     with pytest.raises(openai.BadRequestError) as err:
         client(server).completions.create(model=EMBEDDED_ID, prompt="x", extra_body={param: value})
-    assert err.value.body["param"] == param
+    assert error_param(err.value) == param
 
 
 def test_an_injected_role_stays_text(server, smollm2_gguf):
@@ -154,7 +165,7 @@ def test_big_bodies_are_refused_and_health_stays_fast_while_a_full_prompt_prefil
     assert huge.status_code == 413
     assert time.monotonic() - started < 5
     waits: list[float] = []
-    result: dict[str, object] = {}
+    result: dict[str, httpx.Response] = {}
 
     def long_request() -> None:
         body = {"model": EMBEDDED_ID, "messages": [{"role": "user", "content": "word " * 980}],
@@ -169,7 +180,7 @@ def test_big_bodies_are_refused_and_health_stays_fast_while_a_full_prompt_prefil
             assert poller.get(f"{server}/health").status_code == 200
             waits.append(time.monotonic() - sent)
             time.sleep(0.02)
-    assert result["r"].status_code == 200, result["r"].text  # type: ignore[attr-defined]
+    assert result["r"].status_code == 200, result["r"].text
     assert len(waits) > 5, waits
     assert max(waits) < 0.1, (len(waits), max(waits))
 
@@ -183,10 +194,10 @@ def test_context_errors_are_right(server):
     with pytest.raises(openai.BadRequestError) as err:
         chat(server, max_tokens=CTX)
     assert "ask for at most" in str(err.value)
-    assert err.value.body["param"] == "messages"
+    assert error_param(err.value) == "messages"
     with pytest.raises(openai.BadRequestError) as err:
         client(server).completions.create(model=EMBEDDED_ID, prompt="word " * 1500)
-    assert err.value.body["param"] == "prompt"
+    assert error_param(err.value) == "prompt"
 
 
 def test_errors_are_counted_and_keep_the_connection(server):
@@ -213,11 +224,14 @@ class _BrokenBackend:
 
     model_id, ctx_per_session = "broken", 64
 
-    def tok(self):
+    def tok(self) -> Tokenizer:
         raise RuntimeError("a bug in the backend")
 
     async def health(self) -> Health:
         return Health(ok=True, model=self.model_id, route="none", stages=(), error=None, speculative="off")
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        raise AssertionError("unreachable: every request fails at tok() before it generates")
 
 
 def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):
@@ -267,7 +281,11 @@ def test_logprobs_in_each_endpoints_shape(server):
     stream = client(server).chat.completions.create(model=EMBEDDED_ID, messages=HI, max_tokens=8,
                                                     temperature=0, logprobs=True, top_logprobs=3,
                                                     stream=True)
-    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    streamed = []
+    for c in stream:
+        if c.choices and c.choices[0].logprobs:
+            assert c.choices[0].logprobs.content is not None  # logprobs=True: every token chunk has them
+            streamed.extend(c.choices[0].logprobs.content)
     assert streamed == entries
     assert chat(server, max_tokens=2).choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
@@ -275,6 +293,10 @@ def test_logprobs_in_each_endpoints_shape(server):
     done = client(server).completions.create(model=EMBEDDED_ID, prompt="One, two,", max_tokens=5,
                                              temperature=0, logprobs=2)
     lp = done.choices[0].logprobs
+    assert lp is not None
+    assert lp.tokens is not None
+    assert lp.token_logprobs is not None
+    assert lp.top_logprobs is not None
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
     pairs = zip(lp.top_logprobs, lp.token_logprobs, strict=True)
@@ -297,4 +319,4 @@ def test_penalties_and_logit_bias_change_the_output(server, smollm2_gguf):
     for bad in ({"999999999": 1}, {"5": 101}, {str(i): 1 for i in range(301)}):
         with pytest.raises(openai.BadRequestError) as err:
             chat(server, logit_bias=bad)
-        assert err.value.body["param"] == "logit_bias"
+        assert error_param(err.value) == "logit_bias"

@@ -35,7 +35,7 @@ def _copy(package: Path, tmp_path: Path) -> Path:
     return dest
 
 
-def mesh(*args: str) -> subprocess.CompletedProcess[str]:
+def mesh(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mesh.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 

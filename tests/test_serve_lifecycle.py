@@ -23,6 +23,7 @@ from mesh_server import free_port, mesh_serve
 from models import write_tiny_llama
 
 from mesh.bench.local_server import LocalServer, stage_pids, stop, wait_healthy
+from mesh.health import Health, StageHealth
 from packages.writer import write_package
 
 pytestmark = pytest.mark.slow
@@ -72,7 +73,13 @@ def _alive(process: psutil.Process) -> bool:
 
 
 def _listening(process: psutil.Process) -> list[tuple[str, int]]:
-    return [tuple(c.laddr) for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    listening = []
+    for c in process.net_connections("tcp"):
+        if c.status == psutil.CONN_LISTEN:
+            assert c.laddr, c  # a listening socket is bound to an address
+            ip, port = c.laddr
+            listening.append((ip, port))
+    return listening
 
 
 def _refused(port: int) -> bool:
@@ -172,16 +179,16 @@ def test_status_takes_the_printed_url_and_shows_live_stage_state(tiny, tmp_path)
         assert "route: ok" in shown.stdout
         assert shown.stdout.count("READY") == 2
 
-        def stage1() -> dict[str, object]:
-            return httpx.get(f"{url}/health", timeout=10).json()["stages"][1]
+        def stage1() -> StageHealth:
+            return Health.model_validate_json(httpx.get(f"{url}/health", timeout=10).content).stages[1]
 
-        first = stage1()["status_at"]
+        first = stage1().status_at
         time.sleep(2)  # past the Status cache
-        assert stage1()["status_at"] > first  # type: ignore[operator]
+        assert stage1().status_at > first
 
         os.kill(stage_pids(proc.pid)[0], signal.SIGKILL)  # no request follows: only /health can tell
         deadline = time.monotonic() + 15
-        while stage1()["state"] != "UNREACHABLE":
+        while stage1().state != "UNREACHABLE":
             assert time.monotonic() < deadline, stage1()
             time.sleep(0.5)
         assert "UNREACHABLE" in _mesh(tmp_path, "status", "--url", f"{url}/v1").stdout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -119,13 +119,16 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 lane = pipeline.open(1)
                 fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
                 events = generate(pipeline, 1, lane, req, 512, draft, controller_for(fixed))
-                out, acceptance = [], None
+                out: list[int] = []
+                acceptance: Acceptance | None = None
                 while len(out) < 6:  # 1 from prefill, then 5 windows
                     event = await anext(events)
                     if isinstance(event, Acceptance):
                         acceptance = event
                     else:
+                        assert isinstance(event, Sampled), event  # ignore_eos: nothing finishes this early
                         out.append(event.token)
+                assert acceptance is not None
                 assert acceptance.accepted == 0
                 assert acceptance.windows == 5
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
@@ -136,6 +139,7 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 assert isinstance(await anext(events), Acceptance)  # the record of the sixth window, verified
                 assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 5
                 assert draft.held[lane][: accepted + 1] == (prompt + out)[: accepted + 1]
+                assert isinstance(events, AsyncGenerator)  # generate() is an async generator: closable
                 await events.aclose()
             finally:
                 await draft.stop()

@@ -11,13 +11,14 @@ import openai
 import psutil
 import pytest
 from mesh_server import mesh_serve
+from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.bench.local_server import stage_pids
 from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.slow
 
-MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
 
 def _wait_for(predicate, timeout: float) -> float:

@@ -6,15 +6,18 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
 from proto import meshpipe_pb2 as pb
-from proto import meshpipe_pb2_grpc as pb_grpc
+from proto.clients import StageControlClient, Unary, stage_control
 from proto.version import PROTOCOL_VERSION as V
 from stage.grpc_auth import token_metadata
-from stage.transport import TransportRefusedError, connect, serve
+from stage.transport import Link, TransportRefusedError, connect, serve
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +37,15 @@ def stage_endpoint(tmp_path_factory):
     proc.wait(10)
 
 
-def _call(endpoint: str, method: str, request: object, token: str | None = TOKEN) -> object:
-    async def go() -> object:
+Req = TypeVar("Req", bound=Message)
+Reply = TypeVar("Reply", bound=Message)
+
+
+def _call(endpoint: str, rpc: Callable[[StageControlClient], Unary[Req, Reply]], request: Req,
+          token: str | None = TOKEN) -> Reply:
+    async def go() -> Reply:
         async with grpc.aio.insecure_channel(endpoint) as channel:
-            stub = pb_grpc.StageControlStub(channel)
-            return await getattr(stub, method)(request, metadata=token_metadata(token), timeout=10)
+            return await rpc(stage_control(channel))(request, metadata=token_metadata(token), timeout=10)
 
     return asyncio.run(go())
 
@@ -46,36 +53,36 @@ def _call(endpoint: str, method: str, request: object, token: str | None = TOKEN
 def test_wrong_or_missing_token_is_refused(stage_endpoint):
     for token in ("wrong", None):
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            _call(stage_endpoint, "Status", pb.StatusRequest(protocol_version=V), token=token)
+            _call(stage_endpoint, lambda c: c.Status, pb.StatusRequest(protocol_version=V), token=token)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    status = _call(stage_endpoint, "Status", pb.StatusRequest(protocol_version=V))
-    assert status.protocol_version == V  # type: ignore[attr-defined]
+    status = _call(stage_endpoint, lambda c: c.Status, pb.StatusRequest(protocol_version=V))
+    assert status.protocol_version == V
 
 
 def test_protocol_version_mismatch_is_refused(stage_endpoint):
-    reply = _call(stage_endpoint, "Claim", pb.ClaimRequest(protocol_version=V + 1, term=1))
+    reply = _call(stage_endpoint, lambda c: c.Claim, pb.ClaimRequest(protocol_version=V + 1, term=1))
     assert not reply.ok
     assert "protocol version" in reply.message
 
 
 def test_stale_term_is_refused(stage_endpoint):
-    assert _call(stage_endpoint, "Claim", pb.ClaimRequest(
-        protocol_version=V, term=100, coordinator_id="new", lease_until_ms=2**62)).ok  # type: ignore[attr-defined]
-    old = _call(stage_endpoint, "Claim", pb.ClaimRequest(
+    assert _call(stage_endpoint, lambda c: c.Claim, pb.ClaimRequest(
+        protocol_version=V, term=100, coordinator_id="new", lease_until_ms=2**62)).ok
+    old = _call(stage_endpoint, lambda c: c.Claim, pb.ClaimRequest(
         protocol_version=V, term=50, coordinator_id="old", lease_until_ms=2**62))
     assert not old.ok
     assert "stale" in old.message
-    stop = _call(stage_endpoint, "Stop", pb.StopRequest(protocol_version=V, term=50))
+    stop = _call(stage_endpoint, lambda c: c.Stop, pb.StopRequest(protocol_version=V, term=50))
     assert not stop.ok
     assert "stale coordinator term" in stop.message
-    load = _call(stage_endpoint, "Load", pb.LoadRequest(protocol_version=V, term=50))
+    load = _call(stage_endpoint, lambda c: c.Load, pb.LoadRequest(protocol_version=V, term=50))
     assert not load.ready
     assert "stale" in load.message
 
 
 def test_activation_link_checks_token_and_version():
     async def go() -> None:
-        async def echo(link):  # type: ignore[no-untyped-def]
+        async def echo(link: Link) -> None:
             header, payload = await link.recv()
             await link.send(header, payload)
 

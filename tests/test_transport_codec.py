@@ -11,7 +11,7 @@ from stage.transport import DTYPE_BYTES, FrameError, Limits, decode_tensor, enco
 RNG = np.random.default_rng(13)
 
 
-def _round_trip(arr: np.ndarray, dtype: int) -> np.ndarray:
+def _round_trip(arr: np.ndarray, dtype: pb.WireDType) -> np.ndarray:
     shape, data = encode_tensor(arr, dtype)
     assert shape == list(arr.shape)
     assert len(data) == arr.size * DTYPE_BYTES[dtype]
@@ -77,7 +77,7 @@ def test_unknown_dtype_is_refused_when_encoding():
 def _header(**kw: object) -> pb.FrameHeader:
     base: dict[str, object] = {"kind": pb.DECODE, "dtype": pb.F16, "shape": [2, 4], "payload_bytes": 16}
     base.update(kw)
-    return pb.FrameHeader(**base)  # type: ignore[arg-type]
+    return pb.FrameHeader(**base)  # type: ignore[arg-type]  # on purpose: the cases below pass out-of-enum ints
 
 
 def test_a_consistent_header_passes_and_an_empty_payload_needs_no_shape():
