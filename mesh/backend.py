@@ -8,7 +8,7 @@ A generation is a stream of frozen events, in the style of mlx-lm's `stream_gene
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
 
@@ -89,7 +89,7 @@ class Backend(Protocol):
 
     async def health(self) -> Health: ...
 
-    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Generate for `req`, as events.
 
         One `Sampled` per completion token, in order (a stop token ends the generation and

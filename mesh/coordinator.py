@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,7 +257,7 @@ class Coordinator:
         ready: StageState = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
         return (own, *(_remote_row(i, s, ready) for i, s in enumerate(self.route.stages, 1)))
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if len(req.prompt) == 0:
             raise RequestRejectedError("the prompt is empty")
         if len(req.prompt) + req.max_tokens > self.ctx_per_session:

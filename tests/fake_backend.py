@@ -6,7 +6,7 @@ is just text. Nothing is loaded beyond the vocabulary, which takes milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled
 from mesh.health import Health
@@ -42,7 +42,7 @@ class FakeBackend:
     async def health(self) -> Health:
         return self.healthy
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.requests.append(req)
         tokens = [*self.script, *([EOS] if self.eos else [])]
         acceptance = Acceptance() if self.window else None

@@ -85,7 +85,7 @@ def test_work_queued_after_stop_fails_at_once_instead_of_waiting_forever(loop: a
 
     async def scenario() -> None:
         never = SimpleNamespace(trim=lambda lane, position: pytest.fail("a stopped batcher ran a job"))
-        batcher = Batcher(engine=never)  # type: ignore[arg-type]  # only trim is ever looked up
+        batcher = Batcher(engine=never)  # only trim is ever looked up
         batcher.start()
         await batcher.stop()
         trim = batcher.trim(0, 0)

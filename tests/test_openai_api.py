@@ -7,7 +7,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from urllib.parse import urlparse
 
 import httpx
@@ -230,7 +230,7 @@ class _BrokenBackend:
     async def health(self) -> Health:
         return Health(ok=True, model=self.model_id, route="none", stages=(), error=None, speculative="off")
 
-    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         raise AssertionError("unreachable: every request fails at tok() before it generates")
 
 

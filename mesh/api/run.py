@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -50,7 +50,7 @@ class Run:
         self.id = ("chatcmpl-" if prepared.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.started = time.perf_counter()
-        self.events: AsyncIterator[GenerationEvent] | None = None
+        self.events: AsyncGenerator[GenerationEvent, None] | None = None
         self.first: Sampled | None = None
         self.stopped = False  # by a stop string, which the backend never sees
         # what the events said so far: usage for a run that stops before Finished comes
@@ -190,7 +190,7 @@ class Run:
         """Always close the backend's generator: that frees the session on every stage."""
         if self.events is not None:
             events, self.events = self.events, None
-            await events.aclose()  # type: ignore[attr-defined]
+            await events.aclose()
         self.metrics.in_flight.dec()
         done = self.outcome()
         if not refused:  # a refused prompt was never processed
