@@ -13,15 +13,21 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
+import httpx
 import numpy as np
 import pytest
+from mesh_server import mesh_serve
+from models import write_tiny_llama
 from toy_engine import ToyEngine, until
 
 from mesh.backend import MeshUnavailableError
 from mesh.pipeline import Pipeline
+from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
+from stage.control import StageControl, StageOptions
 from stage.engine import Step
 from stage.sampling import SamplingParams
 from stage.transport import NO_EMULATION, REPLIES_ROLE, Link, WireEmulation, connect, serve
@@ -208,3 +214,41 @@ def test_negative_or_nan_emulation_is_refused():
     for bad in ({"delay_ms": -1.0}, {"jitter_ms": float("nan")}):
         with pytest.raises(ValueError, match=">= 0"):
             WireEmulation(**bad)
+
+
+def test_load_refuses_a_wire_emulation_out_of_range(tmp_path):
+    control = StageControl(StageOptions(host="127.0.0.1", advertise="127.0.0.1", cache_dir=tmp_path,
+                                        token=None, threads=1))
+    control.prepared = SimpleNamespace(start=0, end=2, manifest=SimpleNamespace(layer_count=2))
+    ok = pb.LoadRequest(layer_start=0, layer_end=2, final=True, lanes=1, ctx_size=64, wire_delay_ms=20,
+                        wire_jitter_ms=5)
+    assert control._check_load(ok) is None
+    for field, bad in (("wire_delay_ms", -1.0), ("wire_jitter_ms", float("nan")), ("wire_delay_ms", 1e9)):
+        request = pb.LoadRequest()
+        request.CopyFrom(ok)
+        setattr(request, field, bad)
+        assert "wire delay and jitter" in (control._check_load(request) or "")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("relay", "links"), [(False, 3), (True, 4)], ids=["direct", "relay"])
+def test_served_stages_learn_the_wire_delay_at_load(tmp_path, relay: bool, links: int):
+    """Three local stages of a tiny model: each token's round trip crosses every delayed link."""
+    gguf = write_tiny_llama(tmp_path / "tiny.gguf", byte_vocab=True)
+    write_package(gguf, tmp_path / "pkg", model_id="tiny", progress=lambda _: None)
+    delay_ms = 40
+    args = ["--model", str(tmp_path / "pkg"), "--no-draft", "--local-stages", "3",
+            "--wire-delay-ms", str(delay_ms), *(["--relay-replies"] if relay else [])]
+    with mesh_serve(tmp_path, *args) as (url, _):
+
+        def timed(n: int) -> float:
+            body = {"model": "tiny", "prompt": "hello", "max_tokens": n, "ignore_eos": True}
+            start = time.perf_counter()
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert r.json()["usage"]["completion_tokens"] == n
+            return time.perf_counter() - start
+
+        timed(1)  # warm up
+        per_token = (timed(9) - timed(1)) / 8  # eight decode round trips
+    assert per_token >= links * delay_ms / 1000
+    assert per_token < (links + 1) * delay_ms / 1000
