@@ -55,7 +55,7 @@ from stage.control import split_endpoint
 from stage.grpc_auth import TokenInterceptor
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.tls import add_port, client_ssl
-from stage.transport import connect
+from stage.transport import REPLIES_ROLE, Link, connect
 
 log = logging.getLogger("meshpipe.coordinator")
 
@@ -75,7 +75,7 @@ class Coordinator:
     def __init__(self, package_dir: Path, manifest: Manifest, manifest_sha: str,
                  settings: RouteSettings, topology: Topology, model_id: str | None = None,
                  say: Callable[[str], None] = print, spec: SpecPlan | None = None,
-                 spec_note: str = "", wire_delay_ms: float = 0.0) -> None:
+                 spec_note: str = "") -> None:
         self.package_dir, self.manifest, self.manifest_sha = package_dir, manifest, manifest_sha
         self.settings, self.topology, self.say = settings, topology, say
         self.model_id = model_id or manifest.model_id
@@ -90,7 +90,7 @@ class Coordinator:
         self.artifact_source = ""
         self.rebuilding: asyncio.Task[None] | None = None
         self.last_error = ""
-        self.spec, self.spec_note, self.wire_delay_ms = spec, spec_note, wire_delay_ms
+        self.spec, self.spec_note = spec, spec_note
         self.draft: Draft | None = None
         self.shared_window: Controller | None = None
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
@@ -111,7 +111,7 @@ class Coordinator:
         try:
             gguf = await asyncio.to_thread(draft_path, self.spec, self.package_dir)
             s = self.settings
-            draft = await asyncio.to_thread(Draft, gguf, s.lanes, s.ctx_size, s.threads, s.cpu_lock)
+            draft = await asyncio.to_thread(Draft, gguf, s.lanes, s.ctx_size, s.own_threads, s.cpu_lock)
         except Exception as exc:  # noqa: BLE001 -- whatever broke the draft, serve on without it
             return self._no_speculation(f"draft {self.spec.draft_model} unavailable: {exc}")
         assert self.engine is not None
@@ -143,8 +143,8 @@ class Coordinator:
     async def _build(self) -> None:
         route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings)
         try:
-            for _ in range(max(self.topology.local_stages - 1, 0)):
-                route.stages.append(await asyncio.to_thread(spawn_local_stage, self.settings))
+            for index in range(1, self.topology.local_stages):
+                route.stages.append(await asyncio.to_thread(spawn_local_stage, self.settings, index))
             route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
             await build(route, psutil.virtual_memory().available, self.artifact_source, self.say)
             await self._start_stage0(route)
@@ -163,16 +163,25 @@ class Coordinator:
         if self.tokenizer is None:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, self.model_id)
         cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,
-                           ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.threads, cpu_lock=s.cpu_lock)
+                           ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.own_threads, cpu_lock=s.cpu_lock)
         self.engine = await asyncio.to_thread(LlamaRangeEngine, gguf, cfg)
-        link = None
+        link = replies = None
         if route.stages:
-            host, port = split_endpoint(route.stages[0].activation)
-            link = await connect(host, port, token=s.token, role="coordinator",
-                                 ssl_context=client_ssl(s.tls), delay_ms=self.wire_delay_ms)
-        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype,
-                                 reply_delay_ms=self.wire_delay_ms, hops=self.hops)
+            link = await self._link(route.stages[0], "coordinator", "stage0->downstream")
+        if link is not None and len(route.stages) > 1 and s.direct_return:  # else its upstream is us
+            try:
+                replies = await self._link(route.stages[-1], REPLIES_ROLE, "stage0->replies")
+            except BaseException:
+                link.close()
+                raise
+        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies)
         self.pipeline.start()
+
+    async def _link(self, stage: RemoteStage, role: str, name: str) -> Link:
+        s = self.settings
+        host, port = split_endpoint(stage.activation)
+        return await connect(host, port, token=s.token, role=role, ssl_context=client_ssl(s.tls),
+                             emulation=s.wire, name=name)
 
     async def stop(self) -> None:
         if self.rebuilding:

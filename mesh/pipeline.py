@@ -2,8 +2,10 @@
 
 Stage 0 computes its layers in-process on a stage core (`stage/core.py`, as every stage
 does), sends the hidden states down the activation link, and waits for the final stage's
-sampled tokens to come back. Long inputs go in chunks: the next chunk is computed here
-while later stages work on the previous one (pipelined prefill).
+sampled tokens to come back: on the reply link to the final stage when there is one
+(direct return), else up the data link, which also brings any stage's ERROR frames.
+Long inputs go in chunks: the next chunk is computed here while later stages work on the
+previous one (pipelined prefill).
 
 A request holds one lane for its whole life: `open` takes it, every `run` is given it, and
 `end` frees it here and the session's KV on every stage.
@@ -48,29 +50,31 @@ class _Waiter:
 
 class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
-                 chunk: int = 128, reply_timeout: float = 60.0, reply_delay_ms: float = 0.0,
-                 hops: HopTotals | None = None) -> None:
+                 chunk: int = 128, reply_timeout: float = 60.0, hops: HopTotals | None = None,
+                 replies: Link | None = None) -> None:
         self.core = StageCore(engine, 0, wire_dtype)
         self.link = link
+        self.reply_link = replies  # to the final stage, past the middle ones (direct return)
         self.chunk = chunk
         self.reply_timeout = reply_timeout
-        self.reply_delay = reply_delay_ms / 1000  # emulated wire latency, for benchmarks
         self.windows = itertools.count(1)
         self.waiters: dict[tuple[int, int], _Waiter] = {}
         self.hops = hops or HopTotals()
         self.broken: str | None = None
-        self.replies: asyncio.Task[None] | None = None
+        self.readers: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         self.core.start()
-        if self.link is not None:
-            self.replies = asyncio.get_running_loop().create_task(self._read_replies())
+        links = [(self.link, "activation link to stage 1"), (self.reply_link, "reply link from the final stage")]
+        self.readers = [asyncio.get_running_loop().create_task(self._read_replies(link, name))
+                        for link, name in links if link is not None]
 
     async def stop(self) -> None:
-        if self.replies:
-            self.replies.cancel()
-        if self.link:
-            self.link.close()
+        for reader in self.readers:
+            reader.cancel()
+        for link in (self.link, self.reply_link):
+            if link:
+                link.close()
         await self.core.stop()
 
     def open(self, session: int) -> int:
@@ -163,18 +167,15 @@ class Pipeline:
             with contextlib.suppress(ConnectionError):
                 await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END))
 
-    async def _read_replies(self) -> None:
-        assert self.link is not None
+    async def _read_replies(self, link: Link, name: str) -> None:
         try:
             while True:
-                header, _ = await self.link.recv()
+                header, _ = await link.recv()
                 waiter = self.waiters.pop((header.session_id, header.window_id), None)
-                if waiter is not None and self.reply_delay:
-                    asyncio.get_running_loop().call_later(self.reply_delay, self._deliver, waiter, header)
-                elif waiter is not None:
+                if waiter is not None:
                     self._deliver(waiter, header)
         except LinkClosedError as exc:
-            self._break(f"activation link to stage 1 lost: {exc or 'closed'}")
+            self._break(f"{name} lost: {exc or 'closed'}")
 
     def _break(self, reason: str) -> None:
         if self.broken is None:

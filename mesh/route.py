@@ -30,6 +30,7 @@ from proto.clients import StageControlClient, Unary, rpc_name, stage_control
 from proto.version import PROTOCOL_VERSION
 from stage.grpc_auth import token_metadata
 from stage.tls import MeshTls, channel
+from stage.transport import NO_EMULATION, WireEmulation
 
 V = PROTOCOL_VERSION
 Req = TypeVar("Req", bound=Message)
@@ -72,6 +73,14 @@ class RouteSettings:
     wire_dtype: pb.WireDType = pb.F32
     tls: MeshTls | None = None
     cpu_lock: Path | None = None  # shared with local stages, which run on the same cores
+    wire: WireEmulation = NO_EMULATION  # benchmark-only delay on every hop, both ways
+    direct_return: bool = True  # the final stage answers stage 0 itself; False relays (benchmarks)
+    stage_cpus: tuple[str, ...] = ()  # benchmark only: a CPU list per local stage, stage 0 first
+
+    @property
+    def own_threads(self) -> int:
+        """Engine threads in this process: `threads`, or 0 for one per CPU it may run on."""
+        return self.threads or len(os.sched_getaffinity(0))
 
 
 @dataclass
@@ -97,10 +106,15 @@ class Route:
                              f"{exc.details() or exc.code().name}") from None
 
 
-def spawn_local_stage(s: RouteSettings) -> RemoteStage:
-    """Start `mesh stage` on a free loopback port and read back where it listens."""
+def spawn_local_stage(s: RouteSettings, index: int) -> RemoteStage:
+    """Start `mesh stage` on a free loopback port and read back where it listens; `index`
+    is its place in the pipeline (stage 0 is the coordinator)."""
     cmd = [sys.executable, "-m", "mesh.cli", "stage", "--listen", "127.0.0.1:0",
-           "--cache-dir", str(s.cache_dir), "--threads", str(s.threads)]
+           "--cache-dir", str(s.cache_dir)]
+    if s.threads:  # else the stage runs one engine thread per CPU it may use
+        cmd += ["--threads", str(s.threads)]
+    if index < len(s.stage_cpus):
+        cmd += ["--cpus", s.stage_cpus[index]]
     if s.tls:
         cmd += ["--tls-cert", str(s.tls.cert), "--tls-key", str(s.tls.key), "--tls-ca", str(s.tls.ca)]
     if s.cpu_lock:
@@ -209,7 +223,8 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
         protocol_version=V, term=route.term, layer_start=stage.range.start,
         layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
-        downstream=downstream, stage_index=index))
+        downstream=downstream, stage_index=index, wire_delay_ms=s.wire.delay_ms,
+        wire_jitter_ms=s.wire.jitter_ms))
     if not reply.ready:
         raise RouteError(f"stage {stage.endpoint} failed to load: {reply.message}")
     stage.activation = reply.endpoint

@@ -142,7 +142,7 @@ class InventoryReply(_message.Message):
     def __init__(self, state: _Optional[_Union[PrepareState, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index")
+    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,8 @@ class LoadRequest(_message.Message):
     UPSTREAM_FIELD_NUMBER: _ClassVar[int]
     DOWNSTREAM_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_JITTER_MS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
     layer_start: int
@@ -169,7 +171,9 @@ class LoadRequest(_message.Message):
     upstream: str
     downstream: str
     stage_index: int
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ...) -> None: ...
+    wire_delay_ms: float
+    wire_jitter_ms: float
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ...) -> None: ...
 
 class LoadReply(_message.Message):
     __slots__ = ("ready", "endpoint", "message")

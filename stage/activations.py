@@ -2,8 +2,11 @@
 
 Frames from upstream are admitted in arrival order; the stage core (`stage/core.py`) runs
 them, batched across sessions; results leave in the same order, downstream as hidden
-states or, at the final stage, back upstream as sampled tokens. Replies from downstream
-are relayed upstream unchanged, so stage 0 sees one reply stream whatever the depth.
+states or, at the final stage, as sampled tokens. The final stage sends its REPLY and
+ERROR frames straight to stage 0 on the reply link stage 0 opens to it (direct return,
+DESIGN.md §2), or upstream when there is none (two stages, or the benchmark's relay mode).
+Whatever arrives from downstream (a middle stage's ERROR, a relayed REPLY) goes on
+upstream unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from stage.core import CannotSampleError, StageCore, Work
 from stage.engine import RangeEngine
 from stage.frames import add_sampled, input_rows, sampling_of
 from stage.lanes import LanesExhaustedError
-from stage.transport import Link, LinkClosedError
+from stage.transport import NO_EMULATION, REPLIES_ROLE, FrameError, Link, LinkClosedError, WireEmulation
 
 log = logging.getLogger("meshpipe.stage")
 COMPUTE_KINDS = (pb.PREFILL, pb.DECODE, pb.VERIFY)
@@ -38,11 +41,14 @@ def _error(h: pb.FrameHeader, message: str) -> pb.FrameHeader:
 
 class ActivationStage:
     def __init__(self, engine: RangeEngine, stage_index: int, wire_dtype: int,
-                 downstream: Link | None) -> None:
+                 downstream: Link | None, emulation: WireEmulation = NO_EMULATION) -> None:
         self.core = StageCore(engine, stage_index, wire_dtype)
         self.downstream = downstream
+        self.emulation = emulation  # benchmark-only delay on the links accepted here
         self.upstream: Link | None = None
+        self.replies: Link | None = None  # final stage: stage 0's reply link, when it opened one
         self.relay: asyncio.Task[None] | None = None
+        self.relayed = 0  # frames relayed upstream from downstream
         self.failed: str | None = None
 
     def start(self) -> None:
@@ -54,15 +60,20 @@ class ActivationStage:
         if self.relay:
             self.relay.cancel()
         await self.core.stop()
-        for link in (self.upstream, self.downstream):
+        for link in (self.upstream, self.replies, self.downstream):
             if link is not None:
                 link.close()
 
     async def handle_upstream(self, link: Link) -> None:
-        """Serve one upstream connection until it closes."""
+        """Serve one upstream connection until it closes: the data link, or stage 0's reply
+        link, which never displaces the data link."""
+        if link.role == REPLIES_ROLE:
+            await self._serve_reply_link(link)
+            return
         if self.upstream is not None:
             self.upstream.close()  # a reconnecting coordinator replaces the old link
         self.upstream = link
+        link.emulate(self.emulation, f"stage{self.core.index}->upstream")
         outbox: asyncio.Queue[_Admitted | None] = asyncio.Queue()
         sender = asyncio.get_running_loop().create_task(self._send_results(link, outbox))
         try:
@@ -77,6 +88,25 @@ class ActivationStage:
             if self.upstream is link:
                 self.upstream = None
                 await self.core.release_all()
+
+    async def _serve_reply_link(self, link: Link) -> None:
+        if self.downstream is not None:
+            log.warning("stage %d: refused a reply link: only the final stage sends replies", self.core.index)
+            link.close()
+            return
+        if self.replies is not None:
+            self.replies.close()  # a reconnecting coordinator replaces the old one
+        self.replies = link
+        link.emulate(self.emulation, f"stage{self.core.index}->stage0")
+        try:
+            while True:
+                await link.recv()  # stage 0 sends nothing here: this only sees the link close
+        except (LinkClosedError, FrameError):
+            pass
+        finally:
+            link.close()
+            if self.replies is link:
+                self.replies = None
 
     def _admit(self, header: pb.FrameHeader, payload: bytes) -> _Admitted:
         try:
@@ -108,6 +138,8 @@ class ActivationStage:
 
     async def _emit(self, link: Link, item: _Admitted, result: np.ndarray | None) -> None:
         h = item.header
+        if self.downstream is None and self.replies is not None:
+            link = self.replies  # direct return: the final stage answers stage 0 itself
         if item.error is not None:
             await link.send(_error(h, item.error))
             return
@@ -141,11 +173,14 @@ class ActivationStage:
         return reply
 
     async def _relay_replies(self) -> None:
+        """Relay upstream what comes from downstream: ERROR frames, and REPLY frames when the
+        final stage has no reply link."""
         assert self.downstream is not None
         try:
             while True:
                 header, payload = await self.downstream.recv()
                 if self.upstream is not None:
+                    self.relayed += 1
                     await self.upstream.send(header, payload or None)
         except ConnectionError as exc:
             self.failed = f"stage {self.core.index}: downstream link lost ({exc})"

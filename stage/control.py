@@ -31,10 +31,11 @@ from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
 from stage.tls import MeshTls, client_ssl, server_ssl
 from stage.tls import channel as tls_channel
-from stage.transport import Limits, connect, serve
+from stage.transport import Limits, WireEmulation, connect, serve
 
 log = logging.getLogger("meshpipe.stage")
 MAX_LANES, MAX_CTX, MAX_BATCH = 256, 1 << 20, 8192
+MAX_WIRE_DELAY_MS = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,8 @@ class StageControl(pb_grpc.StageControlServicer):
             return f"lanes must be in 1..{MAX_LANES} and ctx_size in 1..{MAX_CTX}"
         if not 0 <= r.batch <= MAX_BATCH or r.threads > 512:
             return "batch or threads out of range"
+        if not (0 <= r.wire_delay_ms <= MAX_WIRE_DELAY_MS and 0 <= r.wire_jitter_ms <= MAX_WIRE_DELAY_MS):
+            return f"wire delay and jitter must be in 0..{MAX_WIRE_DELAY_MS:g} ms"
         return None
 
     async def _start(self, p: PreparedStage, r: pb.LoadRequest) -> str:
@@ -178,13 +181,15 @@ class StageControl(pb_grpc.StageControlServicer):
                            ctx_per_lane=r.ctx_size, batch=r.batch or 256,
                            threads=r.threads or self.opt.threads, cpu_lock=self.opt.cpu_lock)
         self.engine = await asyncio.to_thread(LlamaRangeEngine, p.gguf, cfg)
+        emulation = WireEmulation(r.wire_delay_ms, r.wire_jitter_ms)  # benchmark-only; 0 on real meshes
         downstream = None
         if r.downstream:
             host, port = split_endpoint(r.downstream)
             downstream = await connect(host, port, token=self.opt.token, role="stage",
-                                       ssl_context=client_ssl(self.opt.tls))
+                                       ssl_context=client_ssl(self.opt.tls), emulation=emulation,
+                                       name=f"stage{r.stage_index}->downstream")
         limits = Limits(max_width=self.engine.width, max_rows=max(cfg.batch, 4096))
-        self.active = ActivationStage(self.engine, r.stage_index, r.wire_dtype, downstream)
+        self.active = ActivationStage(self.engine, r.stage_index, r.wire_dtype, downstream, emulation)
         self.active.start()
         self.listener = await serve(self.opt.host, 0, self.active.handle_upstream,
                                     token=self.opt.token, ssl_context=server_ssl(self.opt.tls),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import random
 import socket
 import ssl
 import struct
@@ -96,16 +97,58 @@ def decode_tensor(h: pb.FrameHeader, payload: bytes) -> np.ndarray:
     return bits.view(np.float32).reshape(rows, width)
 
 
+REPLIES_ROLE = "replies"  # the handshake role of stage 0's link to the final stage (direct return)
+
+
+@dataclass(frozen=True)
+class WireEmulation:
+    """Benchmark-only one-way latency on every link a process sends on (DESIGN.md §4).
+
+    Each frame waits `delay_ms` plus a uniform draw in [-jitter_ms, +jitter_ms] (never less
+    than 0) before it leaves, and never leaves before the frame sent ahead of it, as on TCP.
+    The draws come from a generator seeded by the link's name, so a run repeats exactly.
+    """
+
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.delay_ms >= 0 and self.jitter_ms >= 0):  # also refuses NaN
+            raise ValueError("wire delay and jitter must be >= 0 ms")
+
+    @property
+    def active(self) -> bool:
+        return self.delay_ms > 0 or self.jitter_ms > 0
+
+    def delays(self, name: str) -> Callable[[], float]:
+        """Seconds to hold each next frame on the link called `name`."""
+        rng = random.Random(f"meshpipe-wire/{name}")  # emulation, not security
+        d, j = self.delay_ms / 1000, self.jitter_ms / 1000
+        return lambda: max(0.0, d + rng.uniform(-j, j)) if j else d
+
+
+NO_EMULATION = WireEmulation()
+
+
 class Link:
-    """One end of an activation stream. Sends are serialized; one task should receive."""
+    """One end of an activation stream. Sends are serialized; one task should receive.
+
+    `role` is what the peer said in its handshake (set on accepted links only).
+    """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 limits: Limits, delay_ms: float = 0.0) -> None:
-        self.reader, self.writer, self.limits = reader, writer, limits
-        self.delay_ms = delay_ms
+                 limits: Limits, emulation: WireEmulation = NO_EMULATION, name: str = "",
+                 role: str = "") -> None:
+        self.reader, self.writer, self.limits, self.role = reader, writer, limits, role
         self.lock = asyncio.Lock()
         self.delayed: asyncio.Queue[tuple[float, list[bytes]]] | None = None
         self.delayer: asyncio.Task[None] | None = None
+        self.emulate(emulation, name or role)
+
+    def emulate(self, emulation: WireEmulation, name: str) -> None:
+        """Hold every frame sent from now on as `emulation` says (benchmarks only)."""
+        self.next_delay = emulation.delays(name) if emulation.active else None
+        self.last_due = 0.0
 
     @property
     def peer(self) -> str:
@@ -115,8 +158,8 @@ class Link:
     async def send(self, header: pb.FrameHeader, payload: bytes | memoryview | None = None) -> None:
         head = header.SerializeToString()
         parts = [_LEN.pack(len(head)), head, *([payload] if payload else [])]
-        if self.delay_ms > 0:
-            self._send_later(parts)
+        if self.next_delay is not None:
+            self._send_later(parts, self.next_delay())
             return
         async with self.lock:
             if self.writer.is_closing():
@@ -124,14 +167,18 @@ class Link:
             self.writer.writelines(parts)
             await self.writer.drain()
 
-    def _send_later(self, parts: list[bytes | memoryview]) -> None:
-        # Emulated one-way latency: frames leave in order, each `delay_ms` after it was sent,
-        # without holding back the frames behind it.
+    def _send_later(self, parts: list[bytes | memoryview], delay_s: float) -> None:
+        # Emulated one-way latency: each frame leaves `delay_s` after it was sent, or right
+        # after the frame ahead of it if that one is held longer; the frames behind it are not
+        # held back by it.
         loop = asyncio.get_running_loop()
+        if self.writer.is_closing() or (self.delayer is not None and self.delayer.done()):
+            raise LinkClosedError("link is closed")
         if self.delayed is None:
             self.delayed = asyncio.Queue()
             self.delayer = loop.create_task(self._drain_delayed())
-        self.delayed.put_nowait((loop.time() + self.delay_ms / 1000, [bytes(p) for p in parts]))
+        self.last_due = max(self.last_due, loop.time() + delay_s)
+        self.delayed.put_nowait((self.last_due, [bytes(p) for p in parts]))
 
     async def _drain_delayed(self) -> None:
         assert self.delayed is not None
@@ -139,8 +186,11 @@ class Link:
         while True:
             due, parts = await self.delayed.get()
             await asyncio.sleep(max(0.0, due - loop.time()))
-            self.writer.writelines(parts)
-            await self.writer.drain()
+            try:
+                self.writer.writelines(parts)
+                await self.writer.drain()
+            except ConnectionError:
+                return  # the receiver sees the link close; later sends raise LinkClosedError
 
     async def recv(self) -> tuple[pb.FrameHeader, bytes]:
         try:
@@ -179,7 +229,8 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
 
 
 async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.SSLContext | None = None,
-                  role: str = "coordinator", limits: Limits = Limits(), delay_ms: float = 0.0,
+                  role: str = "coordinator", limits: Limits = Limits(),
+                  emulation: WireEmulation = NO_EMULATION, name: str = "",
                   handshake_s: float = 10.0) -> Link:
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(host, port, ssl=ssl_context,
@@ -198,7 +249,7 @@ async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.S
     if not reply.ok:
         writer.close()
         raise TransportRefusedError(f"{host}:{port} refused the link: {reply.message}")
-    return Link(reader, writer, limits, delay_ms)
+    return Link(reader, writer, limits, emulation, name or f"{role}->{host}:{port}")
 
 
 async def serve(host: str, port: int, handler: Callable[[Link], Awaitable[None]], *,
@@ -219,7 +270,7 @@ async def serve(host: str, port: int, handler: Callable[[Link], Awaitable[None]]
         if problem:
             writer.close()
             return
-        await handler(Link(reader, writer, limits))
+        await handler(Link(reader, writer, limits, role=hello.role))
 
     return await asyncio.start_server(on_connect, host, port, ssl=ssl_context)
 

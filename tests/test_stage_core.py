@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
-import numpy as np
 import pytest
+from toy_engine import ToyEngine, until
 
 from mesh.pipeline import Pipeline, StageFailedError
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
-from stage.engine import Step
 from stage.frames import FrameSampling, sampling_of
 from stage.sampling import Sampled, SamplingParams
 from stage.transport import connect, serve
@@ -23,52 +22,6 @@ GREEDY = SamplingParams()
 OVERFLOW = SamplingParams(temperature=1e-30, logit_bias=((3, 1e300),))
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                                         "ignore:invalid value encountered:RuntimeWarning")
-
-
-class ToyEngine:
-    """No model: a token enters as the hidden row [token, 0, 0, 0], and the final stage's
-    logits pick the token after it, so every row predicts its input + 1."""
-
-    width, n_vocab, lanes, ctx_per_lane = 4, 32, 2, 64
-
-    def __init__(self, first: bool, final: bool) -> None:
-        self.first, self.final = first, final
-        self.positions = [0] * self.lanes
-
-    def step(self, steps: list[Step]) -> list[np.ndarray]:
-        return [self._one(s) for s in steps]
-
-    def _one(self, step: Step) -> np.ndarray:
-        self.positions[step.lane] = step.start + step.n  # the start is authoritative: KV past it goes
-        if step.tokens is not None:
-            hidden = np.zeros((step.n, self.width), np.float32)
-            hidden[:, 0] = step.tokens
-        else:
-            assert step.hidden is not None
-            hidden = step.hidden
-        if not self.final:
-            return hidden
-        rows = hidden if step.all_logits else hidden[-1:]
-        logits = np.zeros((len(rows), self.n_vocab), np.float32)
-        logits[np.arange(len(rows)), (rows[:, 0].astype(int) + 1) % self.n_vocab] = 10.0
-        return logits
-
-    def trim(self, lane: int, position: int) -> None:
-        self.positions[lane] = min(self.positions[lane], position)
-
-    def position(self, lane: int) -> int:
-        return self.positions[lane]
-
-    def close(self) -> None:
-        pass
-
-
-async def _until(condition: Callable[[], bool], seconds: float = 2.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out")
 
 
 @contextlib.asynccontextmanager
@@ -84,7 +37,7 @@ async def two_stages(chunk: int = 128) -> AsyncIterator[tuple[Pipeline, Activati
     finally:
         await pipeline.stop()
         # the final stage frees every lane when its upstream goes: let it, before stopping it
-        await _until(lambda: final.upstream is None and not final.core.lanes.by_session)
+        await until(lambda: final.upstream is None and not final.core.lanes.by_session)
         await final.stop()
         server.close()
 
@@ -135,7 +88,7 @@ def test_two_stages_chunk_encode_sample_and_map_sessions_to_their_own_lanes():
             assert {stage for _, stage in hops.batch_rows} == {"0", "1"}
             assert ("verify", "links", "wire") in hops.seconds
             await pipeline.end(9)
-            await _until(lambda: not final.core.lanes.by_session)
+            await until(lambda: not final.core.lanes.by_session)
             assert final.core.engine.position(0) == 0
             assert first.position(lane) == 0
 

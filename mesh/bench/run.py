@@ -86,12 +86,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark the mesh against single-node llama.cpp")
     p.add_argument("--model", default=None, help="package dir or GGUF (default: the embedded SmolLM2)")
     p.add_argument("--scenarios", default="split,spec,concurrency,memory",
-                   help="comma-separated: split, spec, concurrency, memory (the baseline runs with any of "
-                        "these), numerics (a window in one pass against row by row; runs alone if asked alone)")
+                   help="comma-separated: split, spec, concurrency, memory, return (split-3 without the draft "
+                        "at each --wire-delays: replies straight from the final stage against relayed up the "
+                        "chain) (the baseline runs with any of these), numerics (a window in one pass against "
+                        "row by row; runs alone if asked alone)")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
-    p.add_argument("--wire-delays", default="0,20", help="one-way ms on the stage link for the spec scenario")
+    p.add_argument("--wire-delays", default="0,20",
+                   help="one-way ms on every hop for the spec and return scenarios")
     p.add_argument("--stages", default="1,2,3", help="split-N scenarios to run")
     p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
     p.add_argument("--tokens", type=int, default=128, help="tokens decoded per request")
@@ -132,6 +135,9 @@ def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str]) -> l
         if "spec" in scenarios:
             delays = [float(d) for d in args.wire_delays.split(",")]
             rows += _spec_rows(setup, stack, Path(tmp), prompts, delays, args.repeats, args.breakdown)
+        if "return" in scenarios:
+            delays = [float(d) for d in args.wire_delays.split(",")]
+            rows += _return_rows(setup, stack, Path(tmp), prompts, delays, args.repeats)
         if "concurrency" in scenarios and 2 in servers:
             rows += _concurrency_rows(setup, servers[2], prompts, [int(s) for s in args.streams.split(",")],
                                       args.repeats)
@@ -216,11 +222,12 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
 
 
 def _serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
-           lanes: int = 8) -> contextlib.AbstractContextManager[LocalServer]:
+           lanes: int = 8, relay: bool = False) -> contextlib.AbstractContextManager[LocalServer]:
     """`mesh serve --local-stages N`; without the package's draft unless asked."""
     args = ["--local-stages", str(stages), "--threads", str(setup.threads), "--lanes", str(lanes),
             "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
     args += [] if draft else ["--no-draft"]
+    args += ["--relay-replies"] if relay else []
     if setup.model:
         args += ["--model", setup.model]
     return local_serve(args, tmp)
@@ -298,6 +305,25 @@ def _spec_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: li
             run = functools.partial(_run_batches, servers[(d, True)].url, setup, [[p] for p in prompts])
             rows += [Row(f"breakdown spec {d:g} ms", what, value)
                      for what, value in measure(servers[(d, True)].url, 1, run)]
+    return rows
+
+
+def _return_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: list[str], delays: list[float],
+                 repeats: int) -> list[Row]:
+    """split-3 without the draft: replies straight from the final stage against relayed by stage 1."""
+    servers = {(d, relay): stack.enter_context(_serve(setup, tmp, 3, delay_ms=d, relay=relay))
+               for d in delays for relay in (False, True)}
+    tps: dict[tuple[float, bool], list[float]] = {key: [] for key in servers}
+    for _ in range(repeats):
+        for key, server in servers.items():
+            tps[key] += [stream_chat(server.url, setup.model_id, p, setup.tokens).decode_tps for p in prompts]
+    rows = []
+    for d in delays:
+        relayed, direct = statistics.median(tps[(d, True)]), statistics.median(tps[(d, False)])
+        rows.append(Row(f"return split-3 {d:g} ms", "relayed replies decode tok/s", relayed,
+                        samples=tps[(d, True)]))
+        rows.append(Row(f"return split-3 {d:g} ms", "direct return decode tok/s (vs relayed)", direct, relayed,
+                        ">= 1.2" if d >= 20 else "", tps[(d, False)]))
     return rows
 
 

@@ -21,8 +21,10 @@ from mesh.model_source import resolve_model
 from mesh.route import RouteSettings
 from mesh.speculative.plan import resolve_plan
 from proto import meshpipe_pb2 as pb
-from stage.control import own_address
+from stage.control import MAX_WIRE_DELAY_MS, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
+from stage.cpus import parse_cpus, pin
+from stage.transport import WireEmulation
 
 WIRE_DTYPES = {"f32": pb.F32, "f16": pb.F16, "bf16": pb.BF16}
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 9337
@@ -59,13 +61,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fixed speculative window of N draft tokens")
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
-    p.add_argument("--wire-delay-ms", type=float, default=0.0,
-                   help="emulate this one-way latency on the link to stage 1 (benchmarks)")
+    p.add_argument("--wire-delay-ms", type=float, default=0.0, metavar="MS",
+                   help="benchmark only: emulate this one-way latency on every hop between stages, both "
+                   "ways (each stage learns it at Load and holds every frame it sends this long)")
+    p.add_argument("--wire-jitter-ms", type=float, default=0.0, metavar="MS",
+                   help="benchmark only: add a uniform draw in [-MS, +MS] to each frame's emulated "
+                   "delay (seeded per link, so runs repeat); frames never overtake each other")
+    p.add_argument("--relay-replies", action="store_true",
+                   help="benchmark only: the final stage's replies climb back through every stage, as "
+                   "before direct return, instead of going straight to this coordinator")
     p.add_argument("--token", default=None, help="shared mesh token (default: $MESHPIPE_TOKEN)")
     p.add_argument("--lanes", type=int, default=4, help="concurrent sessions (KV lanes)")
     p.add_argument("--ctx-size", type=int, default=2048, help="context tokens per session")
     p.add_argument("--batch", type=int, default=256, help="rows per engine decode")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="engine threads per stage (default: all cores; with --stage-cpus, one per CPU of "
+                   "each stage's set)")
+    p.add_argument("--stage-cpus", nargs="+", default=None, metavar="LIST",
+                   help="benchmark only: pin each local stage, this process first, to its own CPU set "
+                   "(one LIST such as 0 or 2-3 per --local-stages), to emulate separate machines on one "
+                   "host; pinned stages take no CPU lock unless --cpu-lock names one")
     p.add_argument("--cpu-lock", default=None, help=CPU_LOCK_HELP + "; 'off' to never take turns "
                    "(default: CACHE/cpu.lock when --local-stages times --threads exceeds the cores)")
     p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPES), default="f32",
@@ -83,6 +98,8 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every file
     _check(args)
+    if args.stage_cpus:
+        pin(parse_cpus(args.stage_cpus[0]))  # stage 0 is this process; its threads inherit the set
     config = load_config(args.config)
     sock = bind(*_address(args, config.mesh.listen))  # before anything slow: a taken port fails now
     coordinator = _coordinator(args, config)
@@ -105,6 +122,15 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--port must be 0-65535, got {args.port}")
     if args.shutdown_grace < 0 or args.max_body_bytes < 1:
         raise UsageError("--shutdown-grace must be >= 0 and --max-body-bytes >= 1")
+    if args.stage_cpus is not None and len(args.stage_cpus) != args.local_stages:
+        raise UsageError(f"--stage-cpus wants one CPU list per local stage ({args.local_stages}), "
+                         f"got {len(args.stage_cpus)}")
+    for cpus in args.stage_cpus or ():
+        parse_cpus(cpus)  # a bad list fails now, not in a spawned stage
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be at least 1")
+    if not (0 <= args.wire_delay_ms <= MAX_WIRE_DELAY_MS and 0 <= args.wire_jitter_ms <= MAX_WIRE_DELAY_MS):
+        raise UsageError(f"--wire-delay-ms and --wire-jitter-ms must be in 0..{MAX_WIRE_DELAY_MS:g}")
 
 
 def _address(args: argparse.Namespace, configured: str | None) -> tuple[str, int]:
@@ -129,9 +155,11 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
     if token is None and not args.peer and args.local_stages > 1:
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
     settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,
-                             ctx_size=args.ctx_size, batch=args.batch, threads=args.threads,
+                             ctx_size=args.ctx_size, batch=args.batch, threads=_threads(args),
                              wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args),
-                             cpu_lock=_cpu_lock(args, cache))
+                             cpu_lock=_cpu_lock(args, cache),
+                             wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
+                             direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()))
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages,
@@ -142,7 +170,14 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
         _say(f"WARNING: stages will reach this coordinator at {topology.advertise}, a loopback "
              "address; pass --advertise with an address they can dial")
     return Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say,
-                       spec=spec, spec_note=note, wire_delay_ms=args.wire_delay_ms)
+                       spec=spec, spec_note=note)
+
+
+def _threads(args: argparse.Namespace) -> int:
+    """--threads; else 0 with --stage-cpus (each process one per CPU of its set), else all cores."""
+    if args.threads is not None:
+        return int(args.threads)
+    return 0 if args.stage_cpus else os.cpu_count() or 2
 
 
 def _cpu_lock(args: argparse.Namespace, cache: Path) -> Path | None:
@@ -150,7 +185,9 @@ def _cpu_lock(args: argparse.Namespace, cache: Path) -> Path | None:
         return None
     if args.cpu_lock:
         return Path(args.cpu_lock)
-    oversubscribed = args.threads * args.local_stages > (os.cpu_count() or 1)
+    if args.stage_cpus:
+        return None  # each stage on its own cores, as on its own machine
+    oversubscribed = _threads(args) * args.local_stages > (os.cpu_count() or 1)
     return cache / "cpu.lock" if args.local_stages > 1 and oversubscribed else None
 
 

@@ -12,6 +12,8 @@ from config.paths import cache_dir
 from mesh.cli.tls_args import add_tls_arguments, tls_of
 from stage.control import StageOptions, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
+from stage.cpus import HELP as CPUS_HELP
+from stage.cpus import available_cpus, parse_cpus, pin
 from stage.daemon import run_stage
 
 
@@ -23,7 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="shared mesh token (default: $MESHPIPE_TOKEN); required on every call")
     p.add_argument("--advertise", help="address other stages use to reach this one "
                    "(default: the --listen host, or this host's address when listening on 0.0.0.0)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="engine threads (default: one per CPU this process may run on)")
+    p.add_argument("--cpus", default=None, metavar="LIST", help=CPUS_HELP)
     p.add_argument("--cpu-lock", type=Path, default=None, help=CPU_LOCK_HELP)
     add_tls_arguments(p)
     p.set_defaults(func=_run)
@@ -32,6 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every file
+    if args.cpus:
+        pin(parse_cpus(args.cpus))  # first, so every thread started from here on inherits it
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
     host = args.listen.rpartition(":")[0].strip("[]")
     tls = tls_of(args)
@@ -40,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         logging.warning("advertising %s, which other machines cannot reach; pass --advertise", advertise)
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
-                           threads=args.threads, tls=tls, cpu_lock=args.cpu_lock)
+                           threads=args.threads or len(available_cpus()), tls=tls, cpu_lock=args.cpu_lock)
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)
