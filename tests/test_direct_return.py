@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -56,6 +57,10 @@ class Chain:
     final: ActivationStage
 
 
+def _disconnected(stage: ActivationStage) -> bool:
+    return stage.upstream is None
+
+
 @contextlib.asynccontextmanager
 async def three_stages(direct: bool = True, wire: WireEmulation = NO_EMULATION,
                        final_engine: ToyEngine | None = None) -> AsyncIterator[Chain]:
@@ -79,7 +84,7 @@ async def three_stages(direct: bool = True, wire: WireEmulation = NO_EMULATION,
     finally:
         await pipeline.stop()
         for stage in (middle, final):  # each frees its lanes when its upstream goes: let it
-            await until(lambda stage=stage: stage.upstream is None)
+            await until(functools.partial(_disconnected, stage))
             await stage.stop()
         middle_server.close()
         final_server.close()
@@ -219,7 +224,8 @@ def test_negative_or_nan_emulation_is_refused():
 def test_load_refuses_a_wire_emulation_out_of_range(tmp_path):
     control = StageControl(StageOptions(host="127.0.0.1", advertise="127.0.0.1", cache_dir=tmp_path,
                                         token=None, threads=1))
-    control.prepared = SimpleNamespace(start=0, end=2, manifest=SimpleNamespace(layer_count=2))
+    # only the range and the layer count are read by the check
+    control.prepared = SimpleNamespace(start=0, end=2, manifest=SimpleNamespace(layer_count=2))  # type: ignore[assignment]
     ok = pb.LoadRequest(layer_start=0, layer_end=2, final=True, lanes=1, ctx_size=64, wire_delay_ms=20,
                         wire_jitter_ms=5)
     assert control._check_load(ok) is None
