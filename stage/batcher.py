@@ -24,6 +24,11 @@ import numpy as np
 from stage.engine import RangeEngine, Step
 from stage.llama_engine import EngineError
 
+
+class VoidFrameError(Exception):
+    """A queued step was dropped unrun: a newer epoch of its session made it void (DESIGN.md §6)."""
+
+
 ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="llama")
 
 
@@ -97,6 +102,17 @@ class Batcher:
     def trim(self, lane: int, position: int) -> asyncio.Future[np.ndarray]:
         """Drop the lane's KV from `position` on, in order with the steps queued before."""
         return self.control(functools.partial(self.engine.trim, lane, position))
+
+    def discard(self, future: asyncio.Future[np.ndarray]) -> bool:
+        """Drop a queued step before it runs; its future fails with VoidFrameError. False
+        when the step is no longer queued (running or done): it runs to its end."""
+        for i, job in enumerate(self.jobs):
+            if job.future is future:
+                del self.jobs[i]
+                if not future.done():
+                    future.set_exception(VoidFrameError("dropped before it ran: its epoch is void"))
+                return True
+        return False
 
     def _enqueue(self, job: _Job) -> asyncio.Future[np.ndarray]:
         if self.stopped:
