@@ -142,12 +142,15 @@ class Batcher:
 
     async def _run(self) -> None:
         while True:
-            if not self.jobs:
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            batch = self._take()
+            batch = await self._next()
             await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, self._execute, batch)
+
+    async def _next(self) -> list[_Job]:
+        """Wait for work, then take what runs next."""
+        while not self.jobs:
+            self.wake.clear()
+            await self.wake.wait()
+        return self._take()
 
     def _execute(self, batch: list[_Job]) -> None:
         loop = batch[0].future.get_loop()

@@ -8,12 +8,13 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from mesh.backend import GenerationRequest, MeshUnavailableError
-from mesh.pipeline import Pipeline, StageFailedError
+from mesh.pipeline import Pending, Pipeline, StageFailedError
 from mesh.speculative.loop import generate
 from mesh.speculative.window import Fixed
 from packages.speculative import WindowPolicy
@@ -78,8 +79,9 @@ async def _until(condition: Callable[[], bool], seconds: float = 2.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def two_stages(chunk: int = 128) -> AsyncIterator[tuple[Pipeline, ActivationStage]]:
-    final = ActivationStage(ToyEngine(first=False, final=True), 1, pb.F16, None)
+async def two_stages(chunk: int = 128, final_engine: ToyEngine | None = None
+                     ) -> AsyncIterator[tuple[Pipeline, ActivationStage]]:
+    final = ActivationStage(final_engine or ToyEngine(first=False, final=True), 1, pb.F16, None)
     final.start()
     server = await serve("127.0.0.1", 0, final.handle_upstream, token="t")
     link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
@@ -250,19 +252,30 @@ class SlowToyEngine(ToyEngine):
         return super().step(steps)
 
 
+TWO = WindowPolicy(policy="fixed", initial=2, min=1, max=2)
+
+
 def test_windows_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames():
     async def scenario() -> None:
-        async with two_stages() as (pipeline, final):
-            final.core.engine = final.core.batcher.engine = SlowToyEngine(first=False, final=True)
-            window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
+        async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 24, ignore_eos=True)
             plain = [e.token async for e in generate(pipeline, 1, pipeline.open(1), req, 64)
                      if isinstance(e, Sampled)]
             await pipeline.end(1)
+            most, send = 0, pipeline.send
+
+            async def counted(*args: Any, **kwargs: Any) -> Pending:
+                nonlocal most
+                pending = await send(*args, **kwargs)
+                most = max(most, len(pipeline.waiters))
+                return pending
+
+            pipeline.send = counted  # type: ignore[method-assign]
             draft = ToyDraft(misses=frozenset({5, 6, 12, 19}))
             spec = [e.token async for e in generate(pipeline, 2, pipeline.open(2), req, 64, draft,  # type: ignore[arg-type]
-                                                    window, in_flight=4) if isinstance(e, Sampled)]
+                                                    Fixed(TWO), in_flight=4) if isinstance(e, Sampled)]
             assert spec == plain == [(2 + i) % ToyEngine.n_vocab for i in range(24)]
+            assert most == 4
             assert final.core.skipped + final.withheld > 0  # frames past a miss were dropped there
             assert pipeline.waiters == {}
 
@@ -271,11 +284,9 @@ def test_windows_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames
 
 def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_token():
     async def scenario() -> None:
-        async with two_stages() as (pipeline, final):
-            final.core.engine = final.core.batcher.engine = SlowToyEngine(first=False, final=True)
-            window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
+        async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 40, ignore_eos=True)
-            events = generate(pipeline, 1, pipeline.open(1), req, 64, ToyDraft(), window, in_flight=3)  # type: ignore[arg-type]
+            events = generate(pipeline, 1, pipeline.open(1), req, 64, ToyDraft(), Fixed(TWO), in_flight=3)  # type: ignore[arg-type]
             out: list[int] = []
 
             async def consume() -> None:
