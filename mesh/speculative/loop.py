@@ -39,7 +39,7 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
                    draft: Draft | None = None, window: Controller | None = None,
                    in_flight: int = 1) -> AsyncIterator[GenerationEvent]:
     """The events of one generation, as `Backend.generate` documents them. `in_flight` bounds
-    the frames out at once (1: each waits for the reply before the one before it)."""
+    the verify frames out at once (1: each frame waits for the reply to the one before)."""
     stops = set() if req.ignore_eos else set(req.stop_tokens)
     depth = max(in_flight, 1) if draft is not None else 1
     tokens = list(req.prompt)  # committed; the last one is in no KV yet
