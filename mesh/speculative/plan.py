@@ -16,7 +16,7 @@ from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, WindowPolicy, declared, problem
 
-WINDOWS_IN_FLIGHT = 1  # the default; `mesh bench` measured the choice (README)
+WINDOWS_IN_FLIGHT = 3  # the default: measured in DESIGN.md §6 (issue 14)
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class SpecPlan:
         name = self.strategy.name if self.strategy and self.strategy.draft_model == self.draft_model \
             else self.draft_model
         flight = f", {self.in_flight} windows in flight" if self.in_flight > 1 else ""
-        return f"draft {name} ({self.source}), {self.window.describe()}{flight}"
+        return f"draft {name} ({self.source}){flight}, {self.window.describe()}"
 
 
 def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: set[str],
