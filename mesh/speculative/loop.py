@@ -32,6 +32,8 @@ from proto import meshpipe_pb2 as pb
 class _Frame:
     pending: Pending
     start: int  # the position of its first row; row j predicts start + j + 1
+    first: int  # the position of its first draft
+    drafts: int
     alone: bool  # nothing else was in flight: its round trip is what one verify pass costs
 
 
@@ -55,19 +57,28 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
         while True:
             # commit the targets while they match what was sent after them; row j predicts `predicts + j`
             predicts = answered.start + 1 if answered else len(tokens)
-            proposed = max(0, min(len(targets), len(seq) - predicts))
+            checked = max(0, min(len(targets), len(seq) - predicts))  # rows with a draft sent after them
             n = common_prefix(seq[predicts:], [s.token for s in targets])
-            if window is not None and answered is not None:
-                _record(window, answered, draft, proposed, n)
-            if n < proposed:  # the target parted from the drafts: all sent beyond is void
+            miss = predicts + n if n < checked else None  # the position where the target parted
+            # a window is a frame: its drafts, and those accepted; the next one counts here
+            # only when its first draft, checked by this reply's last row, was rejected
+            settled = [answered] if answered and answered.drafts else []
+            if miss is not None and frames and frames[0].first == miss:
+                settled.append(frames[0])
+            for frame in settled:
+                accepted = frame.drafts if miss is None else max(0, min(frame.drafts, miss - frame.first))
+                if window is not None:
+                    _record(window, frame, draft, accepted)
+                if acceptance is not None:
+                    acceptance = acceptance.add(frame.drafts, accepted)
+            if miss is not None:  # all sent beyond is void
                 targets = targets[: n + 1]
                 for frame in frames:
                     pipeline.void(frame.pending)
                 frames.clear()
                 epoch += 1
-            if proposed and acceptance is not None:
-                acceptance = acceptance.add(proposed, n)
-                yield acceptance  # before the tokens this window produced
+            if settled and acceptance is not None:
+                yield acceptance  # before the tokens this reply produced
             for sampled in targets:
                 if sampled.token in stops:
                     yield Finished("stop", len(req.prompt), len(tokens) - len(req.prompt), acceptance)
@@ -93,7 +104,7 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
                 pending = await pipeline.send(session, lane, sent, seq[sent:], req.sampling,
                                               all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE,
                                               history=history, epoch=epoch)
-                frames.append(_Frame(pending, sent, alone=not frames))
+                frames.append(_Frame(pending, sent, len(seq) - len(drafts), len(drafts), alone=not frames))
                 sent = len(seq)
             answered = frames.popleft()
             targets = await pipeline.wait(answered.pending)
@@ -102,9 +113,10 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
             pipeline.void(frame.pending)
 
 
-def _record(window: Controller, frame: _Frame, draft: Draft | None, proposed: int, accepted: int) -> None:
-    """What one reply tells the window controller: drafts checked and accepted, and the cost
-    of a verify pass, measured only on frames that had the pipeline to themselves."""
-    draft_s = draft.step_seconds * proposed if draft else 0.0
+def _record(window: Controller, frame: _Frame, draft: Draft | None, accepted: int) -> None:
+    """What a settled frame tells the window controller: its drafts, those accepted, and the
+    cost of a verify pass, measured only on frames that had the pipeline to themselves."""
+    draft_s = draft.step_seconds * frame.drafts if draft else 0.0
     p = frame.pending
-    window.record(proposed, accepted, draft_s, p.answered_at - p.sent_at if frame.alone else None)
+    verify_s = p.answered_at - p.sent_at if frame.alone and p.answered_at else None
+    window.record(frame.drafts, accepted, draft_s, verify_s)
