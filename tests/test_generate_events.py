@@ -166,6 +166,40 @@ def test_a_frame_sent_ahead_counts_the_drafts_before_it_in_its_penalty_history()
     assert pipeline.histories[:2] == [(10,), (10, 11, 12, 13)]
 
 
+class Recorder(Fixed):
+    """A window of 2, but 0 for a while (the frames in flight drain first), and what it is told."""
+
+    def __init__(self) -> None:
+        super().__init__(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
+        self.asked = 0
+        self.records: list[tuple[int, int, bool]] = []
+
+    def next_window(self) -> int:
+        self.asked += 1
+        return 0 if 4 <= self.asked <= 8 else 2
+
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
+        self.records.append((proposed, accepted, verify_s is not None))
+
+
+def test_controllers_hear_of_every_frame_plain_decodes_included_and_time_only_frames_sent_alone():
+    recorder = Recorder()
+    req = GenerationRequest(PROMPT, 20)
+
+    async def go() -> list[GenerationEvent]:
+        return [e async for e in generate(ScriptedPipeline(LONG), 1, 0, req, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
+                                          recorder, 3)]
+
+    events = asyncio.run(go())
+    assert [e.token for e in events if isinstance(e, Sampled)] == LONG[:20]
+    assert (0, 0, True) in recorder.records  # a plain decode, sent with nothing else in flight
+    assert (2, 2, False) in recorder.records  # a frame sent ahead: its round trip is not a verify time
+    done = events[-1]
+    assert isinstance(done, Finished)
+    assert done.speculative is not None
+    assert done.speculative.windows == sum(1 for p, _, _ in recorder.records if p)
+
+
 def test_without_a_draft_nothing_is_sent_ahead():
     pipeline = ScriptedPipeline(LONG)
     events = _events(6, LONG, in_flight=4, pipeline=pipeline)

@@ -62,7 +62,7 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
             miss = predicts + n if n < checked else None  # the position where the target parted
             # a window is a frame: its drafts, and those accepted; the next one counts here
             # only when its first draft, checked by this reply's last row, was rejected
-            settled = [answered] if answered and answered.drafts else []
+            settled = [answered] if answered else []  # a plain decode too: the controllers time it
             if miss is not None and frames and frames[0].first == miss:
                 settled.append(frames[0])
             for frame in settled:
@@ -77,7 +77,7 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
                     pipeline.void(frame.pending)
                 frames.clear()
                 epoch += 1
-            if settled and acceptance is not None:
+            if acceptance is not None and any(frame.drafts for frame in settled):
                 yield acceptance  # before the tokens this reply produced
             for sampled in targets:
                 if sampled.token in stops:
