@@ -45,10 +45,13 @@ class Speculative(BaseModel):
     initial_window: int | None = None
     min_window: int | None = None
     max_window: int | None = None
+    # verify frames a session may have in flight at once (DESIGN.md §6); 1 waits for each reply
+    windows_in_flight: int | None = Field(default=None, ge=1, le=16)
 
     def window_changes(self) -> dict[str, object]:
         """The window keys set at this level, named as WindowPolicy.overridden wants them."""
-        return self.model_dump(by_alias=True, exclude_none=True, exclude={"strategy", "draft_model"})
+        return self.model_dump(by_alias=True, exclude_none=True,
+                               exclude={"strategy", "draft_model", "windows_in_flight"})
 
 
 @dataclass(frozen=True)

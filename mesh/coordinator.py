@@ -283,7 +283,9 @@ class Coordinator:
             window = self._window()
             last: Acceptance | Finished | None = None  # for the session's log line
             try:
-                async for event in generate(pipeline, session, lane, req, self.ctx_per_session, draft, window):
+                in_flight = self.spec.in_flight if self.spec is not None else 1
+                async for event in generate(pipeline, session, lane, req, self.ctx_per_session, draft, window,
+                                            in_flight):
                     if not isinstance(event, Sampled):
                         last = event
                     yield event

@@ -46,6 +46,27 @@ class _Waiter:
     own: pb.Hop  # stage 0's part of the frame
     sent_at: float
     kind: int
+    epoch: int
+
+
+@dataclass
+class Pending:
+    """A frame on its way: `send` returns it, `wait` gives its tokens, `void` forgets it.
+
+    `answered_at` is when its reply came back (0 until then), so a caller that was busy
+    elsewhere still knows the round trip the frame took.
+    """
+
+    session: int
+    window: int
+    epoch: int
+    sent_at: float  # before stage 0 computed it, as a verify pass's cost counts it
+    reply: asyncio.Future[pb.FrameHeader] | None  # None: sampled here, in `local`
+    local: list[Sampled] | None = None
+    answered_at: float = 0.0
+
+    def _answered(self, _: object) -> None:
+        self.answered_at = time.perf_counter()
 
 
 class Pipeline:
@@ -89,13 +110,22 @@ class Pipeline:
         count, up to and including tokens[0]; the later tokens extend it row by row. A prompt
         has none: only the completion is penalised.
         """
+        return await self.wait(await self.send(session, lane, start, tokens, sampling, all_logits, kind, history))
+
+    async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
+                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = (),
+                   epoch: int = 0) -> Pending:
+        """`run` up to the point where the frame has left stage 0; `wait` gives its tokens, so
+        several frames of a session can be in flight (DESIGN.md §6). `epoch` tags the frame:
+        a stage skips a session's queued frames of an older epoch than the newest it saw."""
+        sent_at = time.perf_counter()
         if self.broken:
             raise MeshUnavailableError(self.broken)
         if all_logits and len(tokens) > self.chunk:  # rows are sampled from the last chunk only
             raise ValueError(f"a window of {len(tokens)} rows exceeds the chunk of {self.chunk}")
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
         frame = FrameSampling.for_rows(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
-        reply: asyncio.Future[pb.FrameHeader] | None = None
+        reply: tuple[int, asyncio.Future[pb.FrameHeader]] | None = None
         pos = start
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
@@ -105,12 +135,30 @@ class Pipeline:
             out = await work.output
             if self.link is None:
                 if last:
-                    return self._sample_here(work, out, frame, pos, len(piece), kind)
+                    local = self._sample_here(work, out, frame, pos, len(piece), kind)
+                    return Pending(session, 0, epoch, sent_at, None, local, time.perf_counter())
             else:
-                reply = await self._send(session, pos, work, out, frame, kind, last, all_logits)
+                reply = await self._send(session, pos, work, out, frame, kind, last, all_logits, epoch)
             pos += len(piece)
         assert reply is not None
-        return await self._await_reply(reply)
+        pending = Pending(session, reply[0], epoch, sent_at, reply[1])
+        reply[1].add_done_callback(pending._answered)
+        return pending
+
+    async def wait(self, pending: Pending) -> list[Sampled]:
+        """The tokens of a frame `send` sent."""
+        if pending.reply is None:
+            assert pending.local is not None
+            return pending.local
+        return await self._await_reply(pending.reply)
+
+    def void(self, pending: Pending) -> None:
+        """Forget a frame whose reply can no longer count: it is dropped when it comes."""
+        self.waiters.pop((pending.session, pending.window), None)
+        if pending.reply is not None:
+            if pending.reply.done() and not pending.reply.cancelled():
+                pending.reply.exception()  # retrieved: a void frame's failure is nobody's error
+            pending.reply.cancel()
 
     def _sample_here(self, work: Work, logits: np.ndarray, frame: FrameSampling, pos: int, rows: int,
                      kind: int) -> list[Sampled]:
@@ -122,27 +170,28 @@ class Pipeline:
         return tokens
 
     async def _send(self, session: int, pos: int, work: Work, hidden: np.ndarray,
-                    frame: FrameSampling, kind: int, last: bool, all_logits: bool
-                    ) -> asyncio.Future[pb.FrameHeader] | None:
+                    frame: FrameSampling, kind: int, last: bool, all_logits: bool, epoch: int
+                    ) -> tuple[int, asyncio.Future[pb.FrameHeader]] | None:
+        """Send one chunk; for the last, (its window id, the future its reply resolves)."""
         assert self.link is not None
         encoded = self.core.encode(work, hidden)
         window = next(self.windows)
         header = pb.FrameHeader(
             session_id=session, window_id=window, kind=kind if last else pb.PREFILL,  # type: ignore[arg-type]
             start_pos=pos, want_reply=last, all_logits=all_logits and last,
-            sampling=frame.to_wire() if last else None,
+            sampling=frame.to_wire() if last else None, epoch=epoch,
         )
         encoded.describe(header)
         future = None
         if last:
             future = asyncio.get_running_loop().create_future()
-            self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind)
+            self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind, epoch)
         try:
             await self.link.send(header, encoded.data)
         except ConnectionError as exc:
             self._break(f"activation link to stage 1 lost: {exc}")
             raise MeshUnavailableError(self.broken) from None
-        return future
+        return None if future is None else (window, future)
 
     async def _await_reply(self, future: asyncio.Future[pb.FrameHeader]) -> list[Sampled]:
         try:
@@ -171,9 +220,12 @@ class Pipeline:
         try:
             while True:
                 header, _ = await link.recv()
-                waiter = self.waiters.pop((header.session_id, header.window_id), None)
-                if waiter is not None:
-                    self._deliver(waiter, header)
+                key = (header.session_id, header.window_id)
+                waiter = self.waiters.get(key)
+                if waiter is None or header.epoch != waiter.epoch:
+                    continue  # a void frame's reply, or one of another epoch: it never counts
+                del self.waiters[key]
+                self._deliver(waiter, header)
         except LinkClosedError as exc:
             self._break(f"{name} lost: {exc or 'closed'}")
 

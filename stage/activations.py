@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from proto import meshpipe_pb2 as pb
+from stage.batcher import VoidFrameError
 from stage.core import CannotSampleError, StageCore, Work
 from stage.engine import RangeEngine
 from stage.frames import add_sampled, input_rows, sampling_of
@@ -36,7 +37,8 @@ class _Admitted:
 
 
 def _error(h: pb.FrameHeader, message: str) -> pb.FrameHeader:
-    return pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.ERROR, message=message)
+    return pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.ERROR, message=message,
+                          epoch=h.epoch)
 
 
 class ActivationStage:
@@ -50,6 +52,7 @@ class ActivationStage:
         self.relay: asyncio.Task[None] | None = None
         self.relayed = 0  # frames relayed upstream from downstream
         self.failed: str | None = None
+        self.withheld = 0  # frames computed, then found void: neither forwarded nor answered
 
     def start(self) -> None:
         self.core.start()
@@ -128,9 +131,14 @@ class ActivationStage:
         while (item := await outbox.get()) is not None:
             try:
                 result = await item.work.output if item.work is not None else None
+            except VoidFrameError:
+                continue  # dropped unrun: nothing leaves for it (counted in core.skipped)
             except Exception as exc:  # noqa: BLE001 -- one frame's failure is its ERROR reply, not the stage's end
                 item.error = f"stage {self.core.index}: {exc}"
                 result = None
+            if item.header.kind in COMPUTE_KINDS and self.core.is_void(item.header):
+                self.withheld += 1  # it ran before its epoch turned void; its output must not count
+                continue
             try:
                 await self._emit(link, item, result)
             except ConnectionError as exc:
@@ -166,7 +174,7 @@ class ActivationStage:
         except CannotSampleError as exc:
             return _error(h, str(exc))
         reply = pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.REPLY,
-                               start_pos=h.start_pos)
+                               start_pos=h.start_pos, epoch=h.epoch)
         add_sampled(reply, picks)
         reply.timings.CopyFrom(h.timings)
         reply.timings.hops.append(hop)

@@ -24,6 +24,11 @@ import numpy as np
 from stage.engine import RangeEngine, Step
 from stage.llama_engine import EngineError
 
+
+class VoidFrameError(Exception):
+    """A queued step was dropped unrun: a newer epoch of its session made it void (DESIGN.md §6)."""
+
+
 ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="llama")
 
 
@@ -98,6 +103,17 @@ class Batcher:
         """Drop the lane's KV from `position` on, in order with the steps queued before."""
         return self.control(functools.partial(self.engine.trim, lane, position))
 
+    def discard(self, future: asyncio.Future[np.ndarray]) -> bool:
+        """Drop a queued step before it runs; its future fails with VoidFrameError. False
+        when the step is no longer queued (running or done): it runs to its end."""
+        for i, job in enumerate(self.jobs):
+            if job.future is future:
+                del self.jobs[i]
+                if not future.done():
+                    future.set_exception(VoidFrameError("dropped before it ran: its epoch is void"))
+                return True
+        return False
+
     def _enqueue(self, job: _Job) -> asyncio.Future[np.ndarray]:
         if self.stopped:
             job.future.set_exception(EngineError("stage stopped"))
@@ -126,12 +142,15 @@ class Batcher:
 
     async def _run(self) -> None:
         while True:
-            if not self.jobs:
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            batch = self._take()
+            batch = await self._next()
             await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, self._execute, batch)
+
+    async def _next(self) -> list[_Job]:
+        """Wait for work, then take what runs next."""
+        while not self.jobs:
+            self.wake.clear()
+            await self.wake.wait()
+        return self._take()
 
     def _execute(self, batch: list[_Job]) -> None:
         loop = batch[0].future.get_loop()

@@ -63,6 +63,10 @@ class StageCore:
         self.wire_dtype = wire_dtype
         self.batcher = Batcher(engine)
         self.lanes = LanePool(engine.lanes)
+        # windows in flight (DESIGN.md §6): each session's newest epoch, and its queued frames
+        self.epochs: dict[int, int] = {}
+        self.queued: dict[int, list[tuple[int, asyncio.Future[np.ndarray]]]] = {}
+        self.skipped = 0  # frames of a void epoch dropped before they ran
 
     def start(self) -> None:
         self.batcher.start()
@@ -79,6 +83,8 @@ class StageCore:
     def release(self, session: int) -> asyncio.Future[np.ndarray] | None:
         """Free the session's lane; the future resolves once its KV is dropped (None: no lane)."""
         lane = self.lanes.release(session)
+        self._drop_queued(session, None)
+        self.epochs.pop(session, None)
         return None if lane is None else self.batcher.trim(lane, 0)
 
     async def release_all(self) -> None:
@@ -95,10 +101,32 @@ class StageCore:
         clock = StepClock()
         return Work(self.batcher.submit(step, clock), clock)
 
+    def is_void(self, header: pb.FrameHeader) -> bool:
+        """Whether a frame's epoch is older than the newest its session has sent here."""
+        return header.epoch < self.epochs.get(header.session_id, 0)
+
+    def _drop_queued(self, session: int, before: int | None) -> None:
+        """Drop the session's queued frames (of an epoch older than `before`; None: all)."""
+        kept = []
+        for epoch, future in self.queued.pop(session, []):
+            if future.done():
+                continue
+            if (before is None or epoch < before) and self.batcher.discard(future):
+                self.skipped += 1
+            else:
+                kept.append((epoch, future))
+        if kept:
+            self.queued[session] = kept
+
     def submit_frame(self, header: pb.FrameHeader, payload: bytes) -> Work:
-        """Queue a compute frame from upstream; raises LanesExhaustedError."""
+        """Queue a compute frame from upstream; raises LanesExhaustedError. A frame of a newer
+        epoch drops the session's queued frames of older ones first: they are void."""
         clock = StepClock()  # from arrival: decoding the payload counts as queueing too
-        lane = self.lanes.lane_for(header.session_id)  # the wire names sessions; lanes are ours
+        session = header.session_id
+        if header.epoch > self.epochs.get(session, 0):
+            self.epochs[session] = header.epoch
+            self._drop_queued(session, header.epoch)
+        lane = self.lanes.lane_for(session)  # the wire names sessions; lanes are ours
         if self.engine.first:
             # layer 0 is remote only when a Load asks for layer_start 0 (the coordinator's routes never do)
             tokens = np.asarray(header.tokens, dtype=np.int32)
@@ -107,7 +135,10 @@ class StageCore:
             hidden = decode_tensor(header, payload)
             step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits)
         codec_s = time.perf_counter() - clock.queued
-        return Work(self.batcher.submit(step, clock), clock, codec_s)
+        output = self.batcher.submit(step, clock)
+        self.queued[session] = [(e, f) for e, f in self.queued.get(session, []) if not f.done()]
+        self.queued[session].append((header.epoch, output))
+        return Work(output, clock, codec_s)
 
     def sampling_problem(self, header: pb.FrameHeader) -> str | None:
         """Sampling arrives from the network: check it before it reaches the sampler."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 from typing import Any
 
@@ -14,8 +15,9 @@ from fastapi.testclient import TestClient
 
 from mesh.api.app import build_app
 from mesh.api.responses import SpeculativeUsage, Usage
-from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled
+from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled, SamplingParams
 from mesh.metrics import Metrics
+from mesh.pipeline import Pending
 from mesh.speculative.loop import generate
 from mesh.speculative.window import Fixed, WindowPolicy
 
@@ -30,11 +32,34 @@ class ScriptedPipeline:
 
     def __init__(self, target: list[int]) -> None:
         self.target = target
+        self.out: set[int] = set()  # frames sent and neither waited for nor void
+        self.most = 0  # the most frames out at once
+        self.voided: list[int] = []  # the start of each frame voided
+        self.epochs: list[int] = []  # each frame's epoch, in the order sent
+        self.histories: list[tuple[int, ...]] = []
 
     async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: Any, all_logits: bool = False,
                   kind: int = 0, history: Any = ()) -> list[Sampled]:
         rows = range(len(tokens)) if all_logits else [len(tokens) - 1]
         return [Sampled(self.target[start + i + 1 - len(PROMPT)]) for i in rows]
+
+    async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: Any,
+                   all_logits: bool = False, kind: int = 0, history: Any = (), epoch: int = 0) -> Pending:
+        self.out.add(start)
+        self.most = max(self.most, len(self.out))
+        self.epochs.append(epoch)
+        self.histories.append(tuple(history))
+        picks = await self.run(session, lane, start, tokens, sampling, all_logits, kind, history)
+        return Pending(session, start, epoch, 0.0, None, picks, 0.001)  # the window id is its start here
+
+    async def wait(self, pending: Pending) -> list[Sampled]:
+        self.out.remove(pending.window)
+        assert pending.local is not None
+        return pending.local
+
+    def void(self, pending: Pending) -> None:
+        self.out.remove(pending.window)
+        self.voided.append(pending.window)
 
 
 class ScriptedDraft:
@@ -42,22 +67,25 @@ class ScriptedDraft:
 
     step_seconds = 0.001
 
-    def __init__(self, target: list[int], wrong: bool = False) -> None:
-        self.target, self.wrong = target, wrong
+    def __init__(self, target: list[int], wrong: bool = False, misses: frozenset[int] = frozenset()) -> None:
+        self.target, self.wrong, self.misses = target, wrong, misses  # misses: completion indices it gets wrong
 
     async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
         done = len(sequence) - len(PROMPT)
-        return [t + 1000 if self.wrong else t for t in self.target[done:done + k]]
+        return [t + 1000 if self.wrong or done + i in self.misses else t
+                for i, t in enumerate(self.target[done:done + k])]
 
 
 def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | None = None,
-            stop: frozenset[int] = frozenset()) -> list[GenerationEvent]:
-    req = GenerationRequest(PROMPT, max_tokens, stop_tokens=stop)
+            stop: frozenset[int] = frozenset(), in_flight: int = 1, pipeline: ScriptedPipeline | None = None,
+            sampling: SamplingParams | None = None) -> list[GenerationEvent]:
+    req = GenerationRequest(PROMPT, max_tokens, sampling or SamplingParams(), stop_tokens=stop)
     window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2)) if draft else None
+    scripted = pipeline or ScriptedPipeline(target)
 
     async def go() -> list[GenerationEvent]:
         # on purpose: scripted stand-ins for the concrete Pipeline and Draft classes, duck-typed
-        loop = generate(ScriptedPipeline(target), 1, 0, req, 64, draft, window)  # type: ignore[arg-type]
+        loop = generate(scripted, 1, 0, req, 64, draft, window, in_flight)  # type: ignore[arg-type]
         return [e async for e in loop]
 
     return asyncio.run(go())
@@ -94,6 +122,90 @@ def test_a_stop_token_inside_an_accepted_window_ends_it_there():
     events = _events(8, target=target, draft=ScriptedDraft(target), stop=frozenset({EOS}))
     assert [e.token for e in events if isinstance(e, Sampled)] == [10, 11, 12]
     assert events[-1] == Finished("stop", 3, 3, Acceptance(1, 2, 2))
+
+
+LONG = list(range(10, 50))
+
+
+def test_windows_in_flight_with_a_perfect_draft_send_ahead_and_count_every_checked_draft():
+    pipeline = ScriptedPipeline(LONG)
+    events = _events(20, LONG, ScriptedDraft(LONG), in_flight=3, pipeline=pipeline)
+    assert [e.token for e in events if isinstance(e, Sampled)] == LONG[:20]
+    assert pipeline.most == 3
+    assert pipeline.voided == []
+    assert set(pipeline.epochs) == {0}
+    done = events[-1]
+    assert isinstance(done, Finished)
+    assert done.speculative is not None
+    # a window is a frame: its drafts, all accepted here
+    assert done.speculative.accepted == done.speculative.proposed <= 2 * done.speculative.windows
+    assert done.speculative.proposed >= 19 - done.speculative.windows
+
+
+def test_windows_in_flight_void_what_follows_a_miss_and_give_what_one_at_a_time_gives():
+    misses = frozenset({4, 9, 10, 15})
+    one = _events(24, LONG, ScriptedDraft(LONG, misses=misses))
+    pipeline = ScriptedPipeline(LONG)
+    many = _events(24, LONG, ScriptedDraft(LONG, misses=misses), in_flight=3, pipeline=pipeline)
+    assert [e for e in many if isinstance(e, Sampled)] == [e for e in one if isinstance(e, Sampled)]
+    assert pipeline.most == 3
+    assert pipeline.voided  # frames sent past a miss were void
+    assert pipeline.out == set()  # and nothing is left out at the end
+    assert max(pipeline.epochs) == len(misses)  # one epoch per miss
+    records = [e for e in many if isinstance(e, Acceptance)]
+    misses_seen = sum(b.accepted - a.accepted < b.proposed - a.proposed for a, b in itertools.pairwise(records))
+    assert misses_seen == len(misses)  # a window that rejected counts its drafts after the miss as proposed
+    assert max(b.proposed - a.proposed for a, b in itertools.pairwise(records)) <= 4  # at most two frames of 2
+
+
+def test_a_frame_sent_ahead_counts_the_drafts_before_it_in_its_penalty_history():
+    pipeline = ScriptedPipeline(LONG)
+    _events(9, LONG, ScriptedDraft(LONG), in_flight=2, pipeline=pipeline,
+            sampling=SamplingParams(presence_penalty=0.5))
+    # the prefill gives 10; frame 1 feeds [10, 11, 12]; frame 2, sent before its reply, feeds
+    # [13, 14] and counts the completion up to its first token, drafts included
+    assert pipeline.histories[:2] == [(10,), (10, 11, 12, 13)]
+
+
+class Recorder(Fixed):
+    """A window of 2, but 0 for a while (the frames in flight drain first), and what it is told."""
+
+    def __init__(self) -> None:
+        super().__init__(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
+        self.asked = 0
+        self.records: list[tuple[int, int, bool]] = []
+
+    def next_window(self) -> int:
+        self.asked += 1
+        return 0 if 4 <= self.asked <= 8 else 2
+
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
+        self.records.append((proposed, accepted, verify_s is not None))
+
+
+def test_controllers_hear_of_every_frame_plain_decodes_included_and_time_only_frames_sent_alone():
+    recorder = Recorder()
+    req = GenerationRequest(PROMPT, 20)
+
+    async def go() -> list[GenerationEvent]:
+        return [e async for e in generate(ScriptedPipeline(LONG), 1, 0, req, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
+                                          recorder, 3)]
+
+    events = asyncio.run(go())
+    assert [e.token for e in events if isinstance(e, Sampled)] == LONG[:20]
+    assert (0, 0, True) in recorder.records  # a plain decode, sent with nothing else in flight
+    assert (2, 2, False) in recorder.records  # a frame sent ahead: its round trip is not a verify time
+    done = events[-1]
+    assert isinstance(done, Finished)
+    assert done.speculative is not None
+    assert done.speculative.windows == sum(1 for p, _, _ in recorder.records if p)
+
+
+def test_without_a_draft_nothing_is_sent_ahead():
+    pipeline = ScriptedPipeline(LONG)
+    events = _events(6, LONG, in_flight=4, pipeline=pipeline)
+    assert [e.token for e in events if isinstance(e, Sampled)] == LONG[:6]
+    assert pipeline.most == 1
 
 
 def test_acceptance_is_frozen_and_counts_only_rounds_that_proposed():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from pydantic import ValidationError
 
 from config.settings import Config, ConfigError, ModelEntry, Speculative, parse_config
-from mesh.speculative.plan import resolve_plan
+from mesh.speculative.plan import WINDOWS_IN_FLIGHT, resolve_plan
 from packages.manifest import load_manifest
 from packages.speculative import DraftStrategy, WindowPolicy, block_for
 
@@ -28,7 +29,7 @@ def test_package_default_when_nothing_else_says(manifest):
     assert plan is not None
     assert plan.draft_model == "org/draft:Q4_0"
     assert plan.source == "package default"
-    assert plan.describe() == "draft pkg-draft (package default), adaptive 4 [1,16]"
+    assert plan.describe() == "draft pkg-draft (package default), 3 windows in flight, adaptive 4 [1,16]"
 
 
 def test_each_level_overrides_the_ones_below(manifest):
@@ -52,6 +53,23 @@ def test_each_level_overrides_the_ones_below(manifest):
     assert plan
     assert plan.draft_model == "org/draft:Q4_0"
     assert plan.window.initial == 2
+
+
+def test_windows_in_flight_take_the_highest_level_that_sets_them(manifest):
+    plan, _ = resolve_plan(Speculative(), False, Config(), NAMES, manifest)
+    assert plan
+    assert plan.in_flight == WINDOWS_IN_FLIGHT
+    config = Config(defaults=Speculative(windows_in_flight=5))
+    plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
+    assert plan
+    assert plan.in_flight == 5
+    assert plan.window == WindowPolicy(policy="adaptive", initial=4, min=1, max=16)  # not a window key
+    plan, _ = resolve_plan(Speculative(windows_in_flight=1), False, config, NAMES, manifest)
+    assert plan
+    assert plan.in_flight == 1
+    assert plan.describe() == "draft pkg-draft (package default), adaptive 4 [1,16]"
+    with pytest.raises(ValidationError):
+        Speculative(windows_in_flight=0)
 
 
 def test_off_switches(manifest, tiny_package):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from packages.speculative import WindowPolicy
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
+from stage.batcher import Batcher, _Job
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.sampling import SamplingParams
@@ -405,3 +407,160 @@ def _top2_margin(gguf: Path, prompt: list[int], generated: list[int]) -> float:
     engine.close()
     top = np.sort(logits)[-2:]
     return float(top[1] - top[0])
+
+
+class BusyBatcher(Batcher):
+    """A stage on a slower machine: each decode waits `pause` first (off the shared engine
+    thread), so frames queue behind it as they would at a bottleneck stage."""
+
+    pause = 0.0
+
+    async def _next(self) -> list[_Job]:
+        await asyncio.sleep(self.pause)
+        return await super()._next()
+
+
+@contextlib.asynccontextmanager
+async def chain_of_stages(package: Path, cache: Path, cuts: list[int], lanes: int = 4, busy_final: bool = False
+                          ) -> AsyncIterator[tuple[Pipeline, list[ActivationStage]]]:
+    """Stage 0 and a remote stage per cut, each linked to the next over loopback; with
+    `busy_final`, the final stage is the slowest machine (BusyBatcher)."""
+    m, sha = load_manifest(package)
+    bounds = [0, *cuts, m.layer_count]
+    engines = [LlamaRangeEngine(materialize_stage(package, m, sha, a, b, cache),
+                                EngineConfig(first=a == 0, final=b == m.layer_count, lanes=lanes, ctx_per_lane=512))
+               for a, b in itertools.pairwise(bounds)]
+    stages: list[ActivationStage] = []
+    servers, link = [], None
+    for i in range(len(engines) - 1, 0, -1):  # the final stage first, so each can link downstream
+        stage = ActivationStage(engines[i], i, 0, link)
+        if busy_final and i == len(engines) - 1:
+            stage.core.batcher = BusyBatcher(engines[i])
+        stage.start()
+        stages.insert(0, stage)
+        servers.append(await serve("127.0.0.1", 0, stage.handle_upstream, token="t"))
+        link = await connect("127.0.0.1", servers[-1].sockets[0].getsockname()[1], token="t")
+    pipeline = Pipeline(engines[0], link)
+    pipeline.start()
+    try:
+        yield pipeline, stages
+    finally:
+        await pipeline.stop()
+        for stage in stages:
+            await stage.stop()
+        for server in servers:
+            server.close()
+        for e in engines:
+            e.close()
+
+
+@dataclass
+class InFlight:
+    """Counts a pipeline's frames sent and not yet waited for or voided."""
+
+    out: int = 0
+    most: int = 0
+    voided: int = 0
+
+    def watch(self, pipeline: Pipeline) -> None:
+        send, wait, void = pipeline.send, pipeline.wait, pipeline.void
+
+        async def sent(*args, **kwargs):
+            pending = await send(*args, **kwargs)
+            self.out += 1
+            self.most = max(self.most, self.out)
+            return pending
+
+        async def waited(pending):
+            self.out -= 1
+            return await wait(pending)
+
+        def voided(pending):
+            self.out -= 1
+            self.voided += 1
+            void(pending)
+
+        # a spy on purpose: the counts come from the real calls
+        pipeline.send, pipeline.wait, pipeline.void = sent, waited, voided  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("cuts", [[], [CUT], [10, 20]], ids=["1-stage", "2-stage", "3-stage"])
+def test_windows_in_flight_give_plain_greedy_output_on_every_split(smollm2_package, smollm2_gguf, stage_cache,
+                                                                   draft_gguf, cuts):
+    """Three verify frames in flight, the Q4_0 draft missing often: frames past a miss are void,
+    the final stage (the slowest machine here) drops those queued there unrun, and every token
+    is still the one plain decoding gives; on two stages, four sessions at once too."""
+    prompts = [chat_prompt(smollm2_gguf, t) for t in ("Tell me a story about a brave mouse.",
+                                                      "How do magnets work?", "List five uses for a paperclip.",
+                                                      "Write a poem about autumn.")]
+
+    async def scenario(draft: Draft) -> None:
+        async with chain_of_stages(smollm2_package, stage_cache, cuts, busy_final=True) as (pipeline, stages):
+            plain = [(await _run(pipeline, None, p, 48, session=10 + i))[0] for i, p in enumerate(prompts)]
+            for i in range(len(prompts)):
+                await pipeline.end(10 + i)
+            seen = InFlight()
+            seen.watch(pipeline)
+            busy = stages[-1].core.batcher if stages else None
+            assert busy is None or isinstance(busy, BusyBatcher)
+            if busy is not None:  # long enough for stage 0 to draft and send the next epoch while frames wait there
+                busy.pause = 0.1
+            fixed = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
+            req = GenerationRequest(prompts[0], 48, GREEDY, ignore_eos=True)
+            events = [e async for e in generate(pipeline, 1, pipeline.open(1), req, 512, draft, fixed, in_flight=3)]
+            assert [e.token for e in events if isinstance(e, Sampled)] == plain[0]
+            done = events[-1]
+            assert isinstance(done, Finished)
+            assert done.speculative is not None
+            assert done.speculative.proposed > done.speculative.accepted > 0
+            assert seen.most == 3
+            assert seen.voided > 0
+            await pipeline.end(1)
+            if busy is not None:  # void frames queued at the final stage were dropped unrun, and none was answered
+                assert stages[-1].core.skipped > 0
+                busy.pause = 0.0
+            if len(cuts) == 1:
+                async def one(i: int) -> list[int]:
+                    req = GenerationRequest(prompts[i], 48, GREEDY, ignore_eos=True)
+                    window = controller_for(WindowPolicy(policy="adaptive", initial=4, min=1, max=8))
+                    return [e.token async for e in generate(pipeline, 20 + i, pipeline.open(20 + i), req, 512,
+                                                            draft, window, in_flight=3) if isinstance(e, Sampled)]
+                assert await asyncio.gather(*(one(i) for i in range(4))) == plain
+            assert seen.out == 0
+            assert pipeline.waiters == {}
+
+    async def with_draft() -> None:
+        draft = Draft(draft_gguf, lanes=4, ctx_per_lane=512, threads=2)
+        draft.start()
+        try:
+            await scenario(draft)
+        finally:
+            await draft.stop()
+
+    asyncio.run(with_draft())
+
+
+def test_windows_in_flight_sample_what_plain_decoding_samples_with_penalties(smollm2_package, smollm2_gguf,
+                                                                           stage_cache, draft_gguf):
+    """Temperature 1, penalties, logit_bias and logprobs: a frame sent ahead counts the drafts
+    before it in its penalty history, so tokens and logprobs stay bit for bit."""
+    prompt = chat_prompt(smollm2_gguf, "Write a limerick about a cat.")
+    sp = replace(PENALISED, seed=7, logit_bias=((28, 2.0), (30, -100.0)))
+
+    async def scenario() -> None:
+        async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
+            plain, _ = await _sampled(pipeline, None, prompt, 40, sp)
+            await pipeline.end(1)
+            seen = InFlight()
+            seen.watch(pipeline)
+            window = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
+            req = GenerationRequest(prompt, 40, sp, ignore_eos=True)
+            events = [e async for e in generate(pipeline, 2, pipeline.open(2), req, 512, draft, window, in_flight=3)]
+            assert [e for e in events if isinstance(e, Sampled)] == plain
+            assert seen.most == 3
+            done = events[-1]
+            assert isinstance(done, Finished)
+            assert done.speculative is not None
+            assert done.speculative.accepted > 0
+
+    asyncio.run(scenario())

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
+import numpy as np
 import pytest
 from toy_engine import ToyEngine, until
 
-from mesh.pipeline import Pipeline, StageFailedError
+from mesh.backend import GenerationRequest, MeshUnavailableError
+from mesh.pipeline import Pending, Pipeline, StageFailedError
+from mesh.speculative.loop import generate
+from mesh.speculative.window import Fixed
+from packages.speculative import WindowPolicy
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
+from stage.engine import Step
 from stage.frames import FrameSampling, sampling_of
 from stage.sampling import Sampled, SamplingParams
 from stage.transport import connect, serve
@@ -25,8 +34,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 
 
 @contextlib.asynccontextmanager
-async def two_stages(chunk: int = 128) -> AsyncIterator[tuple[Pipeline, ActivationStage]]:
-    final = ActivationStage(ToyEngine(first=False, final=True), 1, pb.F16, None)
+async def two_stages(chunk: int = 128, final_engine: ToyEngine | None = None
+                     ) -> AsyncIterator[tuple[Pipeline, ActivationStage]]:
+    final = ActivationStage(final_engine or ToyEngine(first=False, final=True), 1, pb.F16, None)
     final.start()
     server = await serve("127.0.0.1", 0, final.handle_upstream, token="t")
     link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
@@ -120,3 +130,134 @@ def test_frame_sampling_splits_the_penalty_history_and_survives_the_wire():
     # no penalty, no history on the wire
     plain = FrameSampling.for_rows(SamplingParams(), [2, 4], [4, 8, 9], rows=3)
     assert sampling_of(pb.FrameHeader(sampling=plain.to_wire())) == FrameSampling(SamplingParams())
+
+
+class GatedEngine(ToyEngine):
+    """A whole model in one remote stage whose decodes wait for `gate`: frames queue behind it."""
+
+    def __init__(self) -> None:
+        super().__init__(first=True, final=True)
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.starts: list[int] = []  # the start of every step it computed
+
+    def step(self, steps: list[Step]) -> list[np.ndarray]:
+        self.entered.set()
+        assert self.gate.wait(5)
+        self.starts += [s.start for s in steps]
+        return super().step(steps)
+
+
+def _frame(window: int, epoch: int, start: int, tokens: list[int]) -> pb.FrameHeader:
+    return pb.FrameHeader(session_id=1, window_id=window, kind=pb.VERIFY, start_pos=start, tokens=tokens,
+                          want_reply=True, all_logits=True, epoch=epoch, sampling=FrameSampling(GREEDY).to_wire())
+
+
+def test_a_stage_skips_queued_frames_of_a_void_epoch_and_never_answers_them():
+    """Frames 2 and 3 queue behind frame 1; frame 4 opens epoch 1, so 2 and 3 are dropped
+    unrun, and frame 1, already running, is computed but neither answered nor counted."""
+
+    async def scenario() -> None:
+        engine = GatedEngine()
+        stage = ActivationStage(engine, 1, pb.F32, None)
+        stage.start()
+        server = await serve("127.0.0.1", 0, stage.handle_upstream, token="t")
+        link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
+        try:
+            await link.send(_frame(1, 0, 0, [1, 2]))
+            await asyncio.to_thread(engine.entered.wait, 5)  # frame 1 is running, held at the gate
+            await link.send(_frame(2, 0, 2, [3, 4]))
+            await link.send(_frame(3, 0, 4, [5, 6]))
+            await link.send(_frame(4, 1, 2, [9]))  # the target parted at position 2: epoch 1 starts there
+            await until(lambda: stage.core.skipped == 2)
+            engine.gate.set()
+            reply, _ = await asyncio.wait_for(link.recv(), 2)
+            assert (reply.kind, reply.window_id, reply.epoch, list(reply.tokens)) == (pb.REPLY, 4, 1, [10])
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(link.recv(), 0.3)  # nothing else comes
+            assert engine.starts == [0, 2]  # frames 2 and 3 were never computed
+            assert stage.withheld == 1  # frame 1 ran, and its reply was held back
+        finally:
+            engine.gate.set()
+            link.close()
+            await stage.stop()
+            server.close()
+
+    asyncio.run(scenario())
+
+
+class ToyDraft:
+    """Proposes what ToyEngine's model will sample (each token + 1), wrong at `misses`."""
+
+    step_seconds = 0.0
+
+    def __init__(self, misses: frozenset[int] = frozenset()) -> None:
+        self.misses = misses
+
+    async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
+        out = []
+        for i in range(k):
+            nxt = (sequence[-1] + 1 + i) % ToyEngine.n_vocab
+            out.append(nxt + 1 if len(sequence) + i in self.misses else nxt)
+        return out
+
+
+class SlowToyEngine(ToyEngine):
+    def step(self, steps: list[Step]) -> list[np.ndarray]:
+        time.sleep(0.005)  # frames stay in flight long enough to pile up
+        return super().step(steps)
+
+
+TWO = WindowPolicy(policy="fixed", initial=2, min=1, max=2)
+
+
+def test_windows_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames():
+    async def scenario() -> None:
+        async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
+            req = GenerationRequest([1], 24, ignore_eos=True)
+            plain = [e.token async for e in generate(pipeline, 1, pipeline.open(1), req, 64)
+                     if isinstance(e, Sampled)]
+            await pipeline.end(1)
+            most, send = 0, pipeline.send
+
+            async def counted(*args: Any, **kwargs: Any) -> Pending:
+                nonlocal most
+                pending = await send(*args, **kwargs)
+                most = max(most, len(pipeline.waiters))
+                return pending
+
+            pipeline.send = counted  # type: ignore[method-assign]
+            draft = ToyDraft(misses=frozenset({5, 6, 12, 19}))
+            spec = [e.token async for e in generate(pipeline, 2, pipeline.open(2), req, 64, draft,  # type: ignore[arg-type]
+                                                    Fixed(TWO), in_flight=4) if isinstance(e, Sampled)]
+            assert spec == plain == [(2 + i) % ToyEngine.n_vocab for i in range(24)]
+            assert most == 4
+            assert final.core.skipped + final.withheld > 0  # frames past a miss were dropped there
+            assert pipeline.waiters == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_token():
+    async def scenario() -> None:
+        async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
+            req = GenerationRequest([1], 40, ignore_eos=True)
+            events = generate(pipeline, 1, pipeline.open(1), req, 64, ToyDraft(), Fixed(TWO), in_flight=3)  # type: ignore[arg-type]
+            out: list[int] = []
+
+            async def consume() -> None:
+                async with asyncio.timeout(5):  # no hang
+                    async for event in events:
+                        if isinstance(event, Sampled):
+                            out.append(event.token)
+                            if len(out) == 6:
+                                assert len(pipeline.waiters) > 1  # several frames are in flight
+                                assert final.upstream is not None
+                                final.upstream.close()  # the reply path goes, mid-window
+
+            with pytest.raises(MeshUnavailableError, match="lost"):
+                await consume()
+            assert 6 <= len(out) < 40
+            assert out == [(2 + i) % ToyEngine.n_vocab for i in range(len(out))]  # nothing stale
+            assert pipeline.waiters == {}
+
+    asyncio.run(scenario())

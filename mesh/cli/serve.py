@@ -59,6 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "or org/repo:QUANT (overrides config and package)")
     p.add_argument("--draft-window", type=int, default=None, metavar="N",
                    help="fixed speculative window of N draft tokens")
+    p.add_argument("--windows-in-flight", type=int, default=None, metavar="N",
+                   help="verify frames a session may have in flight while the draft goes on (1: wait "
+                   "for each reply; default from config, else 3)")
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
     p.add_argument("--wire-delay-ms", type=float, default=0.0, metavar="MS",
@@ -194,10 +197,13 @@ def _cpu_lock(args: argparse.Namespace, cache: Path) -> Path | None:
 def _cli_speculative(args: argparse.Namespace) -> Speculative:
     if args.draft_window is not None and args.draft_window < 1:
         raise UsageError("--draft-window must be at least 1")
+    if args.windows_in_flight is not None and not 1 <= args.windows_in_flight <= 16:
+        raise UsageError("--windows-in-flight must be between 1 and 16")
     window = args.draft_window
     return Speculative(draft_model=args.draft, window_policy="fixed" if window else None,
                        initial_window=window, min_window=1 if window else None,
-                       max_window=max(window, 16) if window else None)
+                       max_window=max(window, 16) if window else None,
+                       windows_in_flight=args.windows_in_flight)
 
 
 def _say(message: str) -> None:

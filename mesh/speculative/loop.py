@@ -1,60 +1,122 @@
 """The generate loop at stage 0, with or without a draft (DESIGN.md §6).
 
-Each round the draft proposes k tokens; stage 0 sends [last, d1..dk] through the pipeline
-as one VERIFY pass; the final stage samples the target's token at every position; the
-longest prefix where draft == target is accepted, plus the target's own next token. The
-next frame starts at the accepted position, which trims every stage's KV (and the draft's).
-With k = 0 a round is a plain decode step.
+The draft's proposals are one long window, sent as frames. `seq` is the optimistic
+sequence: the committed tokens, then every draft sent and not yet verified. A frame feeds
+`seq[sent:]` plus k new drafts at position `sent`: the first frame of an epoch feeds
+[last, d1..dk], where `last` is committed but in no KV yet; later ones feed only drafts.
+While up to `in_flight` frames are out, the draft goes on as if all were accepted.
+
+The final stage samples the target's token at every row; row j of a frame predicts the
+position after it. Replies come back in order, and each commits the target's tokens while
+they equal what `seq` holds there. At the first difference the target's token is
+committed, every frame in flight is void, and the epoch goes up: the next frame starts at
+the committed position, which trims every stage's KV (and the draft's); stages drop queued
+frames of the old epoch unrun, and stage 0 drops their replies. With k = 0 a frame is a
+plain decode step, and nothing else is ever in flight.
 """
 
 from __future__ import annotations
 
-import time
+from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest
-from mesh.pipeline import Pipeline
+from mesh.pipeline import Pending, Pipeline
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
 
 
+@dataclass(frozen=True)
+class _Frame:
+    pending: Pending
+    start: int  # the position of its first row; row j predicts start + j + 1
+    first: int  # the position of its first draft
+    drafts: int
+    alone: bool  # nothing else was in flight: its round trip is what one verify pass costs
+
+
 async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationRequest, ctx: int,
-                   draft: Draft | None = None, window: Controller | None = None) -> AsyncIterator[GenerationEvent]:
-    """The events of one generation, as `Backend.generate` documents them."""
+                   draft: Draft | None = None, window: Controller | None = None,
+                   in_flight: int = 1) -> AsyncIterator[GenerationEvent]:
+    """The events of one generation, as `Backend.generate` documents them. `in_flight` bounds
+    the verify frames out at once (1: each frame waits for the reply to the one before)."""
     stops = set() if req.ignore_eos else set(req.stop_tokens)
-    tokens = list(req.prompt)
-    pending = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
+    depth = max(in_flight, 1) if draft is not None else 1
+    tokens = list(req.prompt)  # committed; the last one is in no KV yet
+    targets = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
     acceptance = Acceptance() if draft is not None else None
     if acceptance is not None:
         yield acceptance  # with a draft, every token comes after a record that counts its window
-    completion = 0
-    while True:
-        for sampled in pending:
-            if sampled.token in stops:
-                yield Finished("stop", len(req.prompt), completion, acceptance)
-                return
-            completion += 1
-            tokens.append(sampled.token)
-            yield sampled  # with the target's numbers for this position: its verify row drew it
-            if completion >= req.max_tokens:
-                yield Finished("length", len(req.prompt), completion, acceptance)
-                return
-        # the last token is not in any KV yet; room bounds the window by context and budget
-        room = min(ctx - len(tokens), req.max_tokens - completion) - 1
-        k = max(0, min(window.next_window() if window else 0, room))
-        drafts = await draft.propose(lane, tokens, k) if draft and k else []
-        sent = time.perf_counter()
-        # the penalties count the completion only, so the history starts after the prompt
-        history = tokens[len(req.prompt):] if req.sampling.penalised else ()
-        target = await pipeline.run(session, lane, len(tokens) - 1, [tokens[-1], *drafts], req.sampling,
-                                    all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE,
-                                    history=history)
-        n = common_prefix(drafts, [s.token for s in target])
-        if window is not None:
-            draft_s = draft.step_seconds * k if draft else 0.0
-            window.record(k, n, draft_s, time.perf_counter() - sent)
-        if acceptance is not None and k:
-            acceptance = acceptance.add(k, n)
-            yield acceptance  # before the tokens this window produced
-        pending = target[: n + 1]
+    seq: list[int] = []
+    sent = epoch = 0
+    frames: deque[_Frame] = deque()
+    answered: _Frame | None = None  # the frame `targets` answers (None: the prefill)
+    try:
+        while True:
+            # commit the targets while they match what was sent after them; row j predicts `predicts + j`
+            predicts = answered.start + 1 if answered else len(tokens)
+            checked = max(0, min(len(targets), len(seq) - predicts))  # rows with a draft sent after them
+            n = common_prefix(seq[predicts:], [s.token for s in targets])
+            miss = predicts + n if n < checked else None  # the position where the target parted
+            # a window is a frame: its drafts, and those accepted; the next one counts here
+            # only when its first draft, checked by this reply's last row, was rejected
+            settled = [answered] if answered else []  # a plain decode too: the controllers time it
+            if miss is not None and frames and frames[0].first == miss:
+                settled.append(frames[0])
+            for frame in settled:
+                accepted = frame.drafts if miss is None else max(0, min(frame.drafts, miss - frame.first))
+                if window is not None:
+                    _record(window, frame, draft, accepted)
+                if acceptance is not None:
+                    acceptance = acceptance.add(frame.drafts, accepted)
+            if miss is not None:  # all sent beyond is void
+                targets = targets[: n + 1]
+                for frame in frames:
+                    pipeline.void(frame.pending)
+                frames.clear()
+                epoch += 1
+            if acceptance is not None and any(frame.drafts for frame in settled):
+                yield acceptance  # before the tokens this reply produced
+            for sampled in targets:
+                if sampled.token in stops:
+                    yield Finished("stop", len(req.prompt), len(tokens) - len(req.prompt), acceptance)
+                    return
+                tokens.append(sampled.token)
+                yield sampled  # with the target's numbers for this position: its verify row drew it
+                if len(tokens) - len(req.prompt) >= req.max_tokens:
+                    yield Finished("length", len(req.prompt), len(tokens) - len(req.prompt), acceptance)
+                    return
+            if not frames:  # a new epoch, or all verified: go on from the last committed token
+                seq, sent = list(tokens), len(tokens) - 1
+            # send frames until `depth` are out, drafting on as if every proposal is accepted
+            while len(frames) < depth:
+                # the window is bounded by context and budget, counting the drafts in flight
+                room = min(ctx - len(seq), req.max_tokens - (len(seq) - len(req.prompt))) - 1
+                k = max(0, min(window.next_window() if window else 0, room))
+                if frames and not k:
+                    break  # a frame of no drafts needs the target's token first
+                drafts = await draft.propose(lane, seq, k) if draft and k else []
+                seq += drafts
+                # the penalties count the completion only: from the prompt's end to the frame's first token
+                history = seq[len(req.prompt) : sent + 1] if req.sampling.penalised else ()
+                pending = await pipeline.send(session, lane, sent, seq[sent:], req.sampling,
+                                              all_logits=bool(drafts), kind=pb.VERIFY if drafts else pb.DECODE,
+                                              history=history, epoch=epoch)
+                frames.append(_Frame(pending, sent, len(seq) - len(drafts), len(drafts), alone=not frames))
+                sent = len(seq)
+            answered = frames.popleft()
+            targets = await pipeline.wait(answered.pending)
+    finally:
+        for frame in frames:  # a stop, the length limit, an error or the caller leaving
+            pipeline.void(frame.pending)
+
+
+def _record(window: Controller, frame: _Frame, draft: Draft | None, accepted: int) -> None:
+    """What a settled frame tells the window controller: its drafts, those accepted, and the
+    cost of a verify pass, measured only on frames that had the pipeline to themselves."""
+    draft_s = draft.step_seconds * frame.drafts if draft else 0.0
+    p = frame.pending
+    verify_s = p.answered_at - p.sent_at if frame.alone and p.answered_at else None
+    window.record(frame.drafts, accepted, draft_s, verify_s)

@@ -8,12 +8,15 @@ draft is never loaded or downloaded.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
 from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, WindowPolicy, declared, problem
+
+WINDOWS_IN_FLIGHT = 3  # the default: measured in DESIGN.md §6 (issue 14)
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,13 @@ class SpecPlan:
     window: WindowPolicy
     source: str  # where the draft choice came from, for the log line and /health
     strategy: DraftStrategy | None  # the package strategy in use, if any
+    in_flight: int = 1  # verify frames a session may have out at once
 
     def describe(self) -> str:
         name = self.strategy.name if self.strategy and self.strategy.draft_model == self.draft_model \
             else self.draft_model
-        return f"draft {name} ({self.source}), {self.window.describe()}"
+        flight = f", {self.in_flight} windows in flight" if self.in_flight > 1 else ""
+        return f"draft {name} ({self.source}){flight}, {self.window.describe()}"
 
 
 def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: set[str],
@@ -52,10 +57,11 @@ def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: 
         return None, "off (no draft declared by the package or configured)"
     draft, source = chosen or (package.draft_model, "package default")  # type: ignore[union-attr]
     window = _window(levels, package)
-    return SpecPlan(draft, window, source, package), ""
+    in_flight = _first(levels, "windows_in_flight")
+    return SpecPlan(draft, window, source, package, in_flight[0] if in_flight else WINDOWS_IN_FLIGHT), ""
 
 
-def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[str, str] | None:
+def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[Any, str] | None:
     for where, level in levels:
         value = getattr(level, name)
         if value is not None:

@@ -16,9 +16,13 @@ from packages.speculative import WindowPolicy
 
 
 class Controller(Protocol):
+    """`record` is called once per verify reply (DESIGN.md §6): the drafts its rows checked,
+    how many were accepted, their draft time, and the verify pass's time, or None when
+    other frames were in flight with it, so that its round trip says nothing of one pass."""
+
     def next_window(self) -> int: ...
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None: ...
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None: ...
 
 
 @dataclass
@@ -28,7 +32,7 @@ class Fixed:
     def next_window(self) -> int:
         return self.policy.initial
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
         pass
 
 
@@ -43,7 +47,7 @@ class Adaptive:
     def next_window(self) -> int:
         return self.window
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
         if proposed == 0:
             return
         step = 1 if accepted == proposed else -1
@@ -88,8 +92,9 @@ class CostAware:
                 return self.policy.min  # re-probe: conditions may have changed
         return self.window
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        self._verify[proposed] = _ewma(self._verify.get(proposed), verify_s)
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
+        if verify_s is not None:  # pipelined frames overlap: their round trips would skew the fit
+            self._verify[proposed] = _ewma(self._verify.get(proposed), verify_s)
         if proposed:
             self.accept = _ewma(self.accept, min(accepted / proposed, 0.99))
             self.draft_step = _ewma(self.draft_step, draft_s / proposed)
