@@ -29,7 +29,7 @@ def test_package_default_when_nothing_else_says(manifest):
     assert plan is not None
     assert plan.draft_model == "org/draft:Q4_0"
     assert plan.source == "package default"
-    assert plan.describe() == "draft pkg-draft (package default), 3 windows in flight, adaptive 4 [1,16]"
+    assert plan.describe() == "draft pkg-draft (package default), adaptive 4 [1,16]"  # one frame at a time
 
 
 def test_each_level_overrides_the_ones_below(manifest):
@@ -63,6 +63,7 @@ def test_windows_in_flight_take_the_highest_level_that_sets_them(manifest):
     plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
     assert plan
     assert plan.in_flight == 5
+    assert plan.describe() == "draft pkg-draft (package default), 5 windows in flight, adaptive 4 [1,16]"
     assert plan.window == WindowPolicy(policy="adaptive", initial=4, min=1, max=16)  # not a window key
     plan, _ = resolve_plan(Speculative(windows_in_flight=1), False, config, NAMES, manifest)
     assert plan

@@ -75,7 +75,8 @@ def test_logprobs_penalties_and_bias_with_the_draft_equal_no_draft(serve_cache, 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
 def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_texts, stages):
-    with mesh_serve(serve_cache, "--local-stages", str(stages)) as (url, _):
+    # three verify frames in flight per session: the serving path with the pipeline kept full
+    with mesh_serve(serve_cache, "--local-stages", str(stages), "--windows-in-flight", "3") as (url, _):
         assert "package default" in httpx.get(f"{url}/health").json()["speculative"]
         proposed = accepted = 0
         for p in PROMPTS:

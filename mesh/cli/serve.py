@@ -61,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fixed speculative window of N draft tokens")
     p.add_argument("--windows-in-flight", type=int, default=None, metavar="N",
                    help="verify frames a session may have in flight while the draft goes on (1: wait "
-                   "for each reply; default from config, else 3)")
+                   "for each reply, the default; 3 pays on slow links, see DESIGN.md §6)")
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
     p.add_argument("--wire-delay-ms", type=float, default=0.0, metavar="MS",
