@@ -103,16 +103,15 @@ class Batcher:
         """Drop the lane's KV from `position` on, in order with the steps queued before."""
         return self.control(functools.partial(self.engine.trim, lane, position))
 
-    def discard(self, future: asyncio.Future[np.ndarray]) -> bool:
-        """Drop a queued step before it runs; its future fails with VoidFrameError. False
-        when the step is no longer queued (running or done): it runs to its end."""
-        for i, job in enumerate(self.jobs):
-            if job.future is future:
-                del self.jobs[i]
-                if not future.done():
-                    future.set_exception(VoidFrameError("dropped before it ran: its epoch is void"))
-                return True
-        return False
+    def discard_lane(self, lane: int) -> int:
+        """Drop the lane's queued steps before they run (control jobs stay); their futures
+        fail with VoidFrameError. A step already running runs to its end. Returns how many."""
+        dropped = [j for j in self.jobs if j.step is not None and j.step.lane == lane]
+        self.jobs = [j for j in self.jobs if j not in dropped]
+        for job in dropped:
+            if not job.future.done():
+                job.future.set_exception(VoidFrameError("dropped before it ran: its epoch is void"))
+        return len(dropped)
 
     def _enqueue(self, job: _Job) -> asyncio.Future[np.ndarray]:
         if self.stopped:

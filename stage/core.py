@@ -63,9 +63,8 @@ class StageCore:
         self.wire_dtype = wire_dtype
         self.batcher = Batcher(engine)
         self.lanes = LanePool(engine.lanes)
-        # windows in flight (DESIGN.md §6): each session's newest epoch, and its queued frames
+        # windows in flight (DESIGN.md §6): each session's newest epoch
         self.epochs: dict[int, int] = {}
-        self.queued: dict[int, list[tuple[int, asyncio.Future[np.ndarray]]]] = {}
         self.skipped = 0  # frames of a void epoch dropped before they ran
 
     def start(self) -> None:
@@ -83,9 +82,11 @@ class StageCore:
     def release(self, session: int) -> asyncio.Future[np.ndarray] | None:
         """Free the session's lane; the future resolves once its KV is dropped (None: no lane)."""
         lane = self.lanes.release(session)
-        self._drop_queued(session, None)
         self.epochs.pop(session, None)
-        return None if lane is None else self.batcher.trim(lane, 0)
+        if lane is None:
+            return None
+        self.skipped += self.batcher.discard_lane(lane)
+        return self.batcher.trim(lane, 0)
 
     async def release_all(self) -> None:
         for session in list(self.lanes.by_session):
@@ -105,28 +106,17 @@ class StageCore:
         """Whether a frame's epoch is older than the newest its session has sent here."""
         return header.epoch < self.epochs.get(header.session_id, 0)
 
-    def _drop_queued(self, session: int, before: int | None) -> None:
-        """Drop the session's queued frames (of an epoch older than `before`; None: all)."""
-        kept = []
-        for epoch, future in self.queued.pop(session, []):
-            if future.done():
-                continue
-            if (before is None or epoch < before) and self.batcher.discard(future):
-                self.skipped += 1
-            else:
-                kept.append((epoch, future))
-        if kept:
-            self.queued[session] = kept
-
     def submit_frame(self, header: pb.FrameHeader, payload: bytes) -> Work:
         """Queue a compute frame from upstream; raises LanesExhaustedError. A frame of a newer
         epoch drops the session's queued frames of older ones first: they are void."""
         clock = StepClock()  # from arrival: decoding the payload counts as queueing too
         session = header.session_id
-        if header.epoch > self.epochs.get(session, 0):
+        newer = header.epoch > self.epochs.get(session, 0)
+        if newer:
             self.epochs[session] = header.epoch
-            self._drop_queued(session, header.epoch)
         lane = self.lanes.lane_for(session)  # the wire names sessions; lanes are ours
+        if newer:  # frames come in order, so every step the session has queued is of an older epoch
+            self.skipped += self.batcher.discard_lane(lane)
         if self.engine.first:
             # layer 0 is remote only when a Load asks for layer_start 0 (the coordinator's routes never do)
             tokens = np.asarray(header.tokens, dtype=np.int32)
@@ -135,10 +125,7 @@ class StageCore:
             hidden = decode_tensor(header, payload)
             step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits)
         codec_s = time.perf_counter() - clock.queued
-        output = self.batcher.submit(step, clock)
-        self.queued[session] = [(e, f) for e, f in self.queued.get(session, []) if not f.done()]
-        self.queued[session].append((header.epoch, output))
-        return Work(output, clock, codec_s)
+        return Work(self.batcher.submit(step, clock), clock, codec_s)
 
     def sampling_problem(self, header: pb.FrameHeader) -> str | None:
         """Sampling arrives from the network: check it before it reaches the sampler."""
