@@ -174,7 +174,8 @@ class Coordinator:
             except BaseException:
                 link.close()
                 raise
-        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies)
+        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies,
+                                 micro_batches=s.groups(1 + len(route.stages)))
         self.pipeline.start()
 
     async def _link(self, stage: RemoteStage, role: str, name: str) -> Link:
@@ -235,7 +236,8 @@ class Coordinator:
         broken = self.pipeline is None or self.pipeline.broken is not None
         return Health(ok=not broken, model=self.model_id, route=self.describe_route(),
                       stages=self.stage_rows(), error=self.last_error or None,
-                      speculative=self.spec.describe() if self.spec else self.spec_note)
+                      speculative=self.spec.describe() if self.spec else self.spec_note,
+                      draft_busy_s=self.draft.batcher.busy_s if self.draft else None)
 
     async def _refresh_stages(self) -> None:
         """Fresh memory and reachability from every stage, asked at once, at most every STATUS_TTL."""
@@ -262,7 +264,8 @@ class Coordinator:
         own = StageHealth(stage=0, endpoint="coordinator", start=self.route.stage0.start,
                           end=self.route.stage0.end, state="READY",
                           rss_bytes=psutil.Process().memory_info().rss,
-                          mem_available_bytes=vm.available, status_at=time.time())
+                          mem_available_bytes=vm.available, status_at=time.time(),
+                          busy_s=self.pipeline.core.batcher.busy_s if self.pipeline else None)
         ready: StageState = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
         return (own, *(_remote_row(i, s, ready) for i, s in enumerate(self.route.stages, 1)))
 
@@ -329,7 +332,7 @@ def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
                        state=ready if s.reachable else "UNREACHABLE",
                        rss_bytes=s.status.rss_bytes if s.status else None,
                        mem_available_bytes=s.status.mem_available_bytes if s.status else None,
-                       status_at=s.status_at)
+                       status_at=s.status_at, busy_s=s.status.busy_seconds if s.status else None)
 
 
 def _outcome(last: Acceptance | Finished | None) -> str:

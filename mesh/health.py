@@ -32,6 +32,9 @@ class StageHealth(_Frozen):
     rss_bytes: int | None  # from the stage's last Status reply; None before the first
     mem_available_bytes: int | None
     status_at: float  # wall time of that reply (0.0 before the first)
+    # engine seconds spent computing since the route was built, as of status_at; its growth
+    # over a while, divided by that while, is the stage's busy fraction (stage 0: its layers)
+    busy_s: float | None = None
 
 
 class Health(_Frozen):
@@ -43,4 +46,5 @@ class Health(_Frozen):
     stages: tuple[StageHealth, ...]
     error: str | None
     speculative: str  # the draft and window policy, or why speculation is off
+    draft_busy_s: float | None = None  # the draft's engine seconds, on stage 0's engine thread too
 

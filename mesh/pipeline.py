@@ -72,8 +72,8 @@ class Pending:
 class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
                  chunk: int = 128, reply_timeout: float = 60.0, hops: HopTotals | None = None,
-                 replies: Link | None = None) -> None:
-        self.core = StageCore(engine, 0, wire_dtype)
+                 replies: Link | None = None, micro_batches: int = 1) -> None:
+        self.core = StageCore(engine, 0, wire_dtype, micro_batches)
         self.link = link
         self.reply_link = replies  # to the final stage, past the middle ones (direct return)
         self.chunk = chunk

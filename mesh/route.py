@@ -76,6 +76,15 @@ class RouteSettings:
     wire: WireEmulation = NO_EMULATION  # benchmark-only delay on every hop, both ways
     direct_return: bool = True  # the final stage answers stage 0 itself; False relays (benchmarks)
     stage_cpus: tuple[str, ...] = ()  # benchmark only: a CPU list per local stage, stage 0 first
+    micro_batches: int | None = None  # session groups in flight (DESIGN.md §3); None: one per stage
+
+    def groups(self, stages: int) -> int:
+        """Micro-batches for a route of `stages`: as set, else one group per stage, so each
+        stage can work on one while the others compute. Stages that take turns on shared
+        cores (a CPU lock) cannot compute at once: there, smaller decodes would only cost."""
+        if self.micro_batches is not None:
+            return self.micro_batches
+        return 1 if self.cpu_lock is not None else stages
 
     @property
     def own_threads(self) -> int:

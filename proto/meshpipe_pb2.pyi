@@ -200,7 +200,7 @@ class StatusRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("state", "message", "term", "layer_start", "layer_end", "mem_total_bytes", "mem_available_bytes", "rss_bytes", "stage_id", "protocol_version")
+    __slots__ = ("state", "message", "term", "layer_start", "layer_end", "mem_total_bytes", "mem_available_bytes", "rss_bytes", "stage_id", "protocol_version", "busy_seconds")
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,7 @@ class StatusReply(_message.Message):
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     STAGE_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     message: str
     term: int
@@ -221,7 +222,8 @@ class StatusReply(_message.Message):
     rss_bytes: int
     stage_id: str
     protocol_version: int
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., message: _Optional[str] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_available_bytes: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., stage_id: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    busy_seconds: float
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., message: _Optional[str] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_available_bytes: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., stage_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., busy_seconds: _Optional[float] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("protocol_version", "manifest_sha256", "path", "offset")

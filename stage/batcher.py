@@ -71,6 +71,9 @@ class Batcher:
     def __init__(self, engine: RangeEngine, max_rows: int = 512) -> None:
         self.engine = engine
         self.max_rows = max_rows
+        # micro-batches (DESIGN.md §3): the most steps one decode may take, asked per decode
+        self.max_steps: Callable[[], int] | None = None
+        self.busy_s = 0.0  # engine time spent on this batcher's decodes and controls, since start
         self.jobs: list[_Job] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -128,8 +131,9 @@ class Batcher:
         taken: list[_Job] = []
         lanes: set[int] = set()
         rows = 0
+        steps = self.max_steps() if self.max_steps else len(self.jobs)
         for job in self.jobs:
-            if job.step is None or job.step.lane in lanes:
+            if job.step is None or job.step.lane in lanes or len(taken) >= steps:
                 break
             if taken and rows + job.step.n > self.max_rows:
                 break
@@ -163,6 +167,7 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001 -- never let the worker die with futures pending
             results = [exc] * len(batch)
         finished = time.perf_counter()
+        self.busy_s += finished - started
         rows = sum(job.step.n for job in batch if job.step is not None)
         for job, result in zip(batch, results, strict=True):
             job.clock.started, job.clock.finished, job.clock.rows = started, finished, rows

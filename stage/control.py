@@ -229,6 +229,7 @@ class StageControl(pb_grpc.StageControlServicer):
             mem_total_bytes=vm.total, mem_available_bytes=vm.available,
             rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
             stage_id=self.stage_id, protocol_version=PROTOCOL_VERSION,
+            busy_seconds=self.active.core.batcher.busy_s if self.active else 0.0,
         )
 
 

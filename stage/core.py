@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -57,12 +58,15 @@ class Encoded:
 
 
 class StageCore:
-    def __init__(self, engine: RangeEngine, index: int, wire_dtype: int = pb.F32) -> None:
+    def __init__(self, engine: RangeEngine, index: int, wire_dtype: int = pb.F32, micro_batches: int = 1) -> None:
         self.engine = engine
         self.index = index  # this stage's place in the route, stamped on its hops
         self.wire_dtype = wire_dtype
         self.batcher = Batcher(engine)
         self.lanes = LanePool(engine.lanes)
+        self.micro_batches = micro_batches
+        if micro_batches > 1:
+            self.batcher.max_steps = self.group_size
         # windows in flight (DESIGN.md §6): each session's newest epoch
         self.epochs: dict[int, int] = {}
         self.skipped = 0  # frames of a void epoch dropped before they ran
@@ -94,6 +98,11 @@ class StageCore:
             if trim is not None:
                 with contextlib.suppress(Exception):
                     await trim
+
+    def group_size(self) -> int:
+        """Steps per decode with micro-batches (DESIGN.md §3): the open sessions split into
+        `micro_batches` groups, so while one group is downstream the next is computed here."""
+        return max(1, math.ceil(len(self.lanes) / self.micro_batches))
 
     # -- steps ---------------------------------------------------------------------------
 

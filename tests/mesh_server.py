@@ -7,9 +7,11 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+
 from mesh.bench.local_server import free_port, local_serve
 
-__all__ = ["free_port", "mesh_serve"]
+__all__ = ["free_port", "mesh_serve", "metric"]
 
 
 @contextlib.contextmanager
@@ -19,3 +21,12 @@ def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str
     env = {"MESHPIPE_CACHE": str(cache), **(env or {})}
     with local_serve(["--threads", "1", *args], cache, env, timeout) as server:
         yield server.url, server.process
+
+
+def metric(url: str, series: str) -> float:
+    """The sum of the /metrics samples whose line starts with `series` (a name, or a name and labels)."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(series) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

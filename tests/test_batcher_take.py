@@ -94,3 +94,9 @@ def test_work_queued_after_stop_fails_at_once_instead_of_waiting_forever(loop: a
             await trim
 
     loop.run_until_complete(scenario())
+
+
+def test_micro_batches_cap_the_steps_of_a_decode(loop: asyncio.AbstractEventLoop):
+    b = _batcher(loop, [(0, 1), (1, 1), (2, 5), (3, 1), (4, 1)])
+    b.max_steps = lambda: 2
+    assert _drain(b) == [[(0, 1), (1, 1)], [(2, 5), (3, 1)], [(4, 1)]]

@@ -18,9 +18,11 @@ from mesh.cli.status import format_health
 from mesh.health import Health, StageHealth
 from mesh.metrics import Metrics
 
-# The keys, in order, that /health has always served; readers outside this repo rely on them.
-HEALTH_KEYS = ["ok", "model", "route", "stages", "error", "speculative"]
-STAGE_KEYS = ["stage", "endpoint", "start", "end", "state", "rss_bytes", "mem_available_bytes", "status_at"]
+# The keys, in order, that /health serves; readers outside this repo rely on them, so new
+# keys only ever go at the end (the busy seconds came with issue 14).
+HEALTH_KEYS = ["ok", "model", "route", "stages", "error", "speculative", "draft_busy_s"]
+STAGE_KEYS = ["stage", "endpoint", "start", "end", "state", "rss_bytes", "mem_available_bytes", "status_at",
+              "busy_s"]
 
 SPLIT = Health(
     ok=True, model="tiny", route="coordinator [0,2) -> 127.0.0.1:7070 [2,4)", error=None,

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import httpx
 import openai
 import pytest
 from chat_reference import PROMPTS
 from chat_reference import chat as _chat
-from mesh_server import mesh_serve
+from mesh_server import mesh_serve, metric
 from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.bench.breakdown import measure
+from mesh.coordinator import STATUS_TTL
+from mesh.health import Health
 from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.slow
@@ -35,13 +38,26 @@ def two_stage(serve_cache):
         yield s
 
 
-def test_eight_concurrent_streams_match_solo_runs(two_stage, expected_texts):
+DECODE_ROWS_AT_0 = 'meshpipe_hop_batch_rows_total{kind="decode",stage="0"}'
+DECODES = 'meshpipe_frames_total{kind="decode"}'
+
+
+def test_eight_concurrent_streams_match_solo_runs_in_micro_batches(two_stage, expected_texts):
+    """Two stages with their own cores (no CPU lock): the 8 sessions go in two groups of 4."""
     url, _ = two_stage
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    rows, frames = metric(url, DECODE_ROWS_AT_0), metric(url, DECODES)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(lambda p: _chat(client, p, stream=True), prompts))
     assert outs == [expected_texts[p] for p in prompts]
+    # each decode frame counts the rows of the stage-0 decode that ran it: at most a group's 4
+    rows, frames = metric(url, DECODE_ROWS_AT_0) - rows, metric(url, DECODES) - frames
+    assert frames > 8
+    assert rows / frames <= 4
+    time.sleep(STATUS_TTL)  # /health asks the stages again
+    stages = Health.model_validate_json(httpx.get(f"{url}/health").content).stages
+    assert all(s.busy_s is not None and s.busy_s > 0 for s in stages)
 
 
 def test_bad_requests_get_openai_errors_and_server_survives(two_stage, expected_texts):

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 import httpx
 import openai
 import pytest
-from mesh_server import mesh_serve
+from mesh_server import mesh_serve, metric
 from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.backend import GenerationEvent, GenerationRequest
@@ -36,14 +36,6 @@ def server(serve_cache):
 
 def client(url: str, **kw) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, **kw)
-
-
-def metric(url: str, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def chat(url: str, **body):

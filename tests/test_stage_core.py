@@ -34,13 +34,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 
 
 @contextlib.asynccontextmanager
-async def two_stages(chunk: int = 128, final_engine: ToyEngine | None = None
-                     ) -> AsyncIterator[tuple[Pipeline, ActivationStage]]:
+async def two_stages(chunk: int = 128, final_engine: ToyEngine | None = None, first_engine: ToyEngine | None = None,
+                     micro_batches: int = 1) -> AsyncIterator[tuple[Pipeline, ActivationStage]]:
     final = ActivationStage(final_engine or ToyEngine(first=False, final=True), 1, pb.F16, None)
     final.start()
     server = await serve("127.0.0.1", 0, final.handle_upstream, token="t")
     link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
-    pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, chunk=chunk)
+    pipeline = Pipeline(first_engine or ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, chunk=chunk,
+                        micro_batches=micro_batches)
     pipeline.start()
     try:
         yield pipeline, final
@@ -101,6 +102,40 @@ def test_two_stages_chunk_encode_sample_and_map_sessions_to_their_own_lanes():
             await until(lambda: not final.core.lanes.by_session)
             assert final.core.engine.position(0) == 0
             assert first.position(lane) == 0
+
+    asyncio.run(scenario())
+
+
+class _CountingEngine(ToyEngine):
+    """Records how many steps each decode took."""
+
+    def __init__(self) -> None:
+        super().__init__(first=True, final=False)
+        self.decodes: list[int] = []
+
+    def step(self, steps: list[Step]) -> list[np.ndarray]:
+        self.decodes.append(len(steps))
+        return super().step(steps)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_micro_batches_split_stage_zeros_decodes_and_keep_every_token(groups: int):
+    async def decode(pipeline: Pipeline, session: int, first: int) -> list[int]:
+        lane = pipeline.open(session)
+        out = [first]
+        for pos in range(4):
+            out += _tokens(await pipeline.run(session, lane, pos, [out[-1]], GREEDY))
+        return out
+
+    async def scenario() -> None:
+        engine = _CountingEngine()
+        async with two_stages(first_engine=engine, micro_batches=groups) as (pipeline, final):
+            outs = await asyncio.gather(decode(pipeline, 1, 3), decode(pipeline, 2, 10))
+            assert outs == [[3, 4, 5, 6, 7], [10, 11, 12, 13, 14]]
+            # two sessions in two groups: one step per decode; in one group they run together
+            assert max(engine.decodes) == 3 - groups
+            assert final.core.batcher.busy_s > 0
+            assert pipeline.core.batcher.busy_s > 0
 
     asyncio.run(scenario())
 

@@ -73,6 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--relay-replies", action="store_true",
                    help="benchmark only: the final stage's replies climb back through every stage, as "
                    "before direct return, instead of going straight to this coordinator")
+    p.add_argument("--micro-batches", type=int, default=None, metavar="N",
+                   help="groups of sessions kept in flight at once, so every stage has work while the "
+                   "others compute (default: one per stage; 1 when local stages share cores through the "
+                   "CPU lock, where they cannot compute at once)")
     p.add_argument("--token", default=None, help="shared mesh token (default: $MESHPIPE_TOKEN)")
     p.add_argument("--lanes", type=int, default=4, help="concurrent sessions (KV lanes)")
     p.add_argument("--ctx-size", type=int, default=2048, help="context tokens per session")
@@ -130,6 +134,8 @@ def _check(args: argparse.Namespace) -> None:
                          f"got {len(args.stage_cpus)}")
     for cpus in args.stage_cpus or ():
         parse_cpus(cpus)  # a bad list fails now, not in a spawned stage
+    if args.micro_batches is not None and not 1 <= args.micro_batches <= 64:
+        raise UsageError("--micro-batches must be between 1 and 64")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
     if not (0 <= args.wire_delay_ms <= MAX_WIRE_DELAY_MS and 0 <= args.wire_jitter_ms <= MAX_WIRE_DELAY_MS):
@@ -162,7 +168,8 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args),
                              cpu_lock=_cpu_lock(args, cache),
                              wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
-                             direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()))
+                             direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()),
+                             micro_batches=args.micro_batches)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages,

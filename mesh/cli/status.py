@@ -49,10 +49,11 @@ def format_health(state: Health) -> str:
     for value, label in ((state.error, "error"), (state.speculative, "speculative")):
         if value:
             lines.append(f"{label}: {value}")
-    rows = [("stage", "endpoint", "layers", "state", "rss", "mem free")]
+    rows = [("stage", "endpoint", "layers", "state", "rss", "mem free", "busy")]
     for s in state.stages:
+        busy = "" if s.busy_s is None else f"{s.busy_s:.1f} s"  # engine time since the route was built
         rows.append((str(s.stage), s.endpoint, f"[{s.start},{s.end})", s.state,
-                     human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0)))
+                     human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0), busy))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
