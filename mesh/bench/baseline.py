@@ -14,6 +14,7 @@ from pathlib import Path
 import llama_cpp
 
 from mesh.proc_memory import peak_rss
+from stage.cpus import parse_cpus, pin
 from stage.llama_model import open_llama
 
 
@@ -30,6 +31,8 @@ def _generate(llm: llama_cpp.Llama, tokens: list[int], n: int) -> dict[str, floa
 
 def main() -> None:
     gguf, ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if len(sys.argv) > 4:  # emulated machines: the baseline gets one stage's CPU set
+        pin(parse_cpus(sys.argv[4]))
     # The same loader as the mesh: same extra buffer types, same attention kernels.
     llm = open_llama(Path(gguf), n_ctx=ctx, n_threads=threads, n_batch=256)
     print(json.dumps({"ready": True}), flush=True)

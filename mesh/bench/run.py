@@ -30,8 +30,10 @@ from config.paths import cache_dir
 from mesh.api.responses import SpeculativeUsage
 from mesh.bench import numerics
 from mesh.bench.breakdown import measure
+from mesh.bench.busy import Busy, busy_during
 from mesh.bench.client import StreamTiming, stream_chat
 from mesh.bench.local_server import LocalServer, local_serve, stage_pids
+from mesh.bench.machines import Machines
 from mesh.health import Health
 from mesh.model_source import resolve_model
 from mesh.proc_memory import peak_rss
@@ -52,7 +54,6 @@ PROMPTS = [
     "What are the main causes of inflation, and how do central banks respond?",
 ]
 LONG_PROMPT_TOKENS = 512
-DEEP = 3  # windows in flight the spec scenario sets against one at a time
 
 
 @dataclass
@@ -81,6 +82,7 @@ class Setup:
     threads: int
     ctx: int
     cache: Path
+    machines: Machines | None = None  # --machines: each stage pinned to its own CPU set
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -94,8 +96,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
-    p.add_argument("--wire-delays", default="0,20",
-                   help="one-way ms on every hop for the spec and return scenarios")
+    p.add_argument("--wire-delays", default=None,
+                   help="one-way ms on every hop for the spec and return scenarios (default: 0,20; with "
+                        "--machines 0,5,20,50)")
+    p.add_argument("--machines", action="store_true",
+                   help="emulate separate machines: pin each local stage to its own CPU set (--cpu-sets), "
+                        "one engine thread per CPU and no CPU lock; the baseline runs on the first set; "
+                        "spec runs on 2 and 3 stages, concurrency sets split-2 against split-1 on one set")
+    p.add_argument("--cpu-sets", nargs="+", default=None, metavar="LIST",
+                   help="with --machines: one CPU list per emulated machine (default: one per CPU)")
     p.add_argument("--stages", default="1,2,3", help="split-N scenarios to run")
     p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
     p.add_argument("--tokens", type=int, default=128, help="tokens decoded per request")
@@ -116,7 +125,8 @@ def _run(args: argparse.Namespace) -> int:
     if "numerics" in scenarios:
         rows += _numerics_rows(setup, args.numerics_gguf)
     if scenarios - {"numerics"}:
-        rows += _mesh_rows(setup, args, scenarios)
+        delays = args.wire_delays or ("0,5,20,50" if setup.machines else "0,20")
+        rows += _mesh_rows(setup, args, scenarios, [float(d) for d in delays.split(",")])
     header = _header(setup, args)
     print(format_table(header, rows))
     if args.json:
@@ -125,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str]) -> list[Row]:
+def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str], delays: list[float]) -> list[Row]:
     stages = [int(s) for s in args.stages.split(",")]
     prompts = PROMPTS[: args.prompts]
     rows: list[Row] = []
@@ -133,15 +143,16 @@ def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str]) -> l
         base = stack.enter_context(baseline_worker(setup))
         servers = {n: stack.enter_context(_serve(setup, Path(tmp), n)) for n in stages}
         rows += _decode_rows(setup, base, servers, prompts, args.repeats)
+        rows += _busy_rows(setup, servers, prompts[:2])
         if "spec" in scenarios:
-            delays = [float(d) for d in args.wire_delays.split(",")]
-            rows += _spec_rows(setup, stack, Path(tmp), prompts, delays, args.repeats, args.breakdown)
+            spec_stages = [n for n in stages if n in (2, 3)] if setup.machines else [2]
+            rows += _spec_rows(setup, Path(tmp), prompts, spec_stages, delays, args.repeats, args.breakdown)
         if "return" in scenarios:
-            delays = [float(d) for d in args.wire_delays.split(",")]
             rows += _return_rows(setup, stack, Path(tmp), prompts, delays, args.repeats)
         if "concurrency" in scenarios and 2 in servers:
-            rows += _concurrency_rows(setup, servers[2], prompts, [int(s) for s in args.streams.split(",")],
-                                      args.repeats)
+            one_set = servers.get(1) if setup.machines else None
+            rows += _concurrency_rows(setup, servers[2], one_set, prompts,
+                                      [int(s) for s in args.streams.split(",")], args.repeats)
         if "memory" in scenarios:
             rows += _memory_rows(setup, base, servers, lanes=8)
             single = {n: stack.enter_context(_serve(setup, Path(tmp), n, lanes=1)) for n in stages if n > 1}
@@ -160,8 +171,10 @@ def _setup(args: argparse.Namespace) -> Setup:
     say: Callable[[str], None] = lambda m: print(f"bench: {m}", file=sys.stderr)  # noqa: E731
     package, manifest, sha, model_id = resolve_model(args.model, cache, say=say)
     gguf = materialize_stage(package, manifest, sha, 0, manifest.layer_count, cache)
-    return Setup(args.model, model_id, manifest.quantization, package, gguf, manifest, args.tokens, args.threads,
-                 ctx=max(1024, LONG_PROMPT_TOKENS + args.tokens + 64), cache=cache)
+    machines = Machines.parse(args.cpu_sets) if args.machines else None
+    threads = machines.threads if machines else args.threads
+    return Setup(args.model, model_id, manifest.quantization, package, gguf, manifest, args.tokens, threads,
+                 ctx=max(1024, LONG_PROMPT_TOKENS + args.tokens + 64), cache=cache, machines=machines)
 
 
 def _numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
@@ -210,6 +223,7 @@ class Baseline:
 @contextlib.contextmanager
 def baseline_worker(setup: Setup) -> Iterator[Baseline]:
     cmd = [sys.executable, "-m", "mesh.bench.baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
+    cmd += [setup.machines.sets[0]] if setup.machines else []
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         baseline = Baseline(proc, Tokenizer(setup.gguf, setup.model_id))
@@ -225,9 +239,14 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
 def _serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
            lanes: int = 8, relay: bool = False, in_flight: int | None = None
            ) -> contextlib.AbstractContextManager[LocalServer]:
-    """`mesh serve --local-stages N`; without the package's draft unless asked."""
-    args = ["--local-stages", str(stages), "--threads", str(setup.threads), "--lanes", str(lanes),
+    """`mesh serve --local-stages N`; without the package's draft unless asked. With --machines
+    each stage is pinned to its set and runs one engine thread per CPU of it."""
+    args = ["--local-stages", str(stages), "--lanes", str(lanes),
             "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
+    if setup.machines:
+        args += ["--stage-cpus", *setup.machines.for_stages(stages)]
+    else:
+        args += ["--threads", str(setup.threads)]
     args += [] if draft else ["--no-draft"]
     args += ["--relay-replies"] if relay else []
     args += ["--windows-in-flight", str(in_flight)] if in_flight is not None else []
@@ -278,45 +297,70 @@ def _decode_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
     return rows
 
 
-def _spec_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: list[str], delays: list[float],
+def _busy_rows(setup: Setup, servers: dict[int, LocalServer], prompts: list[str]) -> list[Row]:
+    """How busy each stage of each split is while one stream decodes."""
+    rows = []
+    for n, server in servers.items():
+        _, busy = busy_during(server.url, functools.partial(_run_batches, server.url, setup, [[p] for p in prompts]))
+        rows += _busy_of(f"split-{n}", "1 stream", busy)
+    return rows
+
+
+def _busy_of(scenario: str, what: str, busy: Busy) -> list[Row]:
+    rows = [Row(scenario, f"busy fraction stage {i}, {what}", f) for i, f in enumerate(busy.stages)]
+    return rows + ([Row(scenario, f"busy fraction of the draft, {what}", busy.draft)] if busy.draft is not None
+                   else [])
+
+
+SPEC_MODES: dict[str, tuple[bool, int | None]] = {"plain": (False, None), "one": (True, 1), "default": (True, None)}
+
+
+def _spec_rows(setup: Setup, tmp: Path, prompts: list[str], stages: list[int], delays: list[float],
                repeats: int, breakdown: bool) -> list[Row]:
-    """split-2 at each emulated wire delay: --no-draft, the package's draft one window at a
-    time, and the draft with DEEP windows in flight."""
-    modes: dict[str, tuple[bool, int | None]] = {"plain": (False, None), "one": (True, 1), "deep": (True, DEEP)}
-    servers = {(d, mode): stack.enter_context(_serve(setup, tmp, 2, draft=draft, delay_ms=d, in_flight=depth))
-               for d in delays for mode, (draft, depth) in modes.items()}
-    tps: dict[tuple[float, str], list[float]] = {key: [] for key in servers}
-    spec_stats: dict[float, list[SpeculativeUsage]] = {d: [] for d in delays}
+    """At each split and per-hop delay, three servers interleaved: --no-draft, the package's draft
+    one window at a time, and the draft with the default windows in flight. One split and
+    delay at a time: loading every combination at once would not fit in memory."""
+    rows = []
+    for n in stages:
+        for d in delays:
+            with contextlib.ExitStack() as stack:
+                servers = {mode: stack.enter_context(_serve(setup, tmp, n, draft=draft, delay_ms=d, in_flight=depth))
+                           for mode, (draft, depth) in SPEC_MODES.items()}
+                rows += _spec_group(setup, f"spec split-{n} {d:g} ms", servers, prompts, repeats, d)
+                if breakdown:  # verify frames next to plain decode frames, on the server with the draft
+                    url = servers["default"].url
+                    run = functools.partial(_run_batches, url, setup, [[p] for p in prompts])
+                    rows += [Row(f"breakdown spec split-{n} {d:g} ms", what, value)
+                             for what, value in measure(url, 1, run)]
+    return rows
+
+
+def _spec_group(setup: Setup, scenario: str, servers: dict[str, LocalServer], prompts: list[str],
+                repeats: int, delay: float) -> list[Row]:
+    tps: dict[str, list[float]] = {mode: [] for mode in servers}
+    stats: list[SpeculativeUsage] = []
     for _ in range(repeats):
-        for key, server in servers.items():
+        for mode, server in servers.items():
             for p in prompts:
                 timing = stream_chat(server.url, setup.model_id, p, setup.tokens)
-                tps[key].append(timing.decode_tps)
-                if key[1] == "deep" and timing.speculative:
-                    spec_stats[key[0]].append(timing.speculative)
-    rows = []
-    for d in delays:
-        plain, one, deep = (statistics.median(tps[(d, mode)]) for mode in modes)
-        stats = spec_stats[d]
-        proposed = sum(s.proposed for s in stats)
-        accept = sum(s.accepted for s in stats) / proposed if proposed else 0.0
-        windows = sum(s.windows for s in stats)
-        goal = ">= 2.5" if d >= 20 else ">= 1.0" if d == 0 else ""
-        deep_goal = ">= 2.5" if d >= 50 else ">= 1.8" if d >= 20 else ""
-        rows.append(Row(f"spec {d:g} ms", "no-draft decode tok/s", plain, samples=tps[(d, "plain")]))
-        rows.append(Row(f"spec {d:g} ms", "draft, 1 window in flight tok/s (vs no-draft)", one, plain,
-                        samples=tps[(d, "one")]))
-        rows.append(Row(f"spec {d:g} ms", f"draft, {DEEP} in flight tok/s (vs no-draft)", deep, plain,
-                        goal, tps[(d, "deep")]))
-        rows.append(Row(f"spec {d:g} ms", f"draft, {DEEP} in flight (vs 1 in flight)", deep, one,
-                        deep_goal))
-        rows.append(Row(f"spec {d:g} ms", "accept rate", accept))
-        rows.append(Row(f"spec {d:g} ms", "mean window", proposed / windows if windows else 0.0))
-        if breakdown:  # verify frames next to plain decode frames, on the server with the draft
-            url = servers[(d, "deep")].url
-            run = functools.partial(_run_batches, url, setup, [[p] for p in prompts])
-            rows += [Row(f"breakdown spec {d:g} ms", what, value) for what, value in measure(url, 1, run)]
-    return rows
+                tps[mode].append(timing.decode_tps)
+                if mode == "default" and timing.speculative:
+                    stats.append(timing.speculative)
+    plain, one, default = (statistics.median(tps[mode]) for mode in SPEC_MODES)
+    proposed = sum(s.proposed for s in stats)
+    windows = sum(s.windows for s in stats)
+    goal = ">= 2.5" if delay >= 20 else ">= 1.0" if delay == 0 else ""
+    deep_goal = ">= 2.5" if delay >= 50 else ">= 1.8" if delay >= 20 else ""
+    _, busy = busy_during(servers["default"].url, lambda: stream_chat(
+        servers["default"].url, setup.model_id, prompts[0], setup.tokens))
+    return [Row(scenario, "no-draft decode tok/s", plain, samples=tps["plain"]),
+            Row(scenario, "draft, 1 window in flight tok/s (vs no-draft)", one, plain, samples=tps["one"]),
+            Row(scenario, "draft, default windows in flight tok/s (vs no-draft)", default, plain, goal,
+                tps["default"]),
+            Row(scenario, "draft, default windows in flight (vs 1 in flight)", default, one, deep_goal),
+            Row(scenario, "accept rate", sum(s.accepted for s in stats) / proposed if proposed else 0.0),
+            Row(scenario, "mean window", proposed / windows if windows else 0.0),
+            *_busy_of(scenario, "draft, default in flight", busy)]
 
 
 def _return_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: list[str], delays: list[float],
@@ -338,25 +382,39 @@ def _return_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: 
     return rows
 
 
-def _concurrency_rows(setup: Setup, server: LocalServer, prompts: list[str], streams: list[int],
-                      repeats: int) -> list[Row]:
-    agg: dict[int, list[float]] = {n: [] for n in streams}
+def _concurrency_rows(setup: Setup, server: LocalServer, single: LocalServer | None, prompts: list[str],
+                      streams: list[int], repeats: int) -> list[Row]:
+    """Aggregate tok/s at each stream count on split-2, against split-1 on one CPU set when
+    given (--machines), else against one stream; and how busy split-2's stages are."""
+    units = {"split-2": server, **({"split-1": single} if single else {})}
+    agg: dict[tuple[str, int], list[float]] = {(u, n): [] for u in units for n in streams}
     gaps: dict[int, list[float]] = {n: [] for n in streams}
     for _ in range(repeats):
         for n in streams:
-            total, wall, timings = _parallel(server.url, setup, [prompts[i % len(prompts)] for i in range(n)])
-            agg[n].append(total / wall)
-            gaps[n] += [g for t in timings for g in t.gaps()]
-    one = statistics.median(agg[streams[0]])
+            for unit, s in units.items():
+                total, wall, timings = _parallel(s.url, setup, [prompts[i % len(prompts)] for i in range(n)])
+                agg[(unit, n)].append(total / wall)
+                gaps[n] += [g for t in timings for g in t.gaps()] if unit == "split-2" else []
+    one = statistics.median(agg[("split-2", streams[0])])
     rows = []
     for n in streams:
-        goal = ">= 3.0" if n == 8 else ""
-        rows.append(Row(f"concurrency-{n}", "aggregate tok/s (vs 1 stream)", statistics.median(agg[n]), one,
-                        goal, agg[n]))
+        value, samples = statistics.median(agg[("split-2", n)]), agg[("split-2", n)]
+        if single:
+            base = statistics.median(agg[("split-1", n)])
+            rows.append(Row(f"concurrency-{n}", "split-1 on one CPU set, aggregate tok/s", base,
+                            samples=agg[("split-1", n)]))
+            rows.append(Row(f"concurrency-{n}", "split-2 aggregate tok/s (vs split-1)", value, base,
+                            ">= 1.7" if n == 8 else "", samples))
+        else:
+            rows.append(Row(f"concurrency-{n}", "aggregate tok/s (vs 1 stream)", value, one,
+                            ">= 3.0" if n == 8 else "", samples))
         q = statistics.quantiles(gaps[n], n=20)
         rows.append(Row(f"concurrency-{n}", "inter-token p50 (ms)", statistics.median(gaps[n]) * 1e3))
         rows.append(Row(f"concurrency-{n}", "inter-token p95 (ms)", q[18] * 1e3))
-    return rows
+    most = max(streams)
+    _, busy = busy_during(server.url, lambda: _parallel(server.url, setup,
+                                                        [prompts[i % len(prompts)] for i in range(most)]))
+    return rows + _busy_of(f"concurrency-{most}", f"split-2, {most} streams", busy)
 
 
 def _breakdown_rows(setup: Setup, servers: dict[int, LocalServer], prompts: list[str],
@@ -422,7 +480,9 @@ def _weight_share(m: Manifest, start: int, end: int) -> int:
 # -- output ---------------------------------------------------------------------------------
 
 def _header(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
-    return {"model": setup.model_id, "quant": setup.quant, "threads": setup.threads,
+    machines = {"machines": setup.machines.describe([int(n) for n in args.stages.split(",")])} \
+        if setup.machines else {}
+    return {"model": setup.model_id, "quant": setup.quant, "threads": setup.threads, **machines,
             "extra buffer types": "on" if use_extra_bufts() else "off",
             "flash attn": "on" if flash_attn() else "off",
             "tokens": setup.tokens, "repeats": args.repeats, "prompts": args.prompts,
