@@ -68,7 +68,7 @@ def test_status_table():
     lines = format_health(SPLIT).splitlines()
     assert lines[0] == "model: tiny   route: ok"
     assert lines[1] == "speculative: off (--no-draft)"
-    assert lines[2].split() == ["stage", "endpoint", "layers", "state", "rss", "mem", "free"]
+    assert lines[2].split() == ["stage", "endpoint", "layers", "state", "rss", "mem", "free", "busy"]
     assert lines[3].split()[:4] == ["0", "coordinator", "[0,2)", "READY"]
     assert lines[4].split()[:4] == ["1", "127.0.0.1:7070", "[2,4)", "UNREACHABLE"]
 

@@ -238,7 +238,7 @@ class ToyDraft:
 
 class SlowToyEngine(ToyEngine):
     def step(self, steps: list[Step]) -> list[np.ndarray]:
-        time.sleep(0.005)  # frames stay in flight long enough to pile up
+        time.sleep(0.02)  # frames stay in flight long enough to pile up, even on a busy machine
         return super().step(steps)
 
 
