@@ -97,9 +97,9 @@ class CostAware:
     computes the window's k+1 rows on its one engine thread, the rest of the round trip
     overlaps. It is fully accepted with p = a^k; after a rejection the next goes alone, so a
     window costs p·T + (1 - p)·RT on average. D = 1 is the one-at-a-time choice exactly.
-    Until stage0 has been measured, D = 1; a deeper D must promise `deeper_gain` more
-    tokens per second than the best shallower one, since void frames cost compute the
-    model does not count.
+    D ranges over 1..the loop's bound. Until stage0 has been measured, D = 1; D > 1 must
+    promise `deeper_gain` times the tokens per second of one at a time, since void frames
+    cost compute the model does not count.
     """
 
     policy: WindowPolicy
@@ -157,16 +157,17 @@ class CostAware:
             self.probe_every = self._probe_base
 
     def _best(self) -> tuple[int, int]:
-        """(k, D): the best window one at a time, deepened while that pays `deeper_gain`."""
+        """(k, D): the best pair, if it beats one at a time by `deeper_gain`, else D = 1."""
         if self.accept is None or self.draft_step is None or self.verify_base is None:
             return self.window, 1  # not enough measurements yet: keep exploring
         costs = _Costs(self.accept, self.draft_step, self.verify_base, self.verify_row,
                        self.stage0_base or 0.0, self.stage0_row)
         (best_k, best_rate), best_d = costs.best_window(1, self.policy), 1
+        bar = best_rate * self.deeper_gain
         # stage 0's compute unmeasured, frames ahead might only queue behind it: stay at 1
         for d in range(2, self.limit + 1) if self.stage0_base is not None else ():
             k, rate = costs.best_window(d, self.policy)
-            if rate > best_rate * self.deeper_gain:
+            if rate > max(bar, best_rate):
                 best_k, best_d, best_rate = k, d, rate
         return best_k, best_d
 
