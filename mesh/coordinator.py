@@ -44,7 +44,7 @@ from mesh.route import (
 )
 from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
 from mesh.speculative.loop import generate
-from mesh.speculative.plan import SpecPlan
+from mesh.speculative.plan import WINDOWS_IN_FLIGHT, SpecPlan
 from mesh.speculative.window import Controller, controller_for
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
@@ -286,7 +286,7 @@ class Coordinator:
             window = self._window()
             last: Acceptance | Finished | None = None  # for the session's log line
             try:
-                in_flight = self.spec.in_flight if self.spec is not None else 1
+                in_flight = windows_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
                 async for event in generate(pipeline, session, lane, req, self.ctx_per_session, draft, window,
                                             in_flight):
                     if not isinstance(event, Sampled):
@@ -323,6 +323,17 @@ class Coordinator:
                 self._route_broken(reason)
             raise MeshUnavailableError(f"mesh unavailable: {reason}")
         return p
+
+
+def windows_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
+    """The verify frames a session may keep out: the configured number, else (auto) 1 where
+    frames sent ahead cannot overlap, with no stage past stage 0 or with stages taking turns
+    on shared cores, and WINDOWS_IN_FLIGHT elsewhere, for the cost-aware window to price."""
+    if spec is None:
+        return 1
+    if spec.in_flight is not None:
+        return spec.in_flight
+    return WINDOWS_IN_FLIGHT if downstream and cpu_lock is None else 1
 
 
 def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:

@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,7 +54,9 @@ class Pending:
     """A frame on its way: `send` returns it, `wait` gives its tokens, `void` forgets it.
 
     `answered_at` is when its reply came back (0 until then), so a caller that was busy
-    elsewhere still knows the round trip the frame took.
+    elsewhere still knows the round trip the frame took. `left_at` is when `send` made it:
+    `left_at - sent_at` is stage 0's own time for the frame, which frames in flight cannot
+    overlap.
     """
 
     session: int
@@ -64,6 +66,7 @@ class Pending:
     reply: asyncio.Future[pb.FrameHeader] | None  # None: sampled here, in `local`
     local: list[Sampled] | None = None
     answered_at: float = 0.0
+    left_at: float = field(default_factory=time.perf_counter)  # made as `send` returns
 
     def _answered(self, _: object) -> None:
         self.answered_at = time.perf_counter()

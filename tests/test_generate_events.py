@@ -179,7 +179,8 @@ class Recorder(Fixed):
         self.asked += 1
         return 0 if 4 <= self.asked <= 8 else 2
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
+    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None,
+               stage0_s: float | None = None) -> None:
         self.records.append((proposed, accepted, verify_s is not None))
 
 

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from config.settings import Config, ConfigError, ModelEntry, Speculative, parse_config
+from mesh.coordinator import windows_in_flight
 from mesh.speculative.plan import WINDOWS_IN_FLIGHT, resolve_plan
 from packages.manifest import load_manifest
 from packages.speculative import DraftStrategy, WindowPolicy, block_for
@@ -29,7 +30,7 @@ def test_package_default_when_nothing_else_says(manifest):
     assert plan is not None
     assert plan.draft_model == "org/draft:Q4_0"
     assert plan.source == "package default"
-    assert plan.describe() == "draft pkg-draft (package default), adaptive 4 [1,16]"  # one frame at a time
+    assert plan.describe() == "draft pkg-draft (package default), windows in flight: auto, adaptive 4 [1,16]"
 
 
 def test_each_level_overrides_the_ones_below(manifest):
@@ -58,19 +59,32 @@ def test_each_level_overrides_the_ones_below(manifest):
 def test_windows_in_flight_take_the_highest_level_that_sets_them(manifest):
     plan, _ = resolve_plan(Speculative(), False, Config(), NAMES, manifest)
     assert plan
-    assert plan.in_flight == WINDOWS_IN_FLIGHT
+    assert plan.in_flight is None  # auto: the coordinator decides
     config = Config(defaults=Speculative(windows_in_flight=5))
     plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
     assert plan
     assert plan.in_flight == 5
-    assert plan.describe() == "draft pkg-draft (package default), 5 windows in flight, adaptive 4 [1,16]"
+    assert plan.describe() == "draft pkg-draft (package default), windows in flight: 5, adaptive 4 [1,16]"
     assert plan.window == WindowPolicy(policy="adaptive", initial=4, min=1, max=16)  # not a window key
     plan, _ = resolve_plan(Speculative(windows_in_flight=1), False, config, NAMES, manifest)
     assert plan
     assert plan.in_flight == 1
-    assert plan.describe() == "draft pkg-draft (package default), adaptive 4 [1,16]"
+    assert plan.describe() == "draft pkg-draft (package default), windows in flight: 1, adaptive 4 [1,16]"
     with pytest.raises(ValidationError):
         Speculative(windows_in_flight=0)
+
+
+def test_auto_windows_in_flight_are_one_where_frames_sent_ahead_cannot_overlap(manifest, tmp_path):
+    auto, _ = resolve_plan(Speculative(), False, Config(), NAMES, manifest)
+    lock = tmp_path / "cpu.lock"
+    assert windows_in_flight(auto, downstream=True, cpu_lock=None) == WINDOWS_IN_FLIGHT > 1
+    assert windows_in_flight(auto, downstream=False, cpu_lock=None) == 1  # stage 0 is the whole route
+    assert windows_in_flight(auto, downstream=True, cpu_lock=lock) == 1  # stages take turns on the cores
+    assert windows_in_flight(None, downstream=True, cpu_lock=None) == 1  # no draft
+    for n in (1, 5):  # a number set anywhere is honoured, lock or not
+        chosen, _ = resolve_plan(Speculative(windows_in_flight=n), False, Config(), NAMES, manifest)
+        assert windows_in_flight(chosen, downstream=True, cpu_lock=lock) == n
+        assert windows_in_flight(chosen, downstream=False, cpu_lock=None) == n
 
 
 def test_off_switches(manifest, tiny_package):

@@ -19,7 +19,7 @@ from mesh.coordinator import Coordinator, Topology
 from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
 from mesh.route import RouteSettings
-from mesh.speculative.plan import resolve_plan
+from mesh.speculative.plan import WINDOWS_IN_FLIGHT, resolve_plan
 from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
@@ -60,8 +60,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-window", type=int, default=None, metavar="N",
                    help="fixed speculative window of N draft tokens")
     p.add_argument("--windows-in-flight", type=int, default=None, metavar="N",
-                   help="verify frames a session may have in flight while the draft goes on (1: wait "
-                   "for each reply, the default; 3 pays on slow links, see DESIGN.md §6)")
+                   help="the most verify frames a session may have in flight while the draft goes on "
+                   "(1: wait for each reply). Default auto: 1 with no stage past stage 0 or under a CPU "
+                   f"lock, else {WINDOWS_IN_FLIGHT}, and the cost-aware window keeps fewer where more does not pay "
+                   "(DESIGN.md §6)")
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
     p.add_argument("--wire-delay-ms", type=float, default=0.0, metavar="MS",

@@ -4,7 +4,8 @@ The draft's proposals are one long window, sent as frames. `seq` is the optimist
 sequence: the committed tokens, then every draft sent and not yet verified. A frame feeds
 `seq[sent:]` plus k new drafts at position `sent`: the first frame of an epoch feeds
 [last, d1..dk], where `last` is committed but in no KV yet; later ones feed only drafts.
-While up to `in_flight` frames are out, the draft goes on as if all were accepted.
+While frames are out (up to `in_flight`, and as many as the window controller's `depth`
+finds worth it), the draft goes on as if all were accepted.
 
 The final stage samples the target's token at every row; row j of a frame predicts the
 position after it. Replies come back in order, and each commits the target's tokens while
@@ -43,7 +44,7 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
     """The events of one generation, as `Backend.generate` documents them. `in_flight` bounds
     the verify frames out at once (1: each frame waits for the reply to the one before)."""
     stops = set() if req.ignore_eos else set(req.stop_tokens)
-    depth = max(in_flight, 1) if draft is not None else 1
+    limit = max(in_flight, 1) if draft is not None else 1
     tokens = list(req.prompt)  # committed; the last one is in no KV yet
     targets = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
     acceptance = Acceptance() if draft is not None else None
@@ -90,8 +91,8 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
                     return
             if not frames:  # a new epoch, or all verified: go on from the last committed token
                 seq, sent = list(tokens), len(tokens) - 1
-            # send frames until `depth` are out, drafting on as if every proposal is accepted
-            while len(frames) < depth:
+            # send frames until enough are out, drafting on as if every proposal is accepted
+            while len(frames) < (window.depth(limit) if window else limit):
                 # the window is bounded by context and budget, counting the drafts in flight
                 room = min(ctx - len(seq), req.max_tokens - (len(seq) - len(req.prompt))) - 1
                 k = max(0, min(window.next_window() if window else 0, room))
@@ -114,9 +115,10 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
 
 
 def _record(window: Controller, frame: _Frame, draft: Draft | None, accepted: int) -> None:
-    """What a settled frame tells the window controller: its drafts, those accepted, and the
-    cost of a verify pass, measured only on frames that had the pipeline to themselves."""
+    """What a settled frame tells the window controller: its drafts, those accepted, the
+    cost of a verify pass, measured only on frames that had the pipeline to themselves, and
+    stage 0's own time for it (`send`), which frames in flight cannot overlap."""
     draft_s = draft.step_seconds * frame.drafts if draft else 0.0
     p = frame.pending
     verify_s = p.answered_at - p.sent_at if frame.alone and p.answered_at else None
-    window.record(frame.drafts, accepted, draft_s, verify_s)
+    window.record(frame.drafts, accepted, draft_s, verify_s, p.left_at - p.sent_at)

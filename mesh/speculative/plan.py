@@ -16,9 +16,10 @@ from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, WindowPolicy, declared, problem
 
-# One frame at a time until the cost-aware controller prices frames in flight: on a CPU-bound
-# host at 0 ms, 3 in flight lost 12% to 1 (DESIGN.md §6); with slow links, raise it.
-WINDOWS_IN_FLIGHT = 1
+# The bound when `windows_in_flight` is unset and stages can compute at once (the coordinator's
+# `windows_in_flight`): the cost-aware controller prices depth and keeps 1 where more does not
+# pay. Under a CPU lock stages take turns, so frames ahead cannot overlap: there it is 1.
+WINDOWS_IN_FLIGHT = 3
 
 
 @dataclass(frozen=True)
@@ -27,13 +28,13 @@ class SpecPlan:
     window: WindowPolicy
     source: str  # where the draft choice came from, for the log line and /health
     strategy: DraftStrategy | None  # the package strategy in use, if any
-    in_flight: int = 1  # verify frames a session may have out at once
+    in_flight: int | None = None  # verify frames a session may have out at once; None: auto
 
     def describe(self) -> str:
         name = self.strategy.name if self.strategy and self.strategy.draft_model == self.draft_model \
             else self.draft_model
-        flight = f", {self.in_flight} windows in flight" if self.in_flight > 1 else ""
-        return f"draft {name} ({self.source}){flight}, {self.window.describe()}"
+        flight = "auto" if self.in_flight is None else self.in_flight
+        return f"draft {name} ({self.source}), windows in flight: {flight}, {self.window.describe()}"
 
 
 def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: set[str],
@@ -60,7 +61,7 @@ def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: 
     draft, source = chosen or (package.draft_model, "package default")  # type: ignore[union-attr]
     window = _window(levels, package)
     in_flight = _first(levels, "windows_in_flight")
-    return SpecPlan(draft, window, source, package, in_flight[0] if in_flight else WINDOWS_IN_FLIGHT), ""
+    return SpecPlan(draft, window, source, package, in_flight[0] if in_flight else None), ""
 
 
 def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[Any, str] | None:
