@@ -134,12 +134,18 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 assert acceptance.accepted == 0
                 assert acceptance.windows == 5
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
-                # the fifth window fed 1 + 4 rows through both stages, and none was accepted
-                assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 4
+                # the fifth window fed 1 + 4 rows through both stages, and none was accepted; the
+                # sixth left stage 0 before the fifth's token was handed over, so stage 0 has
+                # already dropped those rows and fed the sixth's at the accepted position
+                assert pipeline.core.engine.position(lane) == accepted + 5
+                assert final.position(lane) in (accepted + 4, accepted + 5)  # it may not have run the sixth yet
                 assert draft.held[lane][:accepted] == (prompt + out)[:accepted]
                 # the next frame starts at the accepted position: every stage drops the rest
                 assert isinstance(await anext(events), Acceptance)  # the record of the sixth window, verified
-                assert pipeline.core.engine.position(lane) == final.position(lane) == accepted + 5
+                # the final stage ran the sixth at the accepted position (without the trim it would
+                # hold the fifth's rows too); the seventh has left stage 0 already
+                assert final.position(lane) in (accepted + 5, accepted + 6)
+                assert pipeline.core.engine.position(lane) == accepted + 6
                 assert draft.held[lane][: accepted + 1] == (prompt + out)[: accepted + 1]
                 assert isinstance(events, AsyncGenerator)  # generate() is an async generator: closable
                 await events.aclose()

@@ -27,6 +27,7 @@ from mesh.pipeline import Pending, Pipeline
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
+from stage.sampling import Sampled
 
 
 @dataclass(frozen=True)
@@ -78,17 +79,14 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
                     pipeline.void(frame.pending)
                 frames.clear()
                 epoch += 1
+            events: list[GenerationEvent] = []
             if acceptance is not None and any(frame.drafts for frame in settled):
-                yield acceptance  # before the tokens this reply produced
-            for sampled in targets:
-                if sampled.token in stops:
-                    yield Finished("stop", len(req.prompt), len(tokens) - len(req.prompt), acceptance)
-                    return
-                tokens.append(sampled.token)
-                yield sampled  # with the target's numbers for this position: its verify row drew it
-                if len(tokens) - len(req.prompt) >= req.max_tokens:
-                    yield Finished("length", len(req.prompt), len(tokens) - len(req.prompt), acceptance)
-                    return
+                events.append(acceptance)  # before the tokens this reply produced
+            events += _commit(targets, tokens, stops, req, acceptance)
+            if events and isinstance(events[-1], Finished):
+                for event in events:
+                    yield event
+                return
             if not frames:  # a new epoch, or all verified: go on from the last committed token
                 seq, sent = list(tokens), len(tokens) - 1
             # send frames until enough are out, drafting on as if every proposal is accepted
@@ -107,11 +105,29 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
                                               history=history, epoch=epoch)
                 frames.append(_Frame(pending, sent, len(seq) - len(drafts), len(drafts), alone=not frames))
                 sent = len(seq)
+            for event in events:  # the next frame is on its way: the caller's work on these overlaps it
+                yield event
             answered = frames.popleft()
             targets = await pipeline.wait(answered.pending)
     finally:
         for frame in frames:  # a stop, the length limit, an error or the caller leaving
             pipeline.void(frame.pending)
+
+
+def _commit(targets: list[Sampled], tokens: list[int], stops: set[int], req: GenerationRequest,
+            acceptance: Acceptance | None) -> list[GenerationEvent]:
+    """Append a reply's tokens to `tokens` up to a stop token or the length limit; the
+    events to yield, each token with the target's numbers for its position (its verify row
+    drew it), ending with Finished when the generation is over."""
+    events: list[GenerationEvent] = []
+    for sampled in targets:
+        if sampled.token in stops:
+            return [*events, Finished("stop", len(req.prompt), len(tokens) - len(req.prompt), acceptance)]
+        tokens.append(sampled.token)
+        events.append(sampled)
+        if len(tokens) - len(req.prompt) >= req.max_tokens:
+            return [*events, Finished("length", len(req.prompt), len(tokens) - len(req.prompt), acceptance)]
+    return events
 
 
 def _record(window: Controller, frame: _Frame, draft: Draft | None, accepted: int) -> None:
