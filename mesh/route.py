@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from config.errors import MeshpipeError
 from mesh.planner import StageRange, plan_ranges
 from packages.manifest import Manifest
+from packages.parameters import layer_parameters
 from proto import meshpipe_pb2 as pb
 from proto.clients import StageControlClient, Unary, rpc_name, stage_control
 from proto.version import PROTOCOL_VERSION
@@ -168,7 +169,8 @@ async def build(route: Route, own_memory: int, artifact_source: str,
         await connect_stage(route, stage)
     weights = [float(own_memory)] + [float(s.status.mem_available_bytes) if s.status else 1.0
                                      for s in route.stages]
-    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights)
+    costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
+    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)
     route.stage0 = ranges[0]
     route.term = time.time_ns() // 1000
     for stage, rng in zip(route.stages, ranges[1:], strict=True):

@@ -44,3 +44,24 @@ def test_gemma_cuts_are_respected():
 def test_too_many_stages_is_an_error():
     with pytest.raises(PlanError, match="only 2 allowed cuts"):
         plan_ranges(18, [6, 12], [1.0] * 4)
+
+
+def test_the_output_head_counts_as_work_of_the_final_stage():
+    # SmolLM2-135M: 3.54M parameters a layer, a head of 28.3M (49152 x 576): 8 layers' worth
+    ranges = plan_ranges(30, list(range(1, 30)), [1.0, 1.0], costs=[3.54] * 30, head=28.3)
+    assert [(r.start, r.end) for r in ranges] == [(0, 19), (19, 30)]
+    three = plan_ranges(30, list(range(1, 30)), [1.0] * 3, costs=[3.54] * 30, head=28.3)
+    assert [r.layers for r in three] == [13, 12, 5]
+
+
+def test_uneven_layer_costs_move_the_cut():
+    ranges = plan_ranges(4, [1, 2, 3], [1.0, 1.0], costs=[3.0, 1.0, 1.0, 1.0])
+    assert [(r.start, r.end) for r in ranges] == [(0, 1), (1, 4)]
+    with pytest.raises(PlanError, match="3 layer costs for 4 layers"):
+        plan_ranges(4, [1, 2, 3], [1.0, 1.0], costs=[1.0] * 3)
+
+
+@given(problems())
+def test_even_costs_and_no_head_plan_as_layer_counts_do(problem):
+    layers, cuts, weights = problem
+    assert plan_ranges(layers, cuts, weights, costs=[2.5] * layers) == plan_ranges(layers, cuts, weights)
