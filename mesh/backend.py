@@ -20,7 +20,7 @@ from mesh.tokenizer import Tokenizer
 from stage.sampling import Sampled, SamplingParams
 
 __all__ = ["Acceptance", "Backend", "Finished", "GenerationEvent", "GenerationRequest", "MeshUnavailableError",
-           "RequestRejectedError", "Sampled", "SamplingParams"]
+           "RequestRejectedError", "Resumed", "Sampled", "SamplingParams"]
 
 
 class MeshUnavailableError(MeshpipeError):
@@ -38,9 +38,13 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    # completion tokens generated before the route broke: a resumed run prefills them after
+    # the prompt and goes on from there (DESIGN.md §2, replay-resume)
+    done: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(self.prompt))
+        object.__setattr__(self, "done", tuple(self.done))
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,11 @@ class Acceptance:
         if not proposed:
             return self
         return Acceptance(self.windows + 1, self.proposed + proposed, self.accepted + accepted)
+
+    def plus(self, other: Acceptance) -> Acceptance:
+        """Both records as one: a resumed generation's, before the break and after."""
+        return Acceptance(self.windows + other.windows, self.proposed + other.proposed,
+                          self.accepted + other.accepted)
 
     @property
     def accept_rate(self) -> float:
@@ -74,9 +83,19 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     speculative: Acceptance | None = None  # None when no draft ran
+    resumed: int = 0  # times the route broke under this generation and it went on
 
 
-GenerationEvent: TypeAlias = Sampled | Acceptance | Finished
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """The route broke under this generation; it was rebuilt and the generation goes on from
+    the last token yielded, after `pause_s` of silence."""
+
+    cause: str
+    pause_s: float
+
+
+GenerationEvent: TypeAlias = Sampled | Acceptance | Finished | Resumed
 
 
 class Backend(Protocol):
@@ -95,8 +114,9 @@ class Backend(Protocol):
         One `Sampled` per completion token, in order (a stop token ends the generation and
         is not yielded). With a draft, the running `Acceptance` comes first and again after
         every verify window, before the tokens that window produced, so a consumer that
-        stops early still knows the record of every token it saw. `Finished` comes last,
-        and only when the generation ends by itself. Errors raise from the iterator:
+        stops early still knows the record of every token it saw. `Resumed` says the route
+        broke and was rebuilt, and the tokens go on. `Finished` comes last, and only when
+        the generation ends by itself. Errors raise from the iterator:
         `RequestRejectedError` before any event, `MeshUnavailableError` at any point.
         Closing the iterator early (a stop string, a client gone) frees the session on
         every stage.

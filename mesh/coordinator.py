@@ -1,8 +1,13 @@
 """The coordinator: stage 0 of the pipeline and the `Backend` the HTTP API talks to.
 
 It builds the route, runs stage 0's layers in-process, and drives each request's generate
-loop: prefill, then one pass through the pipeline per token. If the route breaks, in-flight
-requests fail at once, new ones get 503, and the route is rebuilt in the background.
+loop: prefill, then one pass through the pipeline per token.
+
+Healing (DESIGN.md §2, replay-resume): liveness pings find a dead or frozen stage within
+seconds, and a closed link or a missed reply deadline breaks the route at once. The route
+is rebuilt as soon as it breaks, with or without traffic. In-flight generations pause,
+prefill their prompt and the tokens generated so far through the new route, and go on;
+new requests get 503 until it serves.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -27,11 +32,13 @@ from mesh.backend import (
     GenerationRequest,
     MeshUnavailableError,
     RequestRejectedError,
+    Resumed,
     Sampled,
 )
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
 from mesh.pipeline import Pipeline, StageFailedError
+from mesh.recovery import Recoveries
 from mesh.route import (
     RemoteStage,
     Route,
@@ -49,6 +56,7 @@ from mesh.speculative.window import Controller, controller_for
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
+from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.batcher import close_engine
 from stage.control import split_endpoint
@@ -61,6 +69,9 @@ log = logging.getLogger("meshpipe.coordinator")
 
 STATUS_TIMEOUT = 1.0  # /health answers within about this long even if a stage hangs
 STATUS_TTL = 1.5  # a load balancer polling /health must not turn into a Status RPC per poll per stage
+PING_S = 1.0  # liveness: every stage is asked for its Status this often
+PING_TIMEOUT_S = 2.0  # a stage that cannot answer in this long is frozen or gone: ~3 s to detect
+QUICK_STOP_S = 1.0  # tearing down a broken route: Stop and exit waits, short, as sessions are paused
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,8 @@ class Coordinator:
         self.shared_window: Controller | None = None
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
         self.status_checked = 0.0  # monotonic time of the last Status round
+        self.recoveries = Recoveries()
+        self.watcher: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -102,6 +115,7 @@ class Coordinator:
         await self._start_artifact_server()
         await self._build()
         await self._load_draft()
+        self.watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _load_draft(self) -> None:
         """Load the planned draft; on any problem serve on without speculation, loudly."""
@@ -140,13 +154,14 @@ class Coordinator:
         self.artifact_server = server
         self.artifact_source = f"{self.topology.advertise}:{port}"
 
-    async def _build(self) -> None:
+    async def _build(self, healing: bool = False) -> None:
         route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings)
         try:
             for index in range(1, self.topology.local_stages):
                 route.stages.append(await asyncio.to_thread(spawn_local_stage, self.settings, index))
             route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
-            await build(route, psutil.virtual_memory().available, self.artifact_source, self.say)
+            await build(route, psutil.virtual_memory().available, self.artifact_source, self.say,
+                        without_unreachable=healing)
             await self._start_stage0(route)
         except BaseException:
             await teardown(route)
@@ -175,7 +190,7 @@ class Coordinator:
                 link.close()
                 raise
         self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies,
-                                 micro_batches=s.groups(1 + len(route.stages)))
+                                 micro_batches=s.groups(1 + len(route.stages)), on_break=self._route_broken)
         self.pipeline.start()
 
     async def _link(self, stage: RemoteStage, role: str, name: str) -> Link:
@@ -185,6 +200,8 @@ class Coordinator:
                              emulation=s.wire, name=name)
 
     async def stop(self) -> None:
+        if self.watcher:
+            self.watcher.cancel()
         if self.rebuilding:
             self.rebuilding.cancel()  # its build tears down the stages it spawned; wait for that
             await asyncio.wait([self.rebuilding])
@@ -194,30 +211,33 @@ class Coordinator:
         if self.artifact_server is not None:
             await self.artifact_server.stop(grace=1)
 
-    async def _drop_route(self) -> None:
+    async def _drop_route(self, quick: bool = False) -> None:
         if self.pipeline is not None:
-            await self.pipeline.stop()
-            self.pipeline = None
+            pipeline, self.pipeline = self.pipeline, None
+            await pipeline.stop()
         if self.engine is not None:
             engine, self.engine = self.engine, None
             await close_engine(engine)
         if self.route is not None:
-            await teardown(self.route)
-            self.route = None
+            route, self.route = self.route, None
+            await (teardown(route, QUICK_STOP_S, QUICK_STOP_S) if quick else teardown(route))
 
     def _route_broken(self, reason: str) -> None:
+        """The route is broken (the pipeline says so, or a ping did): rebuild it now."""
         self.last_error = reason
+        self.recoveries.broke(reason)
         if self.rebuilding is None or self.rebuilding.done():
             self.rebuilding = asyncio.get_running_loop().create_task(self._rebuild())
 
     async def _rebuild(self) -> None:
         """Withdraw the broken route and build a fresh one, retrying with backoff."""
-        await self._drop_route()
+        await self._drop_route(quick=True)
         delay = 1.0
         while True:
             try:
-                await self._build()
+                await self._build(healing=True)
                 self.last_error = ""
+                self.recoveries.healed()
                 return
             except (RouteError, OSError, grpc.aio.AioRpcError) as exc:
                 self.last_error = f"rebuilding route: {exc}"
@@ -237,7 +257,22 @@ class Coordinator:
         return Health(ok=not broken, model=self.model_id, route=self.describe_route(),
                       stages=self.stage_rows(), error=self.last_error or None,
                       speculative=self.spec.describe() if self.spec else self.spec_note,
-                      draft_busy_s=self.draft.batcher.busy_s if self.draft else None)
+                      draft_busy_s=self.draft.batcher.busy_s if self.draft else None,
+                      recoveries=self.recoveries.count, sessions_resumed=self.recoveries.sessions,
+                      last_recovery=self.recoveries.last)
+
+    async def _watch(self) -> None:
+        """Liveness: find a dead or frozen stage within seconds, with or without traffic."""
+        while True:
+            await asyncio.sleep(PING_S)
+            pipeline, route = self.pipeline, self.route
+            if pipeline is None or route is None or pipeline.broken:
+                continue  # being rebuilt, or about to be: `fail` started it
+            problem = await _ping(route)
+            if problem is None:
+                self.recoveries.alive()
+            elif self.pipeline is pipeline:  # still the route that was pinged
+                pipeline.fail(problem)
 
     async def _refresh_stages(self) -> None:
         """Fresh memory and reachability from every stage, asked at once, at most every STATUS_TTL."""
@@ -280,29 +315,58 @@ class Coordinator:
             raise RequestRejectedError(problem)
         async with self.admission:
             pipeline = self._live_pipeline()
-            session = next(self.sessions)
-            lane = pipeline.open(session)  # the request's lane until pipeline.end
-            draft = self.draft if self.spec is not None else None
-            window = self._window()
-            last: Acceptance | Finished | None = None  # for the session's log line
+            session, draft = next(self.sessions), self.draft if self.spec is not None else None
+            done: list[int] = []  # the completion so far: a resumed run prefills it again
+            lane: int | None = None
+            carried = _Carried()
             try:
-                in_flight = windows_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
-                async for event in generate(pipeline, session, lane, req, self.ctx_per_session, draft, window,
-                                            in_flight):
-                    if not isinstance(event, Sampled):
-                        last = event
-                    yield event
-            except MeshUnavailableError as exc:
-                self._route_broken(str(exc))
-                raise
-            except StageFailedError as exc:
-                raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
+                while True:
+                    lane = pipeline.open(session, prefer=lane)  # the old lane: the draft's KV is still there
+                    try:
+                        async for event in self._attempt(pipeline, session, lane, replace(req, done=tuple(done)),
+                                                         draft):
+                            event = carried.add(event)
+                            if isinstance(event, Sampled):
+                                done.append(event.token)
+                            yield event
+                        return
+                    except MeshUnavailableError:
+                        if pipeline.broken is None or self.settings.resume_s <= 0:
+                            raise
+                    paused, cause = time.monotonic(), pipeline.broken
+                    pipeline = await self._next_pipeline(cause)
+                    carried.resume()
+                    self.recoveries.sessions += 1
+                    yield Resumed(cause, time.monotonic() - paused)
             finally:
-                if draft is not None:
+                if draft is not None and lane is not None:
                     draft.forget(lane)
-                    log.info("session %d: %s", session, _outcome(last))
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(pipeline.end(session))
+                    log.info("session %d: %s", session, _outcome(carried.finished or carried.acceptance))
+
+    async def _attempt(self, pipeline: Pipeline, session: int, lane: int, req: GenerationRequest,
+                       draft: Draft | None) -> AsyncGenerator[GenerationEvent, None]:
+        """One run of the generate loop on one route; the session ends there with it."""
+        try:
+            in_flight = windows_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
+            async for event in generate(pipeline, session, lane, req, self.ctx_per_session, draft,
+                                        self._window(), in_flight):
+                yield event
+        except StageFailedError as exc:
+            raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pipeline.end(session))
+
+    async def _next_pipeline(self, cause: str) -> Pipeline:
+        """The rebuilt route's pipeline, once it serves; MeshUnavailableError after resume_s."""
+        give_up = time.monotonic() + self.settings.resume_s
+        while time.monotonic() < give_up:
+            p = self.pipeline
+            if p is not None and not p.broken:
+                return p
+            await asyncio.sleep(0.05)
+        raise MeshUnavailableError(f"the route broke ({cause}) and no new one served within "
+                                   f"{self.settings.resume_s:g}s: {self.last_error or 'still rebuilding'}")
 
     def _window(self) -> Controller | None:
         """A window controller for a new session. Cost-aware is shared by every session: step
@@ -334,6 +398,44 @@ def windows_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | 
     if spec.in_flight is not None:
         return spec.in_flight
     return WINDOWS_IN_FLIGHT if downstream and cpu_lock is None else 1
+
+
+async def _ping(route: Route) -> str | None:
+    """What is wrong with the route's stages, or None when every one answers in time."""
+    for stage in route.stages:
+        if stage.process is not None and (code := stage.process.poll()) is not None:
+            return f"stage {stage.endpoint} exited (code {code})"
+    answers = await asyncio.gather(*(refresh_status(route, s, PING_TIMEOUT_S) for s in route.stages),
+                                   return_exceptions=True)
+    for stage, answer in zip(route.stages, answers, strict=True):
+        if isinstance(answer, BaseException):
+            return f"stage {stage.endpoint} did not answer a liveness ping within {PING_TIMEOUT_S:g}s"
+        if stage.status is not None and stage.status.state == pb.FAILED:
+            return f"stage {stage.endpoint} failed: {stage.status.message}"
+    return None
+
+
+@dataclass
+class _Carried:
+    """What a generation carries across resumes: the draft's record up to the last break,
+    which each new run's record adds to, and how often it resumed."""
+
+    before: Acceptance = field(default_factory=Acceptance)
+    acceptance: Acceptance | None = None  # the running record, carried
+    finished: Finished | None = None
+    resumed: int = 0
+
+    def add(self, event: GenerationEvent) -> GenerationEvent:
+        if isinstance(event, Acceptance):
+            event = self.acceptance = self.before.plus(event)
+        elif isinstance(event, Finished):
+            spec = None if event.speculative is None else self.before.plus(event.speculative)
+            event = self.finished = replace(event, speculative=spec, resumed=self.resumed)
+        return event
+
+    def resume(self) -> None:
+        self.resumed += 1
+        self.before = self.acceptance or self.before
 
 
 def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:

@@ -37,6 +37,16 @@ class StageHealth(_Frozen):
     busy_s: float | None = None
 
 
+class RecoveryHealth(_Frozen):
+    """The last route recovery: what broke it, how long the break went unnoticed, and how
+    long until a new route served (DESIGN.md §2, replay-resume)."""
+
+    cause: str
+    detect_s: float
+    resume_s: float
+    at: float  # wall time the new route served
+
+
 class Health(_Frozen):
     """What the coordinator serves at /health; HTTP 200 when `ok`, else 503."""
 
@@ -47,4 +57,7 @@ class Health(_Frozen):
     error: str | None
     speculative: str  # the draft and window policy, or why speculation is off
     draft_busy_s: float | None = None  # the draft's engine seconds, on stage 0's engine thread too
+    recoveries: int = 0  # route rebuilds after a break, since start
+    sessions_resumed: int = 0  # generations that went on through one
+    last_recovery: RecoveryHealth | None = None
 

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from mesh.backend import Acceptance
 from mesh.hop_timing import HopTotals
+from mesh.recovery import Recoveries
 
 
 class Metrics:
@@ -35,12 +36,30 @@ class Metrics:
             self.spec_proposed.inc(spec.proposed)
             self.spec_accepted.inc(spec.accepted)
 
+    def watch_recoveries(self, recoveries: Recoveries) -> None:
+        """Export route recoveries: how many, how long breaks went unnoticed and took to heal."""
+        self.registry.register(_RecoveryCollector(recoveries))
+
     def watch_hops(self, totals: HopTotals) -> None:
         """Export where frames spent their time: per stage and part, plus the wire."""
         self.registry.register(_HopCollector(totals))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _RecoveryCollector:
+    def __init__(self, recoveries: Recoveries) -> None:
+        self.r = recoveries
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("meshpipe_recoveries", "route rebuilds after a break", value=self.r.count)
+        yield CounterMetricFamily("meshpipe_sessions_resumed", "generations that went on through a rebuild",
+                                  value=self.r.sessions)
+        yield CounterMetricFamily("meshpipe_recovery_detect_seconds",
+                                  "time breaks went unnoticed, summed", value=self.r.detect_s)
+        yield CounterMetricFamily("meshpipe_recovery_resume_seconds",
+                                  "time from a break to the new route, summed", value=self.r.resume_s)
 
 
 class _HopCollector:

@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,12 +26,13 @@ import numpy as np
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.hop_timing import HopTotals
+from mesh.reply_deadline import ReplyDeadline
 from proto import meshpipe_pb2 as pb
 from stage.core import CannotSampleError, StageCore, Work
 from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, sampled_of
 from stage.sampling import Sampled, SamplingParams
-from stage.transport import Link, LinkClosedError
+from stage.transport import FrameError, Link, LinkClosedError
 
 log = logging.getLogger("meshpipe.pipeline")
 
@@ -47,6 +48,7 @@ class _Waiter:
     sent_at: float
     kind: int
     epoch: int
+    rows: int  # every row of the frame, earlier chunks too: later stages may still hold them
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Pending:
     local: list[Sampled] | None = None
     answered_at: float = 0.0
     left_at: float = field(default_factory=time.perf_counter)  # made as `send` returns
+    rows: int = 0  # the frame's, its reply deadline follows them
 
     def _answered(self, _: object) -> None:
         self.answered_at = time.perf_counter()
@@ -74,13 +77,14 @@ class Pending:
 
 class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
-                 chunk: int = 128, reply_timeout: float = 60.0, hops: HopTotals | None = None,
-                 replies: Link | None = None, micro_batches: int = 1) -> None:
+                 chunk: int = 128, hops: HopTotals | None = None, replies: Link | None = None,
+                 micro_batches: int = 1, on_break: Callable[[str], None] | None = None) -> None:
         self.core = StageCore(engine, 0, wire_dtype, micro_batches)
         self.link = link
         self.reply_link = replies  # to the final stage, past the middle ones (direct return)
         self.chunk = chunk
-        self.reply_timeout = reply_timeout
+        self.deadline = ReplyDeadline()
+        self.on_break = on_break  # told once, when the route breaks: the coordinator heals it
         self.windows = itertools.count(1)
         self.waiters: dict[tuple[int, int], _Waiter] = {}
         self.hops = hops or HopTotals()
@@ -101,9 +105,10 @@ class Pipeline:
                 link.close()
         await self.core.stop()
 
-    def open(self, session: int) -> int:
-        """The session's lane at stage 0, taken once per request and freed by `end`."""
-        return self.core.lane_for(session)
+    def open(self, session: int, prefer: int | None = None) -> int:
+        """The session's lane at stage 0, taken once per request and freed by `end`; a resumed
+        request asks for its old lane, where the draft's KV still holds its tokens."""
+        return self.core.lane_for(session, prefer)
 
     async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
@@ -141,10 +146,11 @@ class Pipeline:
                     local = self._sample_here(work, out, frame, pos, len(piece), kind)
                     return Pending(session, 0, epoch, sent_at, None, local, time.perf_counter())
             else:
-                reply = await self._send(session, pos, work, out, frame, kind, last, all_logits, epoch)
+                reply = await self._send(session, pos, work, out, frame, kind, last, all_logits, epoch,
+                                         len(tokens))
             pos += len(piece)
         assert reply is not None
-        pending = Pending(session, reply[0], epoch, sent_at, reply[1])
+        pending = Pending(session, reply[0], epoch, sent_at, reply[1], rows=len(tokens))
         reply[1].add_done_callback(pending._answered)
         return pending
 
@@ -153,7 +159,13 @@ class Pipeline:
         if pending.reply is None:
             assert pending.local is not None
             return pending.local
-        return await self._await_reply(pending.reply)
+        deadline = self.deadline.for_rows(pending.rows)
+        try:
+            return await self._await_reply(pending.reply, deadline - (time.perf_counter() - pending.left_at))
+        except TimeoutError:
+            self.fail(f"no reply from the pipeline within {deadline:.1f}s (the deadline for a frame of "
+                      f"{pending.rows} rows, from the replies so far)")
+            raise MeshUnavailableError(self.broken) from None
 
     def void(self, pending: Pending) -> None:
         """Forget a frame whose reply can no longer count: it is dropped when it comes."""
@@ -173,7 +185,7 @@ class Pipeline:
         return tokens
 
     async def _send(self, session: int, pos: int, work: Work, hidden: np.ndarray,
-                    frame: FrameSampling, kind: int, last: bool, all_logits: bool, epoch: int
+                    frame: FrameSampling, kind: int, last: bool, all_logits: bool, epoch: int, rows: int
                     ) -> tuple[int, asyncio.Future[pb.FrameHeader]] | None:
         """Send one chunk; for the last, (its window id, the future its reply resolves)."""
         assert self.link is not None
@@ -188,20 +200,16 @@ class Pipeline:
         future = None
         if last:
             future = asyncio.get_running_loop().create_future()
-            self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind, epoch)
+            self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind, epoch, rows)
         try:
             await self.link.send(header, encoded.data)
         except ConnectionError as exc:
-            self._break(f"activation link to stage 1 lost: {exc}")
+            self.fail(f"activation link to stage 1 lost: {exc}")
             raise MeshUnavailableError(self.broken) from None
         return None if future is None else (window, future)
 
-    async def _await_reply(self, future: asyncio.Future[pb.FrameHeader]) -> list[Sampled]:
-        try:
-            header = await asyncio.wait_for(future, self.reply_timeout)
-        except TimeoutError:
-            self._break(f"no reply from the pipeline within {self.reply_timeout:.0f}s")
-            raise MeshUnavailableError(self.broken) from None
+    async def _await_reply(self, future: asyncio.Future[pb.FrameHeader], timeout_s: float) -> list[Sampled]:
+        header = await asyncio.wait_for(future, max(timeout_s, 0.0))
         if header.kind == pb.ERROR:
             raise StageFailedError(header.message)
         try:
@@ -230,12 +238,17 @@ class Pipeline:
                 del self.waiters[key]
                 self._deliver(waiter, header)
         except LinkClosedError as exc:
-            self._break(f"{name} lost: {exc or 'closed'}")
+            self.fail(f"{name} lost: {exc or 'closed'}")
+        except FrameError as exc:
+            self.fail(f"{name} sent a bad frame: {exc}")
 
-    def _break(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """Call the route broken: every frame waiting fails now, and so does every later send."""
         if self.broken is None:
             self.broken = reason
             log.error("route broken: %s", reason)
+            if self.on_break is not None:
+                self.on_break(reason)
         for waiter in self.waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(MeshUnavailableError(reason))
@@ -245,6 +258,8 @@ class Pipeline:
         if waiter.future.done():
             return
         if header.kind == pb.REPLY:
-            self.hops.record(waiter.kind, waiter.own, header.timings.hops, time.perf_counter() - waiter.sent_at)
+            round_trip = time.perf_counter() - waiter.sent_at
+            self.hops.record(waiter.kind, waiter.own, header.timings.hops, round_trip)
+            self.deadline.observe(waiter.rows, round_trip)
         waiter.future.set_result(header)
 

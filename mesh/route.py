@@ -78,6 +78,7 @@ class RouteSettings:
     direct_return: bool = True  # the final stage answers stage 0 itself; False relays (benchmarks)
     stage_cpus: tuple[str, ...] = ()  # benchmark only: a CPU list per local stage, stage 0 first
     micro_batches: int | None = None  # session groups in flight (DESIGN.md §3); None: one per stage
+    resume_s: float = 60.0  # how long a generation waits for a new route after a break (0: it fails)
 
     def groups(self, stages: int) -> int:
         """Micro-batches for a route of `stages`: as set, else one group per stage, so each
@@ -162,11 +163,21 @@ async def refresh_status(route: Route, stage: RemoteStage, deadline_s: float) ->
 
 
 async def build(route: Route, own_memory: int, artifact_source: str,
-                say: Callable[[str], None]) -> None:
-    """Claim → plan → Prepare → Inventory → Load (final first). Raises RouteError."""
+                say: Callable[[str], None], without_unreachable: bool = False) -> None:
+    """Claim → plan → Prepare → Inventory → Load (final first). Raises RouteError.
+    `without_unreachable`: a peer that does not answer is left out and the others take its
+    layers (healing); a configured peer is tried again at every build, so it rejoins."""
     m = route.manifest
-    for stage in route.stages:
-        await connect_stage(route, stage)
+    for stage in list(route.stages):
+        try:
+            await connect_stage(route, stage)
+        except RouteError as exc:
+            if not without_unreachable or stage.process is not None:
+                raise
+            say(f"WARNING: {exc}; planning without it")
+            route.stages.remove(stage)
+            if stage.channel is not None:
+                await stage.channel.close()
     weights = [float(own_memory)] + [float(s.status.mem_available_bytes) if s.status else 1.0
                                      for s in route.stages]
     costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
@@ -241,21 +252,21 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
     stage.activation = reply.endpoint
 
 
-async def teardown(route: Route) -> None:
+async def teardown(route: Route, stop_s: float = STOP_TIMEOUT, exit_s: float = EXIT_TIMEOUT) -> None:
     """Stop every stage we claimed and end the processes we spawned, all at once: one hung
-    stage must not hold up the others, nor the event loop that serves the rest."""
-    await asyncio.gather(*(_release(route, stage) for stage in route.stages))
+    stage must not hold up the others, nor the event loop that serves the rest. A broken
+    route is torn down with short waits: sessions are paused until the next one serves."""
+    await asyncio.gather(*(_release(route, stage, stop_s, exit_s) for stage in route.stages))
 
 
-async def _release(route: Route, stage: RemoteStage) -> None:
+async def _release(route: Route, stage: RemoteStage, stop_s: float, exit_s: float) -> None:
     if stage.stub is not None and route.term:
         with contextlib.suppress(Exception):
-            await route.rpc(stage, stage.control.Stop, pb.StopRequest(protocol_version=V, term=route.term),
-                            STOP_TIMEOUT)
+            await route.rpc(stage, stage.control.Stop, pb.StopRequest(protocol_version=V, term=route.term), stop_s)
     if stage.channel is not None:
         await stage.channel.close()
     if stage.process is not None:
-        await end_process(stage.process)
+        await end_process(stage.process, exit_s)
 
 
 async def end_process(process: subprocess.Popen[bytes], grace_s: float = EXIT_TIMEOUT) -> None:

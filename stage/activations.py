@@ -69,12 +69,16 @@ class ActivationStage:
 
     async def handle_upstream(self, link: Link) -> None:
         """Serve one upstream connection until it closes: the data link, or stage 0's reply
-        link, which never displaces the data link."""
+        link. While the route's link is open, a second one is refused: a peer that holds the
+        token must still not be able to cut the route (a new route Loads a new listener)."""
         if link.role == REPLIES_ROLE:
             await self._serve_reply_link(link)
             return
         if self.upstream is not None:
-            self.upstream.close()  # a reconnecting coordinator replaces the old link
+            log.warning("stage %d: refused a second upstream link from %s: the route's link is open",
+                        self.core.index, link.peer)
+            link.close()
+            return
         self.upstream = link
         link.emulate(self.emulation, f"stage{self.core.index}->upstream")
         outbox: asyncio.Queue[_Admitted | None] = asyncio.Queue()
@@ -85,6 +89,9 @@ class ActivationStage:
                 outbox.put_nowait(self._admit(header, payload))
         except LinkClosedError:
             pass
+        except FrameError as exc:  # the stream is out of step now: drop the link, keep serving
+            log.warning("stage %d: upstream link from %s dropped: %s", self.core.index, link.peer, exc)
+            link.close()
         finally:
             outbox.put_nowait(None)
             await asyncio.gather(sender, return_exceptions=True)
@@ -98,7 +105,9 @@ class ActivationStage:
             link.close()
             return
         if self.replies is not None:
-            self.replies.close()  # a reconnecting coordinator replaces the old one
+            log.warning("stage %d: refused a second reply link from %s: one is open", self.core.index, link.peer)
+            link.close()
+            return
         self.replies = link
         link.emulate(self.emulation, f"stage{self.core.index}->stage0")
         try:

@@ -79,9 +79,9 @@ class StageCore:
 
     # -- lanes ---------------------------------------------------------------------------
 
-    def lane_for(self, session: int) -> int:
-        """The session's KV lane, taken on first sight; raises LanesExhaustedError."""
-        return self.lanes.lane_for(session)
+    def lane_for(self, session: int, prefer: int | None = None) -> int:
+        """The session's KV lane, taken on first sight (`prefer` if free); raises LanesExhaustedError."""
+        return self.lanes.lane_for(session, prefer)
 
     def release(self, session: int) -> asyncio.Future[np.ndarray] | None:
         """Free the session's lane; the future resolves once its KV is dropped (None: no lane)."""

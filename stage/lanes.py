@@ -14,13 +14,15 @@ class LanePool:
         self.free = list(range(lanes - 1, -1, -1))
         self.by_session: dict[int, int] = {}
 
-    def lane_for(self, session: int) -> int:
-        """The session's lane, taking a free one on first sight."""
+    def lane_for(self, session: int, prefer: int | None = None) -> int:
+        """The session's lane, taking a free one on first sight: `prefer` if it is free."""
         lane = self.by_session.get(session)
         if lane is None:
             if not self.free:
                 raise LanesExhaustedError(f"no free KV lane for session {session}")
-            lane = self.by_session[session] = self.free.pop()
+            lane = prefer if prefer in self.free else self.free[-1]
+            self.free.remove(lane)
+            self.by_session[session] = lane
         return lane
 
     def release(self, session: int) -> int | None:

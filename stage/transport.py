@@ -51,6 +51,9 @@ class Limits:
     max_rows: int = 8192
     max_width: int = 65536
     max_tokens: int = 8192
+    # once a frame's length prefix has arrived, the rest must follow within this long: a
+    # peer that stalls mid-frame would otherwise hold the link, and the lanes, forever
+    partial_frame_s: float = 30.0
 
 
 def validate_header(h: pb.FrameHeader, limits: Limits) -> None:
@@ -193,13 +196,18 @@ class Link:
                 return  # the receiver sees the link close; later sends raise LinkClosedError
 
     async def recv(self) -> tuple[pb.FrameHeader, bytes]:
+        """The next frame; raises LinkClosedError, or FrameError for a frame that breaks the
+        limits, does not parse, or stalls halfway (after which the link is unusable)."""
         try:
             (size,) = _LEN.unpack(await self.reader.readexactly(4))
             if size > self.limits.max_header_bytes:
                 raise FrameError(f"frame header of {size} bytes exceeds the limit")
-            header = pb.FrameHeader.FromString(await self.reader.readexactly(size))
-            validate_header(header, self.limits)
-            payload = await self.reader.readexactly(header.payload_bytes) if header.payload_bytes else b""
+            async with asyncio.timeout(self.limits.partial_frame_s):
+                header = _parse_header(await self.reader.readexactly(size))
+                validate_header(header, self.limits)
+                payload = await self.reader.readexactly(header.payload_bytes) if header.payload_bytes else b""
+        except TimeoutError:
+            raise FrameError(f"a frame stalled halfway for {self.limits.partial_frame_s:g}s") from None
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             raise LinkClosedError(str(exc) or "peer closed the link") from None
         return header, payload
@@ -208,6 +216,13 @@ class Link:
         if self.delayer:
             self.delayer.cancel()
         self.writer.close()
+
+
+def _parse_header(data: bytes) -> pb.FrameHeader:
+    try:
+        return pb.FrameHeader.FromString(data)
+    except DecodeError as exc:
+        raise FrameError(f"not a frame header: {exc}") from None
 
 
 async def _read_message(reader: asyncio.StreamReader, kind: Any, limit: int = 4096) -> Any:

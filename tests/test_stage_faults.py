@@ -1,4 +1,5 @@
-"""A stage process dies mid-request: the request fails fast, new ones get 503, the mesh heals."""
+"""With resuming off, a stage process that dies mid-request fails it fast, new ones get 503,
+and the mesh heals (tests/test_heal.py: with it on, the request goes on)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _wait_for(predicate, timeout: float) -> float:
 
 @pytest.mark.parametrize("victim", [0, 1], ids=["middle-stage", "final-stage"])
 def test_killed_stage_fails_request_then_route_rebuilds(tmp_path, victim):
-    with mesh_serve(tmp_path, "--local-stages", "3") as (url, proc):
+    with mesh_serve(tmp_path, "--local-stages", "3", "--resume-timeout", "0") as (url, proc):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30)
         stages = stage_pids(proc.pid)
         assert len(stages) == 2

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+
 import numpy as np
 import pytest
 
 from proto import meshpipe_pb2 as pb
-from stage.transport import DTYPE_BYTES, FrameError, Limits, decode_tensor, encode_tensor, validate_header
+from stage.transport import (
+    DTYPE_BYTES,
+    FrameError,
+    Limits,
+    Link,
+    LinkClosedError,
+    connect,
+    decode_tensor,
+    encode_tensor,
+    serve,
+    validate_header,
+)
 
 RNG = np.random.default_rng(13)
 
@@ -110,3 +125,28 @@ def test_headers_outside_the_limits_are_refused(header: pb.FrameHeader, limits: 
 def test_limits_are_inclusive():
     limits = Limits(max_rows=2, max_width=4, max_tokens=3, max_payload_bytes=16)
     validate_header(_header(tokens=[1, 2, 3]), limits)
+
+
+def test_a_frame_that_stalls_halfway_or_does_not_parse_is_a_frame_error():
+    async def go() -> None:
+        sent: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def hold(link: Link) -> None:
+            with contextlib.suppress(FrameError, LinkClosedError):
+                await link.recv()
+                await sent.put(b"got a frame")
+            await sent.put(b"done")
+
+        limits = Limits(partial_frame_s=0.2)
+        server = await serve("127.0.0.1", 0, hold, token=None, limits=limits)
+        port = server.sockets[0].getsockname()[1]
+        for junk in (b"\x10\x00\x00\x00\x08", b"\x03\x00\x00\x00\xff\xff\xff"):  # cut short; not a header
+            link = await connect("127.0.0.1", port, token=None)
+            started = time.monotonic()
+            link.writer.write(junk)
+            assert await asyncio.wait_for(sent.get(), 5) == b"done"  # the stage gave up on it, no frame came
+            assert time.monotonic() - started < 2
+            link.close()
+        server.close()
+
+    asyncio.run(go())

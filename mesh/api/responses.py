@@ -43,12 +43,14 @@ class Usage(_Body):
     completion_tokens: int
     total_tokens: int
     speculative: SpeculativeUsage | None = Field(default=None, exclude_if=_absent)
+    resumed: int | None = Field(default=None, exclude_if=_absent)  # route rebuilds the request lived through
 
     @classmethod
     def of(cls, done: Finished) -> Usage:
         spec = SpeculativeUsage.of(done.speculative) if done.speculative is not None else None
         return cls(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
-                   total_tokens=done.prompt_tokens + done.completion_tokens, speculative=spec)
+                   total_tokens=done.prompt_tokens + done.completion_tokens, speculative=spec,
+                   resumed=done.resumed or None)
 
 
 class TopLogprob(_Body):

@@ -36,6 +36,7 @@ from mesh.backend import (
     GenerationEvent,
     MeshUnavailableError,
     RequestRejectedError,
+    Resumed,
     Sampled,
 )
 from mesh.metrics import Metrics
@@ -56,6 +57,7 @@ class Run:
         # what the events said so far: usage for a run that stops before Finished comes
         self.completion_tokens = 0
         self.speculative: Acceptance | None = None
+        self.resumed = 0
         self.finished: Finished | None = None
         self.logprobs = _Logprobs(backend) if prepared.generation.sampling.logprobs >= 0 else None
 
@@ -81,6 +83,8 @@ class Run:
                 return event
             if isinstance(event, Acceptance):
                 self.speculative = event
+            elif isinstance(event, Resumed):
+                self.resumed += 1
             else:
                 self.finished = event
         return None
@@ -181,7 +185,8 @@ class Run:
         gone), the same account from the events it saw."""
         if self.finished is not None:
             return self.finished
-        return Finished("stop", len(self.p.generation.prompt), self.completion_tokens, self.speculative)
+        return Finished("stop", len(self.p.generation.prompt), self.completion_tokens, self.speculative,
+                        self.resumed)
 
     def usage(self) -> Usage:
         return Usage.of(self.outcome())

@@ -79,6 +79,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="groups of sessions kept in flight at once, so every stage has work while the "
                    "others compute (default: one per stage; 1 when local stages share cores through the "
                    "CPU lock, where they cannot compute at once)")
+    p.add_argument("--resume-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="when a stage dies or hangs, in-flight requests wait this long for the rebuilt route "
+                   "and go on where they stopped; past it they fail naming the cause (0: fail at once)")
     p.add_argument("--token", default=None, help="shared mesh token (default: $MESHPIPE_TOKEN)")
     p.add_argument("--lanes", type=int, default=4, help="concurrent sessions (KV lanes)")
     p.add_argument("--ctx-size", type=int, default=2048, help="context tokens per session")
@@ -114,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     coordinator = _coordinator(args, config)
     metrics = Metrics()
     metrics.watch_hops(coordinator.hops)
+    metrics.watch_recoveries(coordinator.recoveries)
     app = build_app(coordinator, metrics, max_body=args.max_body_bytes)
     try:
         asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say))
@@ -136,6 +140,8 @@ def _check(args: argparse.Namespace) -> None:
                          f"got {len(args.stage_cpus)}")
     for cpus in args.stage_cpus or ():
         parse_cpus(cpus)  # a bad list fails now, not in a spawned stage
+    if not 0 <= args.resume_timeout <= 3600:
+        raise UsageError("--resume-timeout must be 0-3600 seconds")
     if args.micro_batches is not None and not 1 <= args.micro_batches <= 64:
         raise UsageError("--micro-batches must be between 1 and 64")
     if args.threads is not None and args.threads < 1:
@@ -171,7 +177,7 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              cpu_lock=_cpu_lock(args, cache),
                              wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
                              direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()),
-                             micro_batches=args.micro_batches)
+                             micro_batches=args.micro_batches, resume_s=args.resume_timeout)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages,

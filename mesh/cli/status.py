@@ -49,6 +49,9 @@ def format_health(state: Health) -> str:
     for value, label in ((state.error, "error"), (state.speculative, "speculative")):
         if value:
             lines.append(f"{label}: {value}")
+    if (last := state.last_recovery) is not None:
+        lines.append(f"recoveries: {state.recoveries}, {state.sessions_resumed} sessions resumed; last: "
+                     f"{last.cause} (noticed after {last.detect_s:.1f}s, serving again after {last.resume_s:.1f}s)")
     rows = [("stage", "endpoint", "layers", "state", "rss", "mem free", "busy")]
     for s in state.stages:
         busy = "" if s.busy_s is None else f"{s.busy_s:.1f} s"  # engine time since the route was built

@@ -46,8 +46,12 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
     the verify frames out at once (1: each frame waits for the reply to the one before)."""
     stops = set() if req.ignore_eos else set(req.stop_tokens)
     limit = max(in_flight, 1) if draft is not None else 1
-    tokens = list(req.prompt)  # committed; the last one is in no KV yet
-    targets = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
+    tokens = [*req.prompt, *req.done]  # committed; the last one is in no KV yet
+    targets: list[Sampled] = []
+    if req.done:  # resumed on a new route: the KV is rebuilt, and the next token was drawn already
+        await pipeline.run(session, lane, 0, tokens[:-1], req.sampling, kind=pb.PREFILL)
+    else:
+        targets = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
     acceptance = Acceptance() if draft is not None else None
     if acceptance is not None:
         yield acceptance  # with a draft, every token comes after a record that counts its window
