@@ -64,6 +64,7 @@ class ModelEntry:
 class MeshSection:
     listen: str | None = None
     peers: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()  # standby stages that take over a peer that stops answering
 
 
 @dataclass(frozen=True)
@@ -107,17 +108,18 @@ def parse_config(data: dict[str, Any]) -> Config:
     if version != CONFIG_VERSION:
         raise ConfigError(f"version: this meshpipe reads config version {CONFIG_VERSION}, not {version!r}")
     mesh = _table(data.get("mesh", {}), "mesh")
-    _only(mesh, {"listen", "peers"}, "mesh")
-    peers = mesh.get("peers", [])
-    if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
-        raise ConfigError("mesh.peers: expected a list of \"HOST:PORT\" strings")
+    _only(mesh, {"listen", "peers", "spares"}, "mesh")
+    peers, spares = mesh.get("peers", []), mesh.get("spares", [])
+    for name, value in (("peers", peers), ("spares", spares)):
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise ConfigError(f"mesh.{name}: expected a list of \"HOST:PORT\" strings")
     defaults = _table(data.get("defaults", {}), "defaults")
     _only(defaults, {"speculative"}, "defaults")
     models = data.get("models", [])
     if not isinstance(models, list):
         raise ConfigError("models: expected [[models]] tables")
     return Config(version=version,
-                  mesh=MeshSection(_opt_str(mesh, "listen", "mesh"), tuple(peers)),
+                  mesh=MeshSection(_opt_str(mesh, "listen", "mesh"), tuple(peers), tuple(spares)),
                   defaults=_speculative(defaults.get("speculative", {}), "defaults.speculative"),
                   models=tuple(_model(m, f"models[{i}]") for i, m in enumerate(models)))
 

@@ -42,9 +42,9 @@ from mesh.recovery import Recoveries
 from mesh.route import (
     RemoteStage,
     Route,
-    RouteError,
     RouteSettings,
     build,
+    prefetch,
     refresh_status,
     spawn_local_stage,
     teardown,
@@ -80,6 +80,7 @@ class Topology:
     local_stages: int
     artifact_listen: str  # where the ArtifactTransfer server binds
     advertise: str  # how stages reach the coordinator
+    spares: tuple[str, ...] = ()  # standby stages: each takes the place of a peer that does not answer
 
 
 class Coordinator:
@@ -108,6 +109,7 @@ class Coordinator:
         self.status_checked = 0.0  # monotonic time of the last Status round
         self.recoveries = Recoveries()
         self.watcher: asyncio.Task[None] | None = None
+        self.prefetching: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -116,6 +118,8 @@ class Coordinator:
         await self._build()
         await self._load_draft()
         self.watcher = asyncio.get_running_loop().create_task(self._watch())
+        if self.topology.spares and self.route is not None:
+            self.prefetching = asyncio.get_running_loop().create_task(self._prefetch_spares(self.route))
 
     async def _load_draft(self) -> None:
         """Load the planned draft; on any problem serve on without speculation, loudly."""
@@ -160,8 +164,9 @@ class Coordinator:
             for index in range(1, self.topology.local_stages):
                 route.stages.append(await asyncio.to_thread(spawn_local_stage, self.settings, index))
             route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
+            spares = [RemoteStage(endpoint=p) for p in self.topology.spares] if healing else []
             await build(route, psutil.virtual_memory().available, self.artifact_source, self.say,
-                        without_unreachable=healing)
+                        without_unreachable=healing, spares=spares)
             await self._start_stage0(route)
         except BaseException:
             await teardown(route)
@@ -200,8 +205,9 @@ class Coordinator:
                              emulation=s.wire, name=name)
 
     async def stop(self) -> None:
-        if self.watcher:
-            self.watcher.cancel()
+        for task in (self.watcher, self.prefetching):
+            if task:
+                task.cancel()
         if self.rebuilding:
             self.rebuilding.cancel()  # its build tears down the stages it spawned; wait for that
             await asyncio.wait([self.rebuilding])
@@ -239,11 +245,11 @@ class Coordinator:
                 self.last_error = ""
                 self.recoveries.healed()
                 return
-            except (RouteError, OSError, grpc.aio.AioRpcError) as exc:
+            except Exception as exc:  # noqa: BLE001 -- a stage killed mid-build can fail it any way; try again
                 self.last_error = f"rebuilding route: {exc}"
                 log.warning(self.last_error)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                delay = min(delay * 2, 8.0)  # sessions are waiting: keep trying often
 
     # -- Backend -------------------------------------------------------------------------
 
@@ -261,13 +267,26 @@ class Coordinator:
                       recoveries=self.recoveries.count, sessions_resumed=self.recoveries.sessions,
                       last_recovery=self.recoveries.last)
 
+    async def _prefetch_spares(self, route: Route) -> None:
+        """Claim every spare and have it fetch the layers past stage 0's, so that taking over
+        any peer's range needs no download (DESIGN.md §2, healing)."""
+        assert route.stage0 is not None
+        for endpoint in self.topology.spares:
+            try:
+                await prefetch(route, RemoteStage(endpoint=endpoint), route.stage0.end, self.artifact_source)
+                self.say(f"spare {endpoint}: layers [{route.stage0.end},{self.manifest.layer_count}) fetched")
+            except Exception as exc:  # noqa: BLE001 -- a spare that cannot prefetch may still take over later
+                self.say(f"WARNING: spare {endpoint} could not prefetch: {exc}")
+
     async def _watch(self) -> None:
         """Liveness: find a dead or frozen stage within seconds, with or without traffic."""
         while True:
             await asyncio.sleep(PING_S)
             pipeline, route = self.pipeline, self.route
             if pipeline is None or route is None or pipeline.broken:
-                continue  # being rebuilt, or about to be: `fail` started it
+                if self.rebuilding is None or self.rebuilding.done():  # a build that never started, or died
+                    self._route_broken(self.last_error or "no route")
+                continue
             problem = await _ping(route)
             if problem is None:
                 self.recoveries.alive()
@@ -334,7 +353,9 @@ class Coordinator:
                         if pipeline.broken is None or self.settings.resume_s <= 0:
                             raise
                     paused, cause = time.monotonic(), pipeline.broken
+                    log.info("session %d: paused after %d tokens: %s", session, len(done), cause)
                     pipeline = await self._next_pipeline(cause)
+                    log.info("session %d: resuming after %.1fs", session, time.monotonic() - paused)
                     carried.resume()
                     self.recoveries.sessions += 1
                     yield Resumed(cause, time.monotonic() - paused)

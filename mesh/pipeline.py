@@ -31,6 +31,7 @@ from proto import meshpipe_pb2 as pb
 from stage.core import CannotSampleError, StageCore, Work
 from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, sampled_of
+from stage.llama_engine import EngineError
 from stage.sampling import Sampled, SamplingParams
 from stage.transport import FrameError, Link, LinkClosedError
 
@@ -140,7 +141,12 @@ class Pipeline:
             step = Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
                         all_logits=all_logits and last)
             work = self.core.submit(step)
-            out = await work.output
+            try:
+                out = await work.output
+            except EngineError:
+                if self.broken:  # stopped under us: the route broke, and the caller may resume
+                    raise MeshUnavailableError(self.broken) from None
+                raise
             if self.link is None:
                 if last:
                     local = self._sample_here(work, out, frame, pos, len(piece), kind)
@@ -160,6 +166,8 @@ class Pipeline:
             assert pending.local is not None
             return pending.local
         deadline = self.deadline.for_rows(pending.rows)
+        if self.broken and not pending.reply.done():  # no reply can come any more
+            raise MeshUnavailableError(self.broken)
         try:
             return await self._await_reply(pending.reply, deadline - (time.perf_counter() - pending.left_at))
         except TimeoutError:
@@ -198,12 +206,17 @@ class Pipeline:
         )
         encoded.describe(header)
         future = None
+        if self.broken:  # it broke while this frame was computed: `fail` has failed every waiter already
+            raise MeshUnavailableError(self.broken)
         if last:
             future = asyncio.get_running_loop().create_future()
             self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind, epoch, rows)
         try:
             await self.link.send(header, encoded.data)
         except ConnectionError as exc:
+            if future is not None:  # nobody will wait for it: the caller gets the error below
+                self.waiters.pop((session, window), None)
+                future.cancel()
             self.fail(f"activation link to stage 1 lost: {exc}")
             raise MeshUnavailableError(self.broken) from None
         return None if future is None else (window, future)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -162,22 +162,26 @@ async def refresh_status(route: Route, stage: RemoteStage, deadline_s: float) ->
     stage.reachable, stage.status_at = True, time.time()
 
 
-async def build(route: Route, own_memory: int, artifact_source: str,
-                say: Callable[[str], None], without_unreachable: bool = False) -> None:
+async def build(route: Route, own_memory: int, artifact_source: str, say: Callable[[str], None],
+                without_unreachable: bool = False, spares: Sequence[RemoteStage] = ()) -> None:
     """Claim → plan → Prepare → Inventory → Load (final first). Raises RouteError.
-    `without_unreachable`: a peer that does not answer is left out and the others take its
-    layers (healing); a configured peer is tried again at every build, so it rejoins."""
+    `without_unreachable` (healing): a peer that does not answer is replaced by the first
+    spare that does, else left out while the others take its layers. A configured peer is
+    tried again at every build, so it rejoins."""
     m = route.manifest
-    for stage in list(route.stages):
+    standby = list(spares)
+    for i, stage in enumerate(list(route.stages)):
         try:
             await connect_stage(route, stage)
         except RouteError as exc:
             if not without_unreachable or stage.process is not None:
                 raise
-            say(f"WARNING: {exc}; planning without it")
+            await _disconnect(stage)
             route.stages.remove(stage)
-            if stage.channel is not None:
-                await stage.channel.close()
+            spare = await _first_answering(route, standby)
+            if spare is not None:
+                route.stages.insert(i, spare)
+            say(f"WARNING: {exc}; " + (f"spare {spare.endpoint} takes its place" if spare else "planning without it"))
     weights = [float(own_memory)] + [float(s.status.mem_available_bytes) if s.status else 1.0
                                      for s in route.stages]
     costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
@@ -196,6 +200,40 @@ async def build(route: Route, own_memory: int, artifact_source: str,
         stage = route.stages[index - 1]
         await _load(route, stage, index, downstream)
         downstream = stage.activation
+
+
+async def _first_answering(route: Route, standby: list[RemoteStage]) -> RemoteStage | None:
+    while standby:
+        spare = standby.pop(0)
+        try:
+            await connect_stage(route, spare)
+            return spare
+        except RouteError:
+            await _disconnect(spare)
+    return None
+
+
+async def _disconnect(stage: RemoteStage) -> None:
+    if stage.channel is not None:
+        await stage.channel.close()
+        stage.channel = stage.stub = None
+
+
+async def prefetch(route: Route, spare: RemoteStage, start: int, artifact_source: str) -> None:
+    """Claim a spare and have it fetch layers [start, end of model): a later takeover of any
+    range in there then prepares from its own cache. Raises RouteError."""
+    try:
+        await connect_stage(route, spare)
+        spare.range = StageRange(start, route.manifest.layer_count)
+        await _claim(route, spare)
+        await _prepare(route, spare, artifact_source)
+        while (inv := await route.rpc(spare, spare.control.Inventory,
+                                      pb.InventoryRequest(protocol_version=V))).state != pb.PREPARED:
+            if inv.state == pb.PREPARE_FAILED:
+                raise RouteError(f"stage {spare.endpoint}: {inv.message}")
+            await asyncio.sleep(0.5)
+    finally:
+        await _disconnect(spare)
 
 
 async def _claim(route: Route, stage: RemoteStage) -> None:

@@ -146,7 +146,16 @@ class Batcher:
     async def _run(self) -> None:
         while True:
             batch = await self._next()
-            await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, self._execute, batch)
+            try:
+                await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, self._execute, batch)
+            except asyncio.CancelledError:
+                # Stopped while the batch waited for the engine thread (shared with other
+                # engines): the executor drops it unrun, so fail it here or its steps wait
+                # forever. A batch already running resolves its futures itself, first.
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(EngineError("stage stopped"))
+                raise
 
     async def _next(self) -> list[_Job]:
         """Wait for work, then take what runs next."""

@@ -100,3 +100,31 @@ def test_micro_batches_cap_the_steps_of_a_decode(loop: asyncio.AbstractEventLoop
     b = _batcher(loop, [(0, 1), (1, 1), (2, 5), (3, 1), (4, 1)])
     b.max_steps = lambda: 2
     assert _drain(b) == [[(0, 1), (1, 1)], [(2, 5), (3, 1)], [(4, 1)]]
+
+
+def test_a_batch_dropped_unrun_by_a_stop_fails_its_steps():
+    """The engine thread is shared: a batch may wait there behind another engine's work, and
+    a stop then drops it unrun. Its steps must fail, not wait forever (seen in the chaos soak)."""
+    from concurrent.futures import Future
+
+    from stage import batcher as module
+    from stage.llama_engine import EngineError
+
+    class Blocked:
+        def submit(self, *_: object) -> Future[None]:
+            return Future()  # never runs, as behind a long decode
+
+    async def go() -> None:
+        saved, module.ENGINE_THREAD = module.ENGINE_THREAD, Blocked()  # type: ignore[assignment]
+        try:
+            b = Batcher(engine=None)  # type: ignore[arg-type]
+            b.start()
+            step = b.submit(Step(0, 0, tokens=np.zeros(1, np.int32)))
+            await asyncio.sleep(0.05)  # the worker took it and waits for the engine thread
+            await b.stop()
+            with pytest.raises(EngineError, match="stage stopped"):
+                await asyncio.wait_for(step, 1)
+        finally:
+            module.ENGINE_THREAD = saved
+
+    asyncio.run(go())

@@ -109,6 +109,7 @@ def test_bad_settings_are_clear_errors(manifest):
 
 @pytest.mark.parametrize(("toml", "message"), [
     ({"mesh": {"peer": []}}, "mesh.peer: unknown key"),
+    ({"mesh": {"spares": "10.0.0.4:7070"}}, "mesh.spares: expected a list"),
     ({"defaults": {"speculative": {"max_window": "8"}}}, "defaults.speculative.max_window: expected int"),
     ({"models": [{"speculative": {}}]}, "models[0].model: required"),
     ({"version": 2}, "version"),
@@ -120,10 +121,12 @@ def test_config_errors_name_the_key_path(toml, message):
 
 
 def test_config_parses_the_documented_example():
-    config = parse_config({"version": 1, "mesh": {"listen": "0.0.0.0:9337", "peers": ["10.0.0.2:7070"]},
+    config = parse_config({"version": 1, "mesh": {"listen": "0.0.0.0:9337", "peers": ["10.0.0.2:7070"],
+                                                  "spares": ["10.0.0.4:7070"]},
                            "defaults": {"speculative": {"strategy": "auto", "max_window": 8}},
                            "models": [{"model": "hf://org/m@abc", "speculative": {"initial_window": 4}}]})
     assert config.mesh.peers == ("10.0.0.2:7070",)
+    assert config.mesh.spares == ("10.0.0.4:7070",)
     assert config.defaults.max_window == 8
     assert config.model({"hf://org/m@abc"}) is not None
     assert config.model({"x"}) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -21,6 +22,7 @@ from fastapi import FastAPI
 
 from mesh.coordinator import Coordinator
 
+log = logging.getLogger("meshpipe.server")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DRAIN_TIMEOUT = 2.0  # cancelled requests get this long to free their sessions on the stages
 
@@ -118,6 +120,7 @@ async def serve(coordinator: Coordinator, app: FastAPI, sock: socket.socket, gra
     loop = asyncio.get_running_loop()
     for sig in SIGNALS:
         loop.add_signal_handler(sig, signals, sig)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     try:
         await coordinator.start()
         await server.serve(sockets=[sock])
@@ -127,6 +130,34 @@ async def serve(coordinator: Coordinator, app: FastAPI, sock: socket.socket, gra
             raise
     finally:
         await coordinator.stop()
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: log where every task is waiting, for an operator chasing a stuck request."""
+    tasks = asyncio.all_tasks()
+    log.warning("SIGUSR1: %d tasks", len(tasks))
+    for task in tasks:
+        log.warning("%s: %s", task.get_name(), " <- ".join(_awaiting(task.get_coro())))
+
+
+def _awaiting(coro: object) -> list[str]:
+    """Where a coroutine is suspended, outermost first, following what each one awaits."""
+    where = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is not None:
+            where.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+        coro = _driven(getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None))
+    return where
+
+
+def _driven(awaited: object) -> object:
+    """`anext()` and `async for` await wrapper objects: the generator they drive is what waits."""
+    for _ in range(3):
+        if awaited is None or hasattr(awaited, "cr_frame") or hasattr(awaited, "ag_frame"):
+            return awaited
+        awaited = next((g for g in gc.get_referents(awaited) if not isinstance(g, type)), None)
+    return awaited
 
 
 async def _drain(server: _Server) -> None:

@@ -54,6 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT",
                    help="a remote `mesh stage` daemon (repeatable, in pipeline order; "
                    "default: [mesh] peers)")
+    p.add_argument("--spare", action="append", default=[], metavar="HOST:PORT",
+                   help="a standby `mesh stage` (repeatable; default: [mesh] spares): claimed at start and "
+                   "sent the artifacts a takeover needs, it replaces a peer that stops answering")
     p.add_argument("--draft", default=None, metavar="REF",
                    help="draft model for speculative decoding: a GGUF path, hf://org/repo@rev/file.gguf "
                    "or org/repo:QUANT (overrides config and package)")
@@ -168,6 +171,7 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
     names = {model_id} | ({args.model} if args.model else set())
     spec, note = resolve_plan(_cli_speculative(args), args.no_draft, config, names, manifest)
     args.peer = args.peer or list(config.mesh.peers)
+    args.spare = args.spare or list(config.mesh.spares)
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
     if token is None and not args.peer and args.local_stages > 1:
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
@@ -180,7 +184,7 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              micro_batches=args.micro_batches, resume_s=args.resume_timeout)
     remote = bool(args.peer)
     topology = Topology(
-        peers=tuple(args.peer), local_stages=args.local_stages,
+        peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),
         artifact_listen=args.artifact_listen or ("0.0.0.0:0" if remote else "127.0.0.1:0"),
         advertise=args.advertise or (own_address() if remote else "127.0.0.1"),
     )
