@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 
 from mesh.bench.local_server import free_port, local_serve
 
-__all__ = ["free_port", "mesh_serve", "metric"]
+__all__ = ["free_port", "mesh_serve", "metric", "wait_for"]
 
 
 @contextlib.contextmanager
@@ -30,3 +31,13 @@ def metric(url: str, series: str) -> float:
         if line.startswith(series) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> float:
+    """Seconds until `predicate()` held, polled every 0.1 s; TimeoutError past `timeout`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise TimeoutError(f"condition not met within {timeout}s")

@@ -27,7 +27,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from mesh_server import mesh_serve
+from mesh_server import mesh_serve, wait_for
 
 from mesh.bench.local_server import stage_pids
 from mesh.health import Health
@@ -75,15 +75,6 @@ def _stream(url: str, prompt: str = PROMPT, at_chunk: Callable[[int], None] = la
 def _health(url: str) -> tuple[int, Health]:
     r = httpx.get(f"{url}/health", timeout=10)
     return r.status_code, Health.model_validate_json(r.content)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.1)
-    raise TimeoutError(f"condition not met within {timeout}s")
 
 
 @pytest.mark.parametrize("victim", [0, 1], ids=["middle-stage", "final-stage"])
@@ -171,8 +162,8 @@ def test_a_stage_killed_while_idle_heals_with_only_health_polled(tmp_path):
         final = stage_pids(pid)[1]
         os.kill(final, signal.SIGKILL)
         killed = time.monotonic()
-        _wait_for(lambda: _health(url)[0] != 200, timeout=10)
-        _wait_for(lambda: _health(url)[0] == 200, timeout=30)
+        wait_for(lambda: _health(url)[0] != 200, timeout=10)
+        wait_for(lambda: _health(url)[0] == 200, timeout=30)
         assert time.monotonic() - killed < 30
         assert final not in stage_pids(pid)
         assert _health(url)[1].recoveries == 1
@@ -182,10 +173,7 @@ def test_a_stage_killed_while_idle_heals_with_only_health_polled(tmp_path):
 def test_a_second_activation_link_leaves_the_route_alone(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         reference, _, _ = _stream(url)
-        final = psutil.Process(stage_pids(pid)[1])
-        grpc_port = int(_health(url)[1].stages[2].endpoint.rsplit(":", 1)[1])
-        ports = {c.laddr.port for c in final.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        (activation,) = ports - {grpc_port}
+        activation, _ = _final_ports(url, pid)
 
         async def intrude() -> None:
             link = await connect("127.0.0.1", activation, token=TOKEN, role="coordinator")
@@ -222,10 +210,7 @@ def test_four_streams_through_one_kill_all_complete(tmp_path):
 def test_junk_on_both_ports_is_refused_and_the_route_serves_on(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         reference, _, _ = _stream(url)
-        final = psutil.Process(stage_pids(pid)[1])
-        grpc_port = int(_health(url)[1].stages[2].endpoint.rsplit(":", 1)[1])
-        ports = {c.laddr.port for c in final.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        (activation,) = ports - {grpc_port}
+        activation, grpc_port = _final_ports(url, pid)
         junk = [os.urandom(n) for n in (1, 7, 64, 4096)] + [
             b"\xff\xff\xff\xff" + os.urandom(32),  # a length prefix far past the limit
             b"\x10\x00\x00\x00" + b"\x08\x01",  # a header cut short, then silence
@@ -244,6 +229,15 @@ def test_junk_on_both_ports_is_refused_and_the_route_serves_on(tmp_path):
         assert text == reference
         assert "resumed" not in usage
         assert _health(url)[1].recoveries == 0
+
+
+def _final_ports(url: str, pid: int) -> tuple[int, int]:
+    """The final stage's activation and gRPC ports (it listens on both)."""
+    final = psutil.Process(stage_pids(pid)[1])
+    grpc_port = int(_health(url)[1].stages[2].endpoint.rsplit(":", 1)[1])
+    ports = {c.laddr.port for c in final.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    (activation,) = ports - {grpc_port}
+    return activation, grpc_port
 
 
 def _handshake(port: int, token: str, version: int) -> pb.HandshakeReply:
@@ -293,7 +287,7 @@ def test_chaos_soak_every_request_completes_through_repeated_kills(tmp_path):
             chaos.join()
         took = time.monotonic() - started
         assert answers == [references[p] for p in prompts]
-        _wait_for(lambda: _health(url)[0] == 200, timeout=30)
+        wait_for(lambda: _health(url)[0] == 200, timeout=30)
         with concurrent.futures.ThreadPoolExecutor(SOAK_CONCURRENCY) as pool:  # every lane is free again
             assert list(pool.map(ask, SOAK_PROMPTS)) == [references[p] for p in SOAK_PROMPTS]
         rss_after = psutil.Process(pid).memory_info().rss
@@ -323,7 +317,7 @@ def test_a_spare_takes_over_a_dead_peer_and_the_stream_goes_on(tmp_path):
                         "--artifact-listen", "127.0.0.1:0", "--lanes", "8", "--ctx-size", "512",
                         env={"MESHPIPE_TOKEN": TOKEN}) as (url, _):
             (log,) = tmp_path.glob("serve-*.log")
-            _wait_for(lambda: f"spare {spare_at}: layers" in log.read_text(), timeout=60)  # prefetched
+            wait_for(lambda: f"spare {spare_at}: layers" in log.read_text(), timeout=60)  # prefetched
             reference, _, _ = _stream(url)
 
             def kill(n: int) -> None:
@@ -341,8 +335,8 @@ def test_a_spare_takes_over_a_dead_peer_and_the_stream_goes_on(tmp_path):
             peer.wait()
             peer, _ = _stage_daemon(tmp_path / "peer", listen=peer_at)
             spare.kill()
-            _wait_for(lambda: _health(url)[0] != 200, timeout=10)
-            _wait_for(lambda: _health(url)[0] == 200, timeout=30)
+            wait_for(lambda: _health(url)[0] != 200, timeout=10)
+            wait_for(lambda: _health(url)[0] == 200, timeout=30)
             assert [s.endpoint for s in _health(url)[1].stages[1:]] == [peer_at]
             assert _stream(url)[0] == reference
     finally:

@@ -11,7 +11,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from mesh_server import mesh_serve
+from mesh_server import mesh_serve, wait_for
 from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.bench.local_server import stage_pids
@@ -20,15 +20,6 @@ from mesh.model_source import EMBEDDED_ID
 pytestmark = pytest.mark.slow
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story about a dragon."}]
-
-
-def _wait_for(predicate, timeout: float) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.1)
-    raise TimeoutError(f"condition not met within {timeout}s")
 
 
 @pytest.mark.parametrize("victim", [0, 1], ids=["middle-stage", "final-stage"])
@@ -59,7 +50,7 @@ def test_killed_stage_fails_request_then_route_rebuilds(tmp_path, victim):
         assert refused.value.status_code == 503
         assert "mesh unavailable" in str(refused.value)
 
-        _wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=120)
+        wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=120)
         assert psutil.Process(proc.pid).is_running()
         new_stages = stage_pids(proc.pid)
         assert len(new_stages) == 2
