@@ -342,12 +342,15 @@ class Coordinator:
                 while True:
                     lane = pipeline.open(session, prefer=lane)  # the old lane: the draft's KV is still there
                     try:
-                        async for event in self._attempt(pipeline, session, lane, replace(req, done=tuple(done)),
-                                                         draft):
-                            event = carried.add(event)
-                            if isinstance(event, Sampled):
-                                done.append(event.token)
-                            yield event
+                        # closed here, not left to the garbage collector: a client that leaves
+                        # must free the session on every stage before the next request comes
+                        attempt = self._attempt(pipeline, session, lane, replace(req, done=tuple(done)), draft)
+                        async with contextlib.aclosing(attempt) as events:
+                            async for event in events:
+                                event = carried.add(event)
+                                if isinstance(event, Sampled):
+                                    done.append(event.token)
+                                yield event
                         return
                     except MeshUnavailableError:
                         if pipeline.broken is None or self.settings.resume_s <= 0:
