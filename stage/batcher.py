@@ -146,15 +146,18 @@ class Batcher:
     async def _run(self) -> None:
         while True:
             batch = await self._next()
+            work = ENGINE_THREAD.submit(self._execute, batch)
             try:
-                await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, self._execute, batch)
+                await asyncio.wrap_future(work)
             except asyncio.CancelledError:
                 # Stopped while the batch waited for the engine thread (shared with other
-                # engines): the executor drops it unrun, so fail it here or its steps wait
-                # forever. A batch already running resolves its futures itself, first.
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(EngineError("stage stopped"))
+                # engines): it will never run now, so fail its steps or they wait forever.
+                # A batch already running resolves them itself when its decode ends: failing
+                # them earlier would let callers free what the decode still uses.
+                if work.cancel():
+                    for job in batch:
+                        if not job.future.done():
+                            job.future.set_exception(EngineError("stage stopped"))
                 raise
 
     async def _next(self) -> list[_Job]:
