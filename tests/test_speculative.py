@@ -29,7 +29,7 @@ from packages.speculative import WindowPolicy
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
-from stage.batcher import Batcher, _Job
+from stage.batcher import Batcher, _Job, close_engine
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.sampling import SamplingParams
@@ -66,8 +66,8 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
         await pipeline.stop()
         await stage.stop()
         server.close()
-        for e in (first, last):
-            e.close()
+        for e in (first, last):  # on the engine thread, after any decode still running there
+            await close_engine(e)
 
 
 async def _sampled(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
@@ -390,7 +390,7 @@ def test_gemma_speculative_output_is_the_targets_up_to_near_ties(gemma3_gguf):
         finally:
             await draft.stop()
             await pipeline.stop()
-            engine.close()
+            await close_engine(engine)
         return runs, totals
 
     runs, totals = asyncio.run(scenario())
@@ -456,8 +456,8 @@ async def chain_of_stages(package: Path, cache: Path, cuts: list[int], lanes: in
             await stage.stop()
         for server in servers:
             server.close()
-        for e in engines:
-            e.close()
+        for e in engines:  # on the engine thread, after any decode still running there
+            await close_engine(e)
 
 
 @dataclass
