@@ -301,8 +301,7 @@ async def _release(route: Route, stage: RemoteStage, stop_s: float, exit_s: floa
     if stage.stub is not None and route.term:
         with contextlib.suppress(Exception):
             await route.rpc(stage, stage.control.Stop, pb.StopRequest(protocol_version=V, term=route.term), stop_s)
-    if stage.channel is not None:
-        await stage.channel.close()
+    await _disconnect(stage)
     if stage.process is not None:
         await end_process(stage.process, exit_s)
 
