@@ -16,7 +16,7 @@ from config.errors import MeshpipeError
 from stage.cpu_lock import CpuLock
 from stage.engine import Step
 from stage.hidden_tap import HiddenTap
-from stage.llama_model import flash_attn_type, load_model
+from stage.llama_model import INVARIANT_ROWS, flash_attn_type, load_model
 
 
 class EngineError(MeshpipeError):
@@ -73,7 +73,7 @@ class LlamaRangeEngine:
         cfg = self.cfg
         p = L.llama_context_default_params()
         p.n_ctx = cfg.ctx_per_lane * cfg.lanes
-        p.n_batch = p.n_ubatch = cfg.batch
+        p.n_batch, p.n_ubatch = cfg.batch, min(cfg.batch, INVARIANT_ROWS)  # stage.llama_model says why
         p.n_seq_max = cfg.lanes
         # A KV stream per lane: a session's attention then reads the same contiguous cells
         # whatever else is batched with it, so batched output equals solo output bit for bit.

@@ -61,6 +61,16 @@ def use_extra_bufts() -> bool:
     return _setting(EXTRA_BUFTS_ENV, not any(b in _BROKEN_BUFTS for b in offered_extra_bufts()))
 
 
+# Rows per graph compute (llama.cpp's n_ubatch). The CPU backend computes a graph of 64 rows
+# or more on other kernels than a decode's: a prompt prefilled in such pieces differs in the
+# last bits from the same tokens decoded one by one, so a prefix reused from an earlier
+# request's KV, a resumed generation, or a window batched with a prefill could part from
+# plain decoding at a near-tie (DESIGN.md §9). Below it, every row is computed as a
+# single-row decode computes it, bit for bit, however the rows are batched; the price is
+# prefill speed (SmolLM2 Q4_1, 1 thread, 1024 tokens: 8.9 s against 7.0 s in 128-row pieces).
+INVARIANT_ROWS = 48
+
+
 def flash_attn() -> bool:
     return _setting(FLASH_ATTN_ENV, True)
 
@@ -92,6 +102,7 @@ def open_llama(gguf: Path, **kwargs: Any) -> llama_cpp.Llama:
     """
     kwargs.setdefault("verbose", False)
     kwargs.setdefault("flash_attn", flash_attn())
+    kwargs.setdefault("n_ubatch", INVARIANT_ROWS)
     original = L.llama_model_default_params
     params = model_params()
     with _patching:

@@ -12,16 +12,20 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 from mesh_server import mesh_serve, metric
+from openai.types.chat import ChatCompletionMessageParam
 from toy_engine import ToyEngine
 
 from mesh.model_source import EMBEDDED_ID
 from mesh.prefix_cache import PrefixCache
 from mesh.tokenizer import Tokenizer
 from stage.core import StageCore
+from stage.engine import Step
 from stage.lanes import LanePool, LanesExhaustedError
+from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
 TOKENS = 16
 
@@ -94,6 +98,50 @@ def _complete(url: str, prompt: list[int]) -> tuple[str, int]:
     return r.choices[0].text, r.usage.prompt_tokens_details.cached_tokens or 0
 
 
+CHAT = [f"Here is a note from the keeper's log: {STORY} Summarize it in two sentences.",
+        "Now say what the keeper might do tomorrow."]
+
+
+def _chat(url: str) -> list[tuple[str, int, int]]:
+    """Two turns of a chat, the second resending the first with its reply: (reply, cached,
+    prompt tokens) per turn. The second turn's cached tokens were computed as the first turn's decode."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    messages: list[ChatCompletionMessageParam] = []
+    turns = []
+    for text in CHAT:
+        messages.append({"role": "user", "content": text})
+        r = client.chat.completions.create(model=EMBEDDED_ID, messages=messages, temperature=0, max_tokens=40)
+        reply = r.choices[0].message.content or ""
+        assert r.usage is not None
+        assert r.usage.prompt_tokens_details is not None
+        turns.append((reply, r.usage.prompt_tokens_details.cached_tokens or 0, r.usage.prompt_tokens))
+        messages.append({"role": "assistant", "content": reply})
+    return turns
+
+
+def test_a_row_is_computed_alike_prefilled_in_any_pieces_or_decoded(smollm2_gguf):
+    """What makes a reused prefix exact: llama.cpp's CPU kernels for graphs of 64 rows or
+    more differ from a decode's, and the engine keeps every graph under that (INVARIANT_ROWS)."""
+    engine = LlamaRangeEngine(smollm2_gguf, EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=512,
+                                                         batch=256, threads=1))
+    tokens = np.random.default_rng(0).integers(100, 40000, 200).astype(np.int32)
+
+    def last_logits(pieces: list[int]) -> np.ndarray:
+        engine.trim(0, 0)
+        pos, out = 0, np.zeros(0)
+        for n in pieces:
+            out = engine.step([Step(0, pos, tokens=tokens[pos : pos + n])])[0]
+            pos += n
+        return out[-1]
+
+    try:
+        whole = last_logits([200])
+        for pieces in ([128, 72], [136, 64], [137, 63], [150] + [1] * 50, [100, 9, 9, 9, 73]):
+            assert np.array_equal(last_logits(pieces), whole), pieces
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def uncached(serve_cache: Path, prompts: dict[str, list[int]]) -> dict[str, str]:
     """What every prompt gives without the cache (and without speculation), one stage."""
@@ -103,6 +151,9 @@ def uncached(serve_cache: Path, prompts: dict[str, list[int]]) -> dict[str, str]
             texts[name], cached = _complete(url, prompt)
             assert cached == 0
         assert _complete(url, prompts["p"]) == (texts["p"], 0)  # off means off
+        turns = _chat(url)
+        assert [cached for _, cached, _ in turns] == [0, 0]
+        texts |= {f"chat{i}": reply for i, (reply, _, _) in enumerate(turns)}
         return texts
 
 
@@ -138,6 +189,11 @@ def test_cached_output_equals_uncached_and_the_reuse_is_reported(serve_cache, pr
         assert metric(url, "meshpipe_prompt_tokens_cached_total") == cached
         sent = 3 * len(p) + len(q) + len(head) + len(prompts["x"]) + len(prompts["y"])
         assert metric(url, "meshpipe_prompt_tokens_prefilled_total") == sent - cached
+        # a chat's next turn: its reused prefix runs through the last turn's reply, whose
+        # KV was computed one token at a time, not prefilled
+        (first, _, asked), (second, reused, _) = _chat(url)
+        assert (first, second) == (uncached["chat0"], uncached["chat1"])
+        assert reused > asked + 8  # more than the first turn's prompt: its reply too
 
 
 @pytest.mark.slow
