@@ -2,9 +2,10 @@
 
 A chat client resends the whole conversation every turn. Without the cache every stage
 prefills all of it again; with it, only what follows the longest prefix a lane still holds.
-Two split-2 servers, `mesh serve` as is and `--no-prefix-cache`, hold the same greedy
-conversation in lockstep, turn by turn, so their TTFTs are interleaved and their replies can
-be compared: the cache must not change a single token. Each turn's history is the previous
+Two split-2 servers without the draft (so only the prefill differs), one as is and one with
+`--no-prefix-cache`, hold the same greedy conversation in lockstep, turn by turn, so their
+TTFTs are interleaved and their replies can be compared: the cache must not change a single
+token. Each turn's history is the previous
 turns' real replies (EOS ends them), so that is what the cache has to match.
 """
 
