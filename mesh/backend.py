@@ -19,8 +19,8 @@ from mesh.tokenizer import Tokenizer
 # both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
 from stage.sampling import Sampled, SamplingParams
 
-__all__ = ["Acceptance", "Backend", "Finished", "GenerationEvent", "GenerationRequest", "MeshUnavailableError",
-           "RequestRejectedError", "Resumed", "Sampled", "SamplingParams"]
+__all__ = ["Acceptance", "Backend", "Cached", "Finished", "GenerationEvent", "GenerationRequest",
+           "MeshUnavailableError", "RequestRejectedError", "Resumed", "Sampled", "SamplingParams"]
 
 
 class MeshUnavailableError(MeshpipeError):
@@ -45,6 +45,12 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(self.prompt))
         object.__setattr__(self, "done", tuple(self.done))
+
+    @property
+    def prefill(self) -> tuple[int, ...]:
+        """What a run feeds before its first token: the prompt, or when resumed the prompt
+        and the completion so far but its last token, which the next frame feeds."""
+        return (*self.prompt, *self.done[:-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,15 @@ class Finished:
     completion_tokens: int
     speculative: Acceptance | None = None  # None when no draft ran
     resumed: int = 0  # times the route broke under this generation and it went on
+    cached_tokens: int = 0  # prompt tokens found in the lane's KV (the prefix cache), not prefilled
+
+
+@dataclass(frozen=True, slots=True)
+class Cached:
+    """The first event of a generation: the first `tokens` of its prompt were in its KV lane
+    already, left there by an earlier request (the prefix cache), and were not prefilled."""
+
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +110,7 @@ class Resumed:
     pause_s: float
 
 
-GenerationEvent: TypeAlias = Sampled | Acceptance | Finished | Resumed
+GenerationEvent: TypeAlias = Sampled | Acceptance | Finished | Resumed | Cached
 
 
 class Backend(Protocol):
@@ -111,7 +126,7 @@ class Backend(Protocol):
     def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Generate for `req`, as events.
 
-        One `Sampled` per completion token, in order (a stop token ends the generation and
+        `Cached` comes first. One `Sampled` per completion token, in order (a stop token ends the generation and
         is not yielded). With a draft, the running `Acceptance` comes first and again after
         every verify window, before the tokens that window produced, so a consumer that
         stops early still knows the record of every token it saw. `Resumed` says the route

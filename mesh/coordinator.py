@@ -27,6 +27,7 @@ import psutil
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
     Acceptance,
+    Cached,
     Finished,
     GenerationEvent,
     GenerationRequest,
@@ -37,7 +38,7 @@ from mesh.backend import (
 )
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
-from mesh.pipeline import Pipeline, StageFailedError
+from mesh.pipeline import Lease, Pipeline, StageFailedError
 from mesh.recovery import Recoveries
 from mesh.route import (
     RemoteStage,
@@ -195,7 +196,8 @@ class Coordinator:
                 link.close()
                 raise
         self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies,
-                                 micro_batches=s.groups(1 + len(route.stages)), on_break=self._route_broken)
+                                 micro_batches=s.groups(1 + len(route.stages)), on_break=self._route_broken,
+                                 prefix_cache=s.prefix_cache)
         self.pipeline.start()
 
     async def _link(self, stage: RemoteStage, role: str, name: str) -> Link:
@@ -340,11 +342,14 @@ class Coordinator:
             carried = _Carried()
             try:
                 while True:
-                    lane = pipeline.open(session, prefer=lane)  # the old lane: the draft's KV is still there
+                    again = replace(req, done=tuple(done))
+                    # a resumed request asks for its old lane: the draft's KV is still there
+                    lease = pipeline.lease(session, again.prefill, lane)
+                    lane = lease.lane
                     try:
                         # closed here, not left to the garbage collector: a client that leaves
                         # must free the session on every stage before the next request comes
-                        attempt = self._attempt(pipeline, session, lane, replace(req, done=tuple(done)), draft)
+                        attempt = self._attempt(pipeline, lease, again, draft, first=not carried.resumed)
                         async with contextlib.aclosing(attempt) as events:
                             async for event in events:
                                 event = carried.add(event)
@@ -364,22 +369,27 @@ class Coordinator:
                     yield Resumed(cause, time.monotonic() - paused)
             finally:
                 if draft is not None and lane is not None:
-                    draft.forget(lane)
+                    if not self.settings.prefix_cache:  # with it, the draft's KV serves the lane's next request too
+                        draft.forget(lane)
                     log.info("session %d: %s", session, _outcome(carried.finished or carried.acceptance))
 
-    async def _attempt(self, pipeline: Pipeline, session: int, lane: int, req: GenerationRequest,
-                       draft: Draft | None) -> AsyncGenerator[GenerationEvent, None]:
-        """One run of the generate loop on one route; the session ends there with it."""
+    async def _attempt(self, pipeline: Pipeline, lease: Lease, req: GenerationRequest,
+                       draft: Draft | None, first: bool) -> AsyncGenerator[GenerationEvent, None]:
+        """One run of the generate loop on one route; the session ends there with it, and
+        what every stage's KV holds of it stays in the lane (the prefix cache). The first
+        run says how much of the prompt was cached; a resumed one prefills it again."""
         try:
+            if first:
+                yield Cached(lease.cached)
             in_flight = windows_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
-            async for event in generate(pipeline, session, lane, req, self.ctx_per_session, draft,
+            async for event in generate(pipeline, lease, req, self.ctx_per_session, draft,
                                         self._window(), in_flight):
                 yield event
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.shield(pipeline.end(session))
+                await asyncio.shield(pipeline.end(lease.session, lease.held))
 
     async def _next_pipeline(self, cause: str) -> Pipeline:
         """The rebuilt route's pipeline, once it serves; MeshUnavailableError after resume_s."""
@@ -448,13 +458,16 @@ class _Carried:
     acceptance: Acceptance | None = None  # the running record, carried
     finished: Finished | None = None
     resumed: int = 0
+    cached: int = 0  # prompt tokens the first run found in its lane
 
     def add(self, event: GenerationEvent) -> GenerationEvent:
-        if isinstance(event, Acceptance):
+        if isinstance(event, Cached):
+            self.cached = event.tokens
+        elif isinstance(event, Acceptance):
             event = self.acceptance = self.before.plus(event)
         elif isinstance(event, Finished):
             spec = None if event.speculative is None else self.before.plus(event.speculative)
-            event = self.finished = replace(event, speculative=spec, resumed=self.resumed)
+            event = self.finished = replace(event, speculative=spec, resumed=self.resumed, cached_tokens=self.cached)
         return event
 
     def resume(self) -> None:

@@ -19,6 +19,10 @@ class Metrics:
         self.stream_errors = Counter("meshpipe_stream_errors", "streams that failed after their 200 began",
                                      ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("meshpipe_prompt_tokens", "prompt tokens processed", registry=r)
+        self.prompt_cached = Counter("meshpipe_prompt_tokens_cached", "prompt tokens found in the KV "
+                                     "(the prefix cache): reused, not prefilled", registry=r)
+        self.prompt_prefilled = Counter("meshpipe_prompt_tokens_prefilled", "prompt tokens prefilled",
+                                        registry=r)
         self.generated = Counter("meshpipe_generated_tokens", "tokens generated", registry=r)
         self.in_flight = Gauge("meshpipe_requests_in_flight", "requests being served", registry=r)
         self.latency = Histogram("meshpipe_request_seconds", "request latency", registry=r)
@@ -29,6 +33,11 @@ class Metrics:
                                      registry=r)
         self.spec_accepted = Counter("meshpipe_speculative_accepted_tokens", "draft tokens accepted",
                                      registry=r)
+
+    def record_prompt(self, tokens: int, cached: int) -> None:
+        self.prompt_tokens.inc(tokens)
+        self.prompt_cached.inc(cached)
+        self.prompt_prefilled.inc(tokens - cached)
 
     def record_speculative(self, spec: Acceptance | None) -> None:
         if spec is not None:

@@ -7,8 +7,10 @@ sampled tokens to come back: on the reply link to the final stage when there is 
 Long inputs go in chunks: the next chunk is computed here while later stages work on the
 previous one (pipelined prefill).
 
-A request holds one lane for its whole life: `open` takes it, every `run` is given it, and
-`end` frees it here and the session's KV on every stage.
+A request holds one lane for its whole life: `lease` (or `open`) takes it, every `run` is
+given it, and `end` frees it here and on every stage. Every frame names the lane, so all
+stages use the same one: a free lane keeps what the request before left in it (the prefix
+cache, mesh/prefix_cache.py), and the next request on it prefills only what differs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.hop_timing import HopTotals
+from mesh.prefix_cache import PrefixCache
 from mesh.reply_deadline import ReplyDeadline
 from proto import meshpipe_pb2 as pb
 from stage.core import CannotSampleError, StageCore, Work
@@ -50,6 +53,21 @@ class _Waiter:
     kind: int
     epoch: int
     rows: int  # every row of the frame, earlier chunks too: later stages may still hold them
+
+
+@dataclass
+class Lease:
+    """A request's lane, on stage 0 and on every stage: what `Pipeline.lease` gave it.
+
+    `cached` prompt tokens were in the lane's KV already and are not prefilled. The generate
+    loop keeps `held` up to date: the tokens every stage's KV surely holds, from position 0,
+    which `Pipeline.end` leaves in the lane for the next request.
+    """
+
+    session: int
+    lane: int
+    cached: int = 0
+    held: Sequence[int] = ()
 
 
 @dataclass
@@ -79,8 +97,10 @@ class Pending:
 class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
                  chunk: int = 128, hops: HopTotals | None = None, replies: Link | None = None,
-                 micro_batches: int = 1, on_break: Callable[[str], None] | None = None) -> None:
+                 micro_batches: int = 1, on_break: Callable[[str], None] | None = None,
+                 prefix_cache: bool = True) -> None:
         self.core = StageCore(engine, 0, wire_dtype, micro_batches)
+        self.cache = PrefixCache() if prefix_cache else None
         self.link = link
         self.reply_link = replies  # to the final stage, past the middle ones (direct return)
         self.chunk = chunk
@@ -110,6 +130,17 @@ class Pipeline:
         """The session's lane at stage 0, taken once per request and freed by `end`; a resumed
         request asks for its old lane, where the draft's KV still holds its tokens."""
         return self.core.lane_for(session, prefer)
+
+    def lease(self, session: int, prompt: Sequence[int] = (), prefer: int | None = None) -> Lease:
+        """`open`, choosing the lane by the prefix cache: the free lane that holds most of
+        `prompt` already, else the least recently used (`prefer`, if given, goes first)."""
+        free = self.core.lanes.free
+        if self.cache is None or not free or self.core.lanes.by_session.get(session) is not None:
+            return Lease(session, self.open(session, prefer))
+        lane = self.open(session, prefer if prefer in free else self.cache.choose(prompt, free))
+        cached = self.cache.match(lane, prompt)
+        self.cache.take(lane)
+        return Lease(session, lane, cached, tuple(prompt[:cached]))
 
     async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
@@ -152,8 +183,8 @@ class Pipeline:
                     local = self._sample_here(work, out, frame, pos, len(piece), kind)
                     return Pending(session, 0, epoch, sent_at, None, local, time.perf_counter())
             else:
-                reply = await self._send(session, pos, work, out, frame, kind, last, all_logits, epoch,
-                                         len(tokens))
+                reply = await self._send(session, lane, pos, work, out, frame, kind, last, all_logits,
+                                         epoch, len(tokens))
             pos += len(piece)
         assert reply is not None
         pending = Pending(session, reply[0], epoch, sent_at, reply[1], rows=len(tokens))
@@ -192,7 +223,7 @@ class Pipeline:
         self.hops.record(kind, own)
         return tokens
 
-    async def _send(self, session: int, pos: int, work: Work, hidden: np.ndarray,
+    async def _send(self, session: int, lane: int, pos: int, work: Work, hidden: np.ndarray,
                     frame: FrameSampling, kind: int, last: bool, all_logits: bool, epoch: int, rows: int
                     ) -> tuple[int, asyncio.Future[pb.FrameHeader]] | None:
         """Send one chunk; for the last, (its window id, the future its reply resolves)."""
@@ -202,7 +233,7 @@ class Pipeline:
         header = pb.FrameHeader(
             session_id=session, window_id=window, kind=kind if last else pb.PREFILL,  # type: ignore[arg-type]
             start_pos=pos, want_reply=last, all_logits=all_logits and last,
-            sampling=frame.to_wire() if last else None, epoch=epoch,
+            sampling=frame.to_wire() if last else None, epoch=epoch, lane=lane + 1,
         )
         encoded.describe(header)
         future = None
@@ -230,15 +261,23 @@ class Pipeline:
         except ValueError as exc:
             raise StageFailedError(str(exc)) from None
 
-    async def end(self, session: int) -> None:
-        """Free the session's lane here and its KV on every stage."""
-        trim = self.core.release(session)
+    async def end(self, session: int, keep: Sequence[int] = ()) -> None:
+        """Free the session's lane here and on every stage. With the prefix cache, `keep` (the
+        tokens every stage's KV surely holds, a Lease's `held`) stays in the lane for a later
+        request; the rest of its KV is dropped."""
+        lane = self.core.lanes.by_session.get(session)
+        keep = keep if self.cache is not None and lane is not None else ()
+        # END leaves before the lane is free here: a later request's frames for this lane
+        # must reach every stage after it, or the stage would find the lane still taken
+        if self.link is not None and not self.broken:
+            with contextlib.suppress(ConnectionError):
+                await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END, keep=len(keep)))
+        trim = self.core.release(session, len(keep))
+        if self.cache is not None and lane is not None:
+            self.cache.keep(lane, keep)
         if trim is not None:
             with contextlib.suppress(Exception):
                 await trim
-        if self.link is not None and not self.broken:
-            with contextlib.suppress(ConnectionError):
-                await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END))
 
     async def _read_replies(self, link: Link, name: str) -> None:
         try:

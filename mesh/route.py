@@ -79,6 +79,7 @@ class RouteSettings:
     stage_cpus: tuple[str, ...] = ()  # benchmark only: a CPU list per local stage, stage 0 first
     micro_batches: int | None = None  # session groups in flight (DESIGN.md §3); None: one per stage
     resume_s: float = 60.0  # how long a generation waits for a new route after a break (0: it fails)
+    prefix_cache: bool = True  # a finished request's tokens stay in its lane for the next (DESIGN.md §2)
 
     def groups(self, stages: int) -> int:
         """Micro-batches for a route of `stages`: as set, else one group per stage, so each

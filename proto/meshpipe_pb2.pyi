@@ -328,7 +328,7 @@ class HopTimings(_message.Message):
     def __init__(self, hops: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("session_id", "window_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch")
+    __slots__ = ("session_id", "window_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch", "lane", "keep")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +345,8 @@ class FrameHeader(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     window_id: int
     kind: FrameKind
@@ -361,4 +363,6 @@ class FrameHeader(_message.Message):
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     top: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
     epoch: int
-    def __init__(self, session_id: _Optional[int] = ..., window_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    lane: int
+    keep: int
+    def __init__(self, session_id: _Optional[int] = ..., window_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ..., lane: _Optional[int] = ..., keep: _Optional[int] = ...) -> None: ...

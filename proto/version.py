@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 3  # 3: the reply link (direct return), wire emulation at Load, FrameHeader.epoch
+PROTOCOL_VERSION = 4  # 4: FrameHeader.lane and .keep (the prefix cache)
+# 3: the reply link (direct return), wire emulation at Load, FrameHeader.epoch
 # 2: penalties, logit_bias and logprobs in Sampling and REPLY
 
 

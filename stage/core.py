@@ -83,14 +83,17 @@ class StageCore:
         """The session's KV lane, taken on first sight (`prefer` if free); raises LanesExhaustedError."""
         return self.lanes.lane_for(session, prefer)
 
-    def release(self, session: int) -> asyncio.Future[np.ndarray] | None:
-        """Free the session's lane; the future resolves once its KV is dropped (None: no lane)."""
+    def release(self, session: int, keep: int = 0) -> asyncio.Future[np.ndarray] | None:
+        """Free the session's lane, its KV cut to the first `keep` positions (the prefix cache
+        keeps those for a later request); the future resolves once it is cut (None: no lane)."""
+        if not 0 <= keep <= self.engine.ctx_per_lane:  # it may come from the network
+            raise ValueError(f"keep {keep} is outside the lane's context of {self.engine.ctx_per_lane}")
         lane = self.lanes.release(session)
         self.epochs.pop(session, None)
         if lane is None:
             return None
         self.skipped += self.batcher.discard_lane(lane)
-        return self.batcher.trim(lane, 0)
+        return self.batcher.trim(lane, keep)
 
     async def release_all(self) -> None:
         for session in list(self.lanes.by_session):
@@ -116,14 +119,16 @@ class StageCore:
         return header.epoch < self.epochs.get(header.session_id, 0)
 
     def submit_frame(self, header: pb.FrameHeader, payload: bytes) -> Work:
-        """Queue a compute frame from upstream; raises LanesExhaustedError. A frame of a newer
+        """Queue a compute frame from upstream; raises LanesExhaustedError, or ValueError for a
+        lane this session cannot have. A frame of a newer
         epoch drops the session's queued frames of older ones first: they are void."""
         clock = StepClock()  # from arrival: decoding the payload counts as queueing too
         session = header.session_id
         newer = header.epoch > self.epochs.get(session, 0)
         if newer:
             self.epochs[session] = header.epoch
-        lane = self.lanes.lane_for(session)  # the wire names sessions; lanes are ours
+        # the wire names sessions and the lane stage 0 chose for each: all stages use the same
+        lane = self.lanes.take(session, header.lane - 1) if header.lane else self.lanes.lane_for(session)
         if newer:  # frames come in order, so every step the session has queued is of an older epoch
             self.skipped += self.batcher.discard_lane(lane)
         if self.engine.first:

@@ -11,6 +11,7 @@ class LanesExhaustedError(MeshpipeError):
 
 class LanePool:
     def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
         self.free = list(range(lanes - 1, -1, -1))
         self.by_session: dict[int, int] = {}
 
@@ -21,9 +22,27 @@ class LanePool:
             if not self.free:
                 raise LanesExhaustedError(f"no free KV lane for session {session}")
             lane = prefer if prefer in self.free else self.free[-1]
-            self.free.remove(lane)
-            self.by_session[session] = lane
+            self._take(session, lane)
         return lane
+
+    def take(self, session: int, lane: int) -> int:
+        """The session's lane, which must be `lane`: stage 0 chose it, and a free lane may hold
+        a prefix cached for it (DESIGN.md §2), so any other lane would compute on wrong KV."""
+        held = self.by_session.get(session)
+        if held is not None:
+            if held != lane:
+                raise ValueError(f"session {session} holds lane {held}, not {lane}")
+            return lane
+        if not 0 <= lane < self.lanes:
+            raise ValueError(f"lane {lane} out of range (this stage has {self.lanes})")
+        if lane not in self.free:
+            raise LanesExhaustedError(f"lane {lane} is taken by another session")
+        self._take(session, lane)
+        return lane
+
+    def _take(self, session: int, lane: int) -> None:
+        self.free.remove(lane)
+        self.by_session[session] = lane
 
     def release(self, session: int) -> int | None:
         lane = self.by_session.pop(session, None)

@@ -17,7 +17,7 @@ from mesh.api.app import build_app
 from mesh.api.responses import SpeculativeUsage, Usage
 from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled, SamplingParams
 from mesh.metrics import Metrics
-from mesh.pipeline import Pending
+from mesh.pipeline import Lease, Pending
 from mesh.speculative.loop import generate
 from mesh.speculative.window import Fixed, WindowPolicy
 
@@ -85,7 +85,7 @@ def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | 
 
     async def go() -> list[GenerationEvent]:
         # on purpose: scripted stand-ins for the concrete Pipeline and Draft classes, duck-typed
-        loop = generate(scripted, 1, 0, req, 64, draft, window, in_flight)  # type: ignore[arg-type]
+        loop = generate(scripted, Lease(1, 0), req, 64, draft, window, in_flight)  # type: ignore[arg-type]
         return [e async for e in loop]
 
     return asyncio.run(go())
@@ -189,7 +189,7 @@ def test_controllers_hear_of_every_frame_plain_decodes_included_and_time_only_fr
     req = GenerationRequest(PROMPT, 20)
 
     async def go() -> list[GenerationEvent]:
-        return [e async for e in generate(ScriptedPipeline(LONG), 1, 0, req, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
+        return [e async for e in generate(ScriptedPipeline(LONG), Lease(1, 0), req, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
                                           recorder, 3)]
 
     events = asyncio.run(go())
@@ -222,12 +222,14 @@ def test_acceptance_is_frozen_and_counts_only_rounds_that_proposed():
 
 
 def test_usage_from_finished_has_todays_keys_and_rounding():
-    usage = Usage.of(Finished("length", 5, 7, Acceptance(3, 9, 1))).model_dump()
+    usage = Usage.of(Finished("length", 5, 7, Acceptance(3, 9, 1), cached_tokens=2)).model_dump()
     assert usage == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+                     "prompt_tokens_details": {"cached_tokens": 2},
                      "speculative": {"windows": 3, "proposed": 9, "accepted": 1, "accept_rate": 0.1111,
                                      "mean_window": 3.0}}
     assert Usage.of(Finished("stop", 5, 0)).model_dump() == {"prompt_tokens": 5, "completion_tokens": 0,
-                                                             "total_tokens": 5}
+                                                             "total_tokens": 5,
+                                                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert SpeculativeUsage.of(Acceptance(3, 10, 10)).mean_window == 3.333
 
 
@@ -247,6 +249,7 @@ def test_a_body_reports_speculative_usage_from_finished(draft_backend: FakeBacke
     assert body["choices"][0]["finish_reason"] == "stop"
     prompt = len(draft_backend.requests[0].prompt)
     assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 11, "total_tokens": prompt + 11,
+                             "prompt_tokens_details": {"cached_tokens": 0},
                              "speculative": SPEC}
     assert "meshpipe_speculative_proposed_tokens_total 33.0" in metrics
 

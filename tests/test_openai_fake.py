@@ -79,7 +79,8 @@ def test_chat_body(backend: FakeBackend, client: TestClient):
     assert choice["finish_reason"] == "stop"
     assert choice["logprobs"] is None
     prompt = len(backend.requests[0].prompt)
-    assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 11, "total_tokens": prompt + 11}
+    assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 11, "total_tokens": prompt + 11,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert backend.closed == 1
 
 

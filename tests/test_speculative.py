@@ -72,7 +72,7 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
 
 async def _sampled(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
     req = GenerationRequest(prompt, n, sampling, ignore_eos=True)
-    events = [e async for e in generate(pipeline, session, pipeline.open(session), req, 512, draft, window)]
+    events = [e async for e in generate(pipeline, pipeline.lease(session), req, 512, draft, window)]
     done = events[-1]
     assert isinstance(done, Finished)
     assert done.finish_reason == "length"
@@ -118,9 +118,9 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
             draft.start()
             try:
                 req = GenerationRequest(prompt, 40, SamplingParams(), ignore_eos=True)
-                lane = pipeline.open(1)
+                lease = pipeline.lease(1)
                 fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
-                events = generate(pipeline, 1, lane, req, 512, draft, controller_for(fixed))
+                events = generate(pipeline, lease, req, 512, draft, controller_for(fixed))
                 out: list[int] = []
                 acceptance: Acceptance | None = None
                 while len(out) < 6:  # 1 from prefill, then 5 windows
@@ -137,16 +137,16 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 # the fifth window fed 1 + 4 rows through both stages, and none was accepted; the
                 # sixth left stage 0 before the fifth's token was handed over, so stage 0 has
                 # already dropped those rows and fed the sixth's at the accepted position
-                assert pipeline.core.engine.position(lane) == accepted + 5
-                assert final.position(lane) in (accepted + 4, accepted + 5)  # it may not have run the sixth yet
-                assert draft.held[lane][:accepted] == (prompt + out)[:accepted]
+                assert pipeline.core.engine.position(lease.lane) == accepted + 5
+                assert final.position(lease.lane) in (accepted + 4, accepted + 5)  # it may not have run the sixth yet
+                assert draft.held[lease.lane][:accepted] == (prompt + out)[:accepted]
                 # the next frame starts at the accepted position: every stage drops the rest
                 assert isinstance(await anext(events), Acceptance)  # the record of the sixth window, verified
                 # the final stage ran the sixth at the accepted position (without the trim it would
                 # hold the fifth's rows too); the seventh has left stage 0 already
-                assert final.position(lane) in (accepted + 5, accepted + 6)
-                assert pipeline.core.engine.position(lane) == accepted + 6
-                assert draft.held[lane][: accepted + 1] == (prompt + out)[: accepted + 1]
+                assert final.position(lease.lane) in (accepted + 5, accepted + 6)
+                assert pipeline.core.engine.position(lease.lane) == accepted + 6
+                assert draft.held[lease.lane][: accepted + 1] == (prompt + out)[: accepted + 1]
                 assert isinstance(events, AsyncGenerator)  # generate() is an async generator: closable
                 await events.aclose()
             finally:
@@ -513,7 +513,7 @@ def test_windows_in_flight_give_plain_greedy_output_on_every_split(smollm2_packa
                 busy.pause = 0.1
             fixed = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
             req = GenerationRequest(prompts[0], 48, GREEDY, ignore_eos=True)
-            events = [e async for e in generate(pipeline, 1, pipeline.open(1), req, 512, draft, fixed, in_flight=3)]
+            events = [e async for e in generate(pipeline, pipeline.lease(1), req, 512, draft, fixed, in_flight=3)]
             assert [e.token for e in events if isinstance(e, Sampled)] == plain[0]
             done = events[-1]
             assert isinstance(done, Finished)
@@ -529,7 +529,7 @@ def test_windows_in_flight_give_plain_greedy_output_on_every_split(smollm2_packa
                 async def one(i: int) -> list[int]:
                     req = GenerationRequest(prompts[i], 48, GREEDY, ignore_eos=True)
                     window = controller_for(WindowPolicy(policy="adaptive", initial=4, min=1, max=8))
-                    return [e.token async for e in generate(pipeline, 20 + i, pipeline.open(20 + i), req, 512,
+                    return [e.token async for e in generate(pipeline, pipeline.lease(20 + i), req, 512,
                                                             draft, window, in_flight=3) if isinstance(e, Sampled)]
                 assert await asyncio.gather(*(one(i) for i in range(4))) == plain
             assert seen.out == 0
@@ -561,7 +561,7 @@ def test_windows_in_flight_sample_what_plain_decoding_samples_with_penalties(smo
             seen.watch(pipeline)
             window = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
             req = GenerationRequest(prompt, 40, sp, ignore_eos=True)
-            events = [e async for e in generate(pipeline, 2, pipeline.open(2), req, 512, draft, window, in_flight=3)]
+            events = [e async for e in generate(pipeline, pipeline.lease(2), req, 512, draft, window, in_flight=3)]
             assert [e for e in events if isinstance(e, Sampled)] == plain
             assert seen.most == 3
             done = events[-1]

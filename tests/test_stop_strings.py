@@ -97,4 +97,5 @@ def test_max_tokens_ends_with_length_and_the_usage_counts(byte_tokenizer):
     body = _whole(FakeBackend(byte_tokenizer, "Hello world"), (), max_tokens=4)
     assert body["choices"][0]["text"] == "Hell"
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6,
+                             "prompt_tokens_details": {"cached_tokens": 0}}

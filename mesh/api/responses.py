@@ -38,10 +38,16 @@ class SpeculativeUsage(_Body):
                    accept_rate=round(a.accept_rate, 4), mean_window=round(a.mean_window, 3))
 
 
+class PromptTokensDetails(_Body):
+    cached_tokens: int  # found in the KV (the prefix cache), as OpenAI reports prompt caching
+
+
 class Usage(_Body):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # a default, so a client parsing an older server's usage still reads it
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=lambda: PromptTokensDetails(cached_tokens=0))
     speculative: SpeculativeUsage | None = Field(default=None, exclude_if=_absent)
     resumed: int | None = Field(default=None, exclude_if=_absent)  # route rebuilds the request lived through
 
@@ -49,7 +55,8 @@ class Usage(_Body):
     def of(cls, done: Finished) -> Usage:
         spec = SpeculativeUsage.of(done.speculative) if done.speculative is not None else None
         return cls(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
-                   total_tokens=done.prompt_tokens + done.completion_tokens, speculative=spec,
+                   total_tokens=done.prompt_tokens + done.completion_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=done.cached_tokens), speculative=spec,
                    resumed=done.resumed or None)
 
 

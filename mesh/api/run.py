@@ -32,6 +32,7 @@ from mesh.api.responses import (
 from mesh.backend import (
     Acceptance,
     Backend,
+    Cached,
     Finished,
     GenerationEvent,
     MeshUnavailableError,
@@ -58,6 +59,7 @@ class Run:
         self.completion_tokens = 0
         self.speculative: Acceptance | None = None
         self.resumed = 0
+        self.cached = 0
         self.finished: Finished | None = None
         self.logprobs = _Logprobs(backend) if prepared.generation.sampling.logprobs >= 0 else None
 
@@ -85,6 +87,8 @@ class Run:
                 self.speculative = event
             elif isinstance(event, Resumed):
                 self.resumed += 1
+            elif isinstance(event, Cached):
+                self.cached = event.tokens
             else:
                 self.finished = event
         return None
@@ -186,7 +190,7 @@ class Run:
         if self.finished is not None:
             return self.finished
         return Finished("stop", len(self.p.generation.prompt), self.completion_tokens, self.speculative,
-                        self.resumed)
+                        self.resumed, self.cached)
 
     def usage(self) -> Usage:
         return Usage.of(self.outcome())
@@ -199,7 +203,7 @@ class Run:
         self.metrics.in_flight.dec()
         done = self.outcome()
         if not refused:  # a refused prompt was never processed
-            self.metrics.prompt_tokens.inc(done.prompt_tokens)
+            self.metrics.record_prompt(done.prompt_tokens, done.cached_tokens)
         self.metrics.generated.inc(done.completion_tokens)
         if not failed:
             self.metrics.latency.observe(time.perf_counter() - self.started)

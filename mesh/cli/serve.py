@@ -82,6 +82,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="groups of sessions kept in flight at once, so every stage has work while the "
                    "others compute (default: one per stage; 1 when local stages share cores through the "
                    "CPU lock, where they cannot compute at once)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="drop every finished request's KV: by default it stays in its lane on every stage, "
+                   "and a later request whose prompt starts the same way (a chat's next turn) prefills "
+                   "only the rest")
     p.add_argument("--resume-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="when a stage dies or hangs, in-flight requests wait this long for the rebuilt route "
                    "and go on where they stopped; past it they fail naming the cause (0: fail at once)")
@@ -181,7 +185,8 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              cpu_lock=_cpu_lock(args, cache),
                              wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
                              direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()),
-                             micro_batches=args.micro_batches, resume_s=args.resume_timeout)
+                             micro_batches=args.micro_batches, resume_s=args.resume_timeout,
+                             prefix_cache=not args.no_prefix_cache)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),

@@ -14,6 +14,11 @@ committed, every frame in flight is void, and the epoch goes up: the next frame 
 the committed position, which trims every stage's KV (and the draft's); stages drop queued
 frames of the old epoch unrun, and stage 0 drops their replies. With k = 0 a frame is a
 plain decode step, and nothing else is ever in flight.
+
+The prefill starts where the lane's cached prefix ends (`Lease.cached`). After it, every
+stage's KV surely holds the committed tokens but the last (each was fed by a frame whose
+reply came back; later positions may hold void drafts), and the loop keeps `Lease.held` at
+that, so the session's end leaves it for the next request on the lane.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest
-from mesh.pipeline import Pending, Pipeline
+from mesh.pipeline import Lease, Pending, Pipeline
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
@@ -39,19 +44,19 @@ class _Frame:
     alone: bool  # nothing else was in flight: its round trip is what one verify pass costs
 
 
-async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationRequest, ctx: int,
+async def generate(pipeline: Pipeline, lease: Lease, req: GenerationRequest, ctx: int,
                    draft: Draft | None = None, window: Controller | None = None,
                    in_flight: int = 1) -> AsyncIterator[GenerationEvent]:
     """The events of one generation, as `Backend.generate` documents them. `in_flight` bounds
     the verify frames out at once (1: each frame waits for the reply to the one before)."""
+    session, lane, cached = lease.session, lease.lane, lease.cached
     stops = set() if req.ignore_eos else set(req.stop_tokens)
     limit = max(in_flight, 1) if draft is not None else 1
     tokens = [*req.prompt, *req.done]  # committed; the last one is in no KV yet
-    targets: list[Sampled] = []
+    targets = await pipeline.run(session, lane, cached, list(req.prefill[cached:]), req.sampling, kind=pb.PREFILL)
+    lease.held = tuple(tokens[: len(tokens) - 1])
     if req.done:  # resumed on a new route: the KV is rebuilt, and the next token was drawn already
-        await pipeline.run(session, lane, 0, tokens[:-1], req.sampling, kind=pb.PREFILL)
-    else:
-        targets = await pipeline.run(session, lane, 0, tokens, req.sampling, kind=pb.PREFILL)
+        targets = []
     acceptance = Acceptance() if draft is not None else None
     if acceptance is not None:
         yield acceptance  # with a draft, every token comes after a record that counts its window
@@ -87,6 +92,7 @@ async def generate(pipeline: Pipeline, session: int, lane: int, req: GenerationR
             if acceptance is not None and any(frame.drafts for frame in settled):
                 events.append(acceptance)  # before the tokens this reply produced
             events += _commit(targets, tokens, stops, req, acceptance)
+            lease.held = tuple(tokens[: len(tokens) - 1])
             if events and isinstance(events[-1], Finished):
                 for event in events:
                     yield event

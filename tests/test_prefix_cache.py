@@ -1,0 +1,152 @@
+"""The prefix cache (DESIGN.md §2): lane choice, and greedy output through `mesh serve` that is
+identical with and without it, with the reused tokens reported exactly.
+
+The real-model tests compare against a `--no-prefix-cache --no-draft` server on one stage:
+split output equals the unsplit model and speculative output equals no-draft output for
+SmolLM2 Q4_1 with flash attention on, whose kernels are batch-invariant (tests/test_mesh_e2e.py,
+tests/test_speculative.py), so any difference here is the cache's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from pathlib import Path
+
+import openai
+import pytest
+from mesh_server import mesh_serve, metric
+from toy_engine import ToyEngine
+
+from mesh.model_source import EMBEDDED_ID
+from mesh.prefix_cache import PrefixCache
+from mesh.tokenizer import Tokenizer
+from stage.core import StageCore
+from stage.lanes import LanePool, LanesExhaustedError
+
+TOKENS = 16
+
+
+def test_the_longest_match_wins_and_at_least_one_prompt_token_is_left_to_prefill():
+    cache = PrefixCache()
+    cache.keep(0, [1, 2, 3, 4, 5])
+    cache.keep(1, [1, 2, 9])
+    assert cache.choose([1, 2, 3, 7], free=[0, 1]) == 0
+    assert cache.match(0, [1, 2, 3, 7]) == 3
+    assert cache.match(0, [1, 2, 3]) == 2  # all cached: the last token is fed again for its logits
+    assert cache.match(1, [1, 2, 9, 9, 9]) == 3
+    assert cache.match(0, [8]) == 0
+
+
+def test_without_a_match_the_least_recently_used_lane_is_evicted():
+    cache = PrefixCache()
+    cache.keep(2, [5, 5])
+    cache.keep(0, [6, 6])
+    assert cache.choose([7, 7], free=[0, 1, 2]) == 1  # never used
+    assert cache.choose([7, 7], free=[0, 2]) == 2  # used before lane 0
+    cache.take(2)
+    assert cache.match(2, [5, 5, 5]) == 0  # taken: what it held is being replaced
+
+
+def test_a_stage_takes_exactly_the_lane_a_frame_names_or_refuses():
+    pool = LanePool(2)
+    assert pool.take(7, 1) == 1
+    assert pool.take(7, 1) == 1  # later frames of the session
+    with pytest.raises(ValueError, match="holds lane 1"):
+        pool.take(7, 0)
+    with pytest.raises(LanesExhaustedError, match="taken"):
+        pool.take(8, 1)
+    with pytest.raises(ValueError, match="out of range"):
+        pool.take(8, 2)  # from the network: checked before use
+    assert pool.release(7) == 1
+    assert pool.take(8, 1) == 1
+
+
+def test_an_end_cannot_keep_more_than_the_lane_holds():
+    core = StageCore(ToyEngine(first=True, final=True), 0)
+    with pytest.raises(ValueError, match="outside the lane's context"):
+        core.release(1, core.engine.ctx_per_lane + 1)
+
+
+# -- through mesh serve, SmolLM2 --------------------------------------------------------------
+
+STORY = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He polished the great "
+         "lens, trimmed the wick, and wrote the weather in a leather logbook that his grandmother had "
+         "started sixty years before. Ships passed far out on the grey water, and none of them knew his name.")
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_gguf: Path) -> dict[str, list[int]]:
+    tok = Tokenizer(smollm2_gguf, EMBEDDED_ID)
+    story = tok.tokenize(STORY, special=False)
+    ask = {name: tok.tokenize(f"{STORY}\n\nQuestion: {q}\nAnswer:", special=False) for name, q in
+           (("p", "What did the keeper write in the logbook?"), ("q", "Who started the logbook?"))}
+    return {"p": ask["p"], "q": ask["q"], "head": story[: len(story) // 2],
+            "x": tok.tokenize("A recipe for bread: flour, water, salt and", special=False),
+            "y": tok.tokenize("def fibonacci(n):\n    if n < 2:\n        return", special=False)}
+
+
+def _complete(url: str, prompt: list[int]) -> tuple[str, int]:
+    """Greedy text for a token-id prompt, and the prompt tokens the server says it reused."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    r = client.completions.create(model=EMBEDDED_ID, prompt=prompt, temperature=0, max_tokens=TOKENS)
+    assert r.usage is not None
+    assert r.usage.prompt_tokens_details is not None
+    return r.choices[0].text, r.usage.prompt_tokens_details.cached_tokens or 0
+
+
+@pytest.fixture(scope="module")
+def uncached(serve_cache: Path, prompts: dict[str, list[int]]) -> dict[str, str]:
+    """What every prompt gives without the cache (and without speculation), one stage."""
+    with mesh_serve(serve_cache, "--local-stages", "1", "--no-prefix-cache", "--no-draft") as (url, _):
+        texts = {}
+        for name, prompt in prompts.items():
+            texts[name], cached = _complete(url, prompt)
+            assert cached == 0
+        assert _complete(url, prompts["p"]) == (texts["p"], 0)  # off means off
+        return texts
+
+
+def _cached_server(cache: Path, stages: int) -> contextlib.AbstractContextManager[tuple[str, object]]:
+    # two lanes, so a third unrelated prompt evicts; the package's draft with windows in
+    # flight, so its KV and frames sent ahead are reused and trimmed too
+    return mesh_serve(cache, "--local-stages", str(stages), "--lanes", "2", "--windows-in-flight", "3")
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_cached_output_equals_uncached_and_the_reuse_is_reported(serve_cache, prompts, uncached, stages):
+    p, q, head = prompts["p"], prompts["q"], prompts["head"]
+    with _cached_server(serve_cache, stages) as (url, _):
+        assert _complete(url, p) == (uncached["p"], 0)  # a fresh server holds nothing
+        assert _complete(url, p) == (uncached["p"], len(p) - 1)  # all but the token whose logits start the reply
+        # another session shares the story and diverges at the question
+        assert _complete(url, q) == (uncached["q"], _common(p, q))
+        # the cached lane is longer than the prompt: every stage trims it in the middle
+        assert _complete(url, head) == (uncached["head"], len(head) - 1)
+        # eviction, two lanes: x takes the lane never used, y the one used longest ago (head's)
+        assert _complete(url, prompts["x"]) == (uncached["x"], 0)
+        assert _complete(url, prompts["y"]) == (uncached["y"], 0)
+        assert _complete(url, p) == (uncached["p"], 0)  # p is gone; x's lane is evicted now
+        cached = len(p) - 1 + _common(p, q) + len(head) - 1
+        assert metric(url, "meshpipe_prompt_tokens_cached_total") == cached
+        sent = 3 * len(p) + len(q) + len(head) + len(prompts["x"]) + len(prompts["y"])
+        assert metric(url, "meshpipe_prompt_tokens_prefilled_total") == sent - cached
+
+
+@pytest.mark.slow
+def test_concurrent_sessions_sharing_a_prefix_each_get_their_own_lane(serve_cache, prompts, uncached):
+    with _cached_server(serve_cache, 3) as (url, _):
+        _complete(url, prompts["p"])
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda name: (name, _complete(url, prompts[name])), ["p", "q"]))
+    assert [(name, text) for name, (text, _) in got] == [("p", uncached["p"]), ("q", uncached["q"])]
+    # one found the story in the cached lane; the other took the empty lane
+    assert sorted(cached > 0 for _, (_, cached) in got) == [False, True]
