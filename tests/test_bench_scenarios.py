@@ -8,7 +8,15 @@ import pytest
 
 from mesh.bench import multiturn, prompt_lookup
 from mesh.bench.client import StreamTiming
-from mesh.bench.multiturn import ChatRecord, chat_ctx, chat_table, opening, question, weather_log
+from mesh.bench.multiturn import (
+    ChatRecord,
+    chat_ctx,
+    chat_table,
+    first_difference,
+    opening,
+    question,
+    weather_log,
+)
 from mesh.bench.prompt_lookup import (
     COPY_FUNCTION,
     RENAME,
@@ -81,6 +89,16 @@ def test_chat_rows_report_cached_tokens_when_the_server_does_and_catch_a_changed
     rows = chat_table("chat", record)
     assert _by(rows, "turn 2 cached tokens").value == 990
     assert _by(rows, "greedy outputs identical, cache vs none (1 = yes)").value == 0.0
+    assert _by(rows, "first turn whose reply differs (0: none)").value == 2
+
+
+def test_the_first_difference_is_the_earliest_turn_in_any_repeat():
+    same = ["a"] * (2 * multiturn.TURNS)
+    assert first_difference({"cache": same, "no cache": same}) == 0
+    changed = [*same]
+    changed[multiturn.TURNS + 2] = "b"  # repeat 2, turn 3
+    changed[3] = "b"  # repeat 1, turn 4
+    assert first_difference({"cache": changed, "no cache": same}) == 3
 
 
 # -- ngram --------------------------------------------------------------------------------------

@@ -128,4 +128,13 @@ def chat_table(scenario: str, record: ChatRecord) -> list[Row]:
             rows.append(Row(scenario, f"turn {turn + 1} cached tokens", statistics.median(record.cached[turn]),
                             samples=[float(c) for c in record.cached[turn]]))
     same = record.replies["cache"] == record.replies["no cache"]
-    return [*rows, Row(scenario, "greedy outputs identical, cache vs none (1 = yes)", float(same), goal="1")]
+    return [*rows, Row(scenario, "greedy outputs identical, cache vs none (1 = yes)", float(same), goal="1"),
+            Row(scenario, "first turn whose reply differs (0: none)", first_difference(record.replies))]
+
+
+def first_difference(replies: dict[str, list[str]]) -> int:
+    """The turn (1 to TURNS) of the earliest reply the cache changed, in any repeat; every later
+    turn differs anyway, since its history does."""
+    turns = [i % TURNS + 1 for i, (a, b) in enumerate(zip(replies["cache"], replies["no cache"], strict=True))
+             if a != b]
+    return min(turns, default=0)
