@@ -38,8 +38,11 @@ class Speculative(BaseModel):
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
-    strategy: str | None = None  # auto | disabled | a package strategy name
+    strategy: str | None = None  # auto | disabled | ngram | ngram+draft | a package strategy name
     draft_model: str | None = None
+    # prompt lookup's n-gram lengths (checked once merged, as packages.speculative.NgramStrategy)
+    ngram_min: int | None = None
+    ngram_max: int | None = None
     # fixed | adaptive | cost-aware; a manifest's window_policy object calls it "default"
     window_policy: str | None = Field(default=None, serialization_alias="default")
     initial_window: int | None = None
@@ -51,7 +54,7 @@ class Speculative(BaseModel):
     def window_changes(self) -> dict[str, object]:
         """The window keys set at this level, named as WindowPolicy.overridden wants them."""
         return self.model_dump(by_alias=True, exclude_none=True,
-                               exclude={"strategy", "draft_model", "windows_in_flight"})
+                               exclude={"strategy", "draft_model", "windows_in_flight", "ngram_min", "ngram_max"})
 
 
 @dataclass(frozen=True)

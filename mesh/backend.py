@@ -9,7 +9,7 @@ A generation is a stream of frozen events, in the style of mlx-lm's `stream_gene
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, TypeAlias
 
 from config.errors import MeshpipeError
@@ -55,22 +55,29 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True)
 class Acceptance:
-    """The draft's record in one generation so far: verify windows, drafts proposed and accepted."""
+    """The draft's record in one generation so far: verify windows, drafts proposed and
+    accepted, in all and per proposer ("draft", "ngram"; mesh/speculative/proposer.py)."""
 
     windows: int = 0
     proposed: int = 0
     accepted: int = 0
+    by: tuple[tuple[str, Acceptance], ...] = ()  # per proposer, sorted by name; theirs are empty
 
-    def add(self, proposed: int, accepted: int) -> Acceptance:
-        """The record with one more window; a round that proposed nothing was a plain decode."""
+    def add(self, proposed: int, accepted: int, by: str) -> Acceptance:
+        """The record with one more window, proposed by `by`; a round that proposed nothing
+        was a plain decode."""
         if not proposed:
             return self
-        return Acceptance(self.windows + 1, self.proposed + proposed, self.accepted + accepted)
+        window = Acceptance(1, proposed, accepted)
+        return self.plus(replace(window, by=((by, window),)))
 
     def plus(self, other: Acceptance) -> Acceptance:
         """Both records as one: a resumed generation's, before the break and after."""
+        by = dict(self.by)
+        for name, record in other.by:
+            by[name] = by[name].plus(record) if name in by else record
         return Acceptance(self.windows + other.windows, self.proposed + other.proposed,
-                          self.accepted + other.accepted)
+                          self.accepted + other.accepted, tuple(sorted(by.items())))
 
     @property
     def accept_rate(self) -> float:

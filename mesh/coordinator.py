@@ -50,9 +50,11 @@ from mesh.route import (
     spawn_local_stage,
     teardown,
 )
-from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
-from mesh.speculative.loop import generate
+from mesh.speculative.draft import DRAFT, Draft, draft_path, vocab_mismatch
+from mesh.speculative.loop import Windows, generate
+from mesh.speculative.ngram import NGRAM, NgramProposer
 from mesh.speculative.plan import WINDOWS_IN_FLIGHT, SpecPlan
+from mesh.speculative.proposer import Combined, Proposer
 from mesh.speculative.window import Controller, controller_for
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
@@ -105,7 +107,8 @@ class Coordinator:
         self.last_error = ""
         self.spec, self.spec_note = spec, spec_note
         self.draft: Draft | None = None
-        self.shared_window: Controller | None = None
+        self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
+        self.shared_windows: dict[str, Controller] = {}
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
         self.status_checked = 0.0  # monotonic time of the last Status round
         self.recoveries = Recoveries()
@@ -123,9 +126,16 @@ class Coordinator:
             self.prefetching = asyncio.get_running_loop().create_task(self._prefetch_spares(self.route))
 
     async def _load_draft(self) -> None:
-        """Load the planned draft; on any problem serve on without speculation, loudly."""
+        """Load the planned draft; on any problem serve on without it, loudly: with prompt
+        lookup alone where the plan has it, else without speculation."""
         if self.spec is None:
             self.say(f"speculative: {self.spec_note}")
+            return
+        ngram = self.spec.ngram
+        lookup = NgramProposer(ngram.ngram_min, ngram.ngram_max) if ngram else None
+        if self.spec.draft_model is None:  # prompt lookup alone: no draft is loaded or downloaded
+            self.proposer = lookup
+            self.say(f"speculative: {self.spec.describe()}")
             return
         try:
             gguf = await asyncio.to_thread(draft_path, self.spec, self.package_dir)
@@ -140,9 +150,17 @@ class Coordinator:
             return self._no_speculation(f"draft {self.spec.draft_model} refused: {mismatch}")
         draft.start()
         self.draft = draft
+        self.proposer = Combined(lookup, draft) if lookup else draft
         self.say(f"speculative: {self.spec.describe()}")
 
     def _no_speculation(self, reason: str) -> None:
+        if self.spec is not None and self.spec.ngram is not None:  # prompt lookup needs no draft
+            ngram = self.spec.ngram
+            self.spec = replace(self.spec, draft_model=None, strategy=None, window=ngram.window)
+            self.proposer = NgramProposer(ngram.ngram_min, ngram.ngram_max)
+            log.warning("draft disabled: %s; serving with prompt lookup alone", reason)
+            self.say(f"WARNING: draft disabled: {reason}; speculative: {self.spec.describe()}")
+            return
         self.spec, self.spec_note = None, f"off: {reason}"
         log.warning("speculative decoding disabled: %s; serving without it", reason)
         self.say(f"WARNING: speculative decoding disabled: {reason}")
@@ -336,7 +354,7 @@ class Coordinator:
             raise RequestRejectedError(problem)
         async with self.admission:
             pipeline = self._live_pipeline()
-            session, draft = next(self.sessions), self.draft if self.spec is not None else None
+            session, draft = next(self.sessions), self.proposer if self.spec is not None else None
             done: list[int] = []  # the completion so far: a resumed run prefills it again
             lane: int | None = None
             carried = _Carried()
@@ -374,7 +392,7 @@ class Coordinator:
                     log.info("session %d: %s", session, _outcome(carried.finished or carried.acceptance))
 
     async def _attempt(self, pipeline: Pipeline, lease: Lease, req: GenerationRequest,
-                       draft: Draft | None, first: bool) -> AsyncGenerator[GenerationEvent, None]:
+                       draft: Proposer | None, first: bool) -> AsyncGenerator[GenerationEvent, None]:
         """One run of the generate loop on one route; the session ends there with it, and
         what every stage's KV holds of it stays in the lane (the prefix cache). The first
         run says how much of the prompt was cached; a resumed one prefills it again."""
@@ -402,16 +420,22 @@ class Coordinator:
         raise MeshUnavailableError(f"the route broke ({cause}) and no new one served within "
                                    f"{self.settings.resume_s:g}s: {self.last_error or 'still rebuilding'}")
 
-    def _window(self) -> Controller | None:
-        """A window controller for a new session. Cost-aware is shared by every session: step
-        and verify costs are the machine's, and short requests cannot learn them alone."""
+    def _window(self) -> Windows | None:
+        """Window controllers for a new session, one per proposer. Cost-aware is shared by
+        every session: step and verify costs are the machine's, and short requests cannot
+        learn them alone; the others follow the session's own acceptance."""
         if self.spec is None:
             return None
-        if self.spec.window.policy != "cost-aware":
-            return controller_for(self.spec.window)
-        if self.shared_window is None:
-            self.shared_window = controller_for(self.spec.window)
-        return self.shared_window
+        policies = {NGRAM: self.spec.ngram.window} if self.spec.ngram else {}
+        if self.spec.draft_model is not None:
+            policies[DRAFT] = self.spec.window
+        windows = {}
+        for name, policy in policies.items():
+            if policy.policy != "cost-aware":
+                windows[name] = controller_for(policy)
+            else:
+                windows[name] = self.shared_windows.setdefault(name, controller_for(policy))
+        return windows
 
     def _live_pipeline(self) -> Pipeline:
         p = self.pipeline

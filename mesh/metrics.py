@@ -33,6 +33,11 @@ class Metrics:
                                      registry=r)
         self.spec_accepted = Counter("meshpipe_speculative_accepted_tokens", "draft tokens accepted",
                                      registry=r)
+        # the same by proposer ("draft", "ngram"); the totals above keep their unlabelled names
+        self.proposer_proposed = Counter("meshpipe_speculative_proposer_proposed_tokens",
+                                         "draft tokens proposed, by proposer", ["proposer"], registry=r)
+        self.proposer_accepted = Counter("meshpipe_speculative_proposer_accepted_tokens",
+                                         "draft tokens accepted, by proposer", ["proposer"], registry=r)
 
     def record_prompt(self, tokens: int, cached: int) -> None:
         self.prompt_tokens.inc(tokens)
@@ -40,10 +45,14 @@ class Metrics:
         self.prompt_prefilled.inc(tokens - cached)
 
     def record_speculative(self, spec: Acceptance | None) -> None:
-        if spec is not None:
-            self.spec_windows.inc(spec.windows)
-            self.spec_proposed.inc(spec.proposed)
-            self.spec_accepted.inc(spec.accepted)
+        if spec is None:
+            return
+        self.spec_windows.inc(spec.windows)
+        self.spec_proposed.inc(spec.proposed)
+        self.spec_accepted.inc(spec.accepted)
+        for name, record in spec.by:
+            self.proposer_proposed.labels(name).inc(record.proposed)
+            self.proposer_accepted.labels(name).inc(record.accepted)
 
     def watch_recoveries(self, recoveries: Recoveries) -> None:
         """Export route recoveries: how many, how long breaks went unnoticed and took to heal."""

@@ -34,7 +34,7 @@ from packages.errors import PackageError
 from packages.integrity import sha256_bytes, verify_file
 from packages.manifest import MANIFEST_NAME, Artifact, Manifest, load_manifest
 from packages.refs import HubRef, QuantRef, parse_draft_ref
-from packages.speculative import declared
+from packages.speculative import DraftStrategy, declared
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -107,7 +107,7 @@ def _prefetch_drafts(pkg: HubPackage, local_only: bool) -> None:
         strategies = declared(pkg.manifest.generation)[1].values()
     except PackageError:
         return
-    for path in {s.draft_model for s in strategies if s.in_package}:
+    for path in {s.draft_model for s in strategies if isinstance(s, DraftStrategy) and s.in_package}:
         with contextlib.suppress(PackageError):
             download(pkg.ref, path, local_only)
 

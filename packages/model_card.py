@@ -7,7 +7,7 @@ from typing import Any
 
 from packages.describe import human_bytes
 from packages.manifest import Manifest
-from packages.speculative import declared
+from packages.speculative import DraftStrategy, declared
 
 CARD_NAME = "README.md"
 
@@ -82,8 +82,12 @@ def _speculative(generation: Mapping[str, Any]) -> str:
     lines = []
     for s in strategies.values():
         mark = " (default)" if s.name == default else ""
-        where = "shipped in the package" if s.in_package else "resolved from the Hub"
         w = s.window
-        lines.append(f"- `{s.name}`{mark}: draft model `{s.draft_model}` ({where}), {w.policy} window "
+        if isinstance(s, DraftStrategy):
+            where = "shipped in the package" if s.in_package else "resolved from the Hub"
+            what = f"draft model `{s.draft_model}` ({where})"
+        else:
+            what = f"prompt lookup, {s.ngram_min}- to {s.ngram_max}-token matches"
+        lines.append(f"- `{s.name}`{mark}: {what}, {w.policy} window "
                      f"starting at {w.initial} tokens, between {w.min} and {w.max}")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from packages.hub import HUB_ERRORS, transport_errors
 from packages.manifest import MANIFEST_NAME, Manifest
 from packages.model_card import CARD_NAME, model_card
 from packages.refs import SCHEME, HubRef, parse_package_ref
-from packages.speculative import declared
+from packages.speculative import DraftStrategy, declared
 from packages.validate import validate_package
 
 Say = Callable[[str], None]
@@ -162,5 +162,6 @@ def _check_branch(repo_id: str, revision: str | None) -> None:
 
 def _bundled_drafts(manifest: Manifest, package_dir: Path) -> list[PlannedFile]:
     """Draft GGUFs shipped inside the package (validate_package has checked their sha256)."""
-    drafts = {s.draft_model: s for s in declared(manifest.generation)[1].values() if s.in_package}
+    drafts = {s.draft_model: s for s in declared(manifest.generation)[1].values()
+              if isinstance(s, DraftStrategy) and s.in_package}
     return [PlannedFile(path, s.draft_bytes or 0, package_dir / path) for path, s in drafts.items()]

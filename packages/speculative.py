@@ -1,4 +1,5 @@
-"""The speculative-decoding types, defined once: `WindowPolicy` and `DraftStrategy` (DESIGN.md §5, §6).
+"""The speculative-decoding types, defined once: `WindowPolicy`, `DraftStrategy` and
+`NgramStrategy` (DESIGN.md §5, §6).
 
 The package manifest (`generation.speculative_decoding`), the TOML config (whose
 `[models.speculative]` keys are a partial `WindowPolicy`, config/settings.py) and the
@@ -13,7 +14,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar, get_args
+from typing import Any, Literal, Self, TypeAlias, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -23,6 +24,7 @@ from packages.integrity import atomic_file, sha256_file, verify_file
 Policy = Literal["fixed", "adaptive", "cost-aware"]
 WINDOW_POLICIES: tuple[str, ...] = get_args(Policy)
 MAX_WINDOW = 64  # the largest window any policy may propose
+MAX_NGRAM = 32  # the longest suffix prompt lookup may match
 
 # Frozen and strict (no "8" for 8), unknown keys refused. Both names construct from code;
 # parse() reads serialized documents by their aliases alone.
@@ -81,7 +83,7 @@ class DraftStrategy(BaseModel):
     model_config = _STRICT
 
     name: str = Field(exclude=True)  # its key under `strategies`, not a field of the entry
-    type: Literal["draft-model"]  # required: other strategy types are planned (issue 16)
+    type: Literal["draft-model"]  # required: it tells the strategy types apart
     draft_model: str  # a path inside the package, an hf:// ref, or org/repo:QUANT
     window: WindowPolicy = Field(default_factory=WindowPolicy, validation_alias="window_policy",
                                  serialization_alias="window_policy")
@@ -118,6 +120,48 @@ class DraftStrategy(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
+def ngram_window() -> WindowPolicy:
+    """Prompt lookup's default window: adaptive from 2, up to 16. Its matches are right
+    whole or not at all: a copy grows the window by one per full accept, a spurious match
+    shrinks it, and a round with no match is a plain decode. Chosen by replaying greedy
+    SmolLM2 output through the matcher with this CPU's verify costs (DESIGN.md §6)."""
+    return WindowPolicy(policy="adaptive", initial=2, min=1, max=16)
+
+
+class NgramStrategy(BaseModel):
+    """Prompt lookup (DESIGN.md §6): the tokens that followed the most recent earlier
+    occurrence of the sequence's last n tokens, n from ngram_max down to ngram_min."""
+
+    model_config = _STRICT
+
+    name: str = Field(exclude=True)
+    type: Literal["ngram"]
+    # 3..5: in replayed SmolLM2 output, 2-token matches were wrong often enough to cost
+    # novel text time, and 3 kept nearly every copy (DESIGN.md §6)
+    ngram_min: int = 3
+    ngram_max: int = 5
+    window: WindowPolicy = Field(default_factory=ngram_window, validation_alias="window_policy",
+                                 serialization_alias="window_policy")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> Self:
+        if not 1 <= self.ngram_min <= self.ngram_max <= MAX_NGRAM:
+            raise ValueError(f"n-gram lengths need 1 <= ngram_min ({self.ngram_min}) <= ngram_max "
+                             f"({self.ngram_max}) <= {MAX_NGRAM}")
+        return self
+
+    @property
+    def in_package(self) -> bool:
+        return False  # no model file: nothing inside the package to verify or publish
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+Strategy: TypeAlias = DraftStrategy | NgramStrategy
+STRATEGY_TYPES = ("draft-model", "ngram")
+
+
 def parse(model: type[_Model], data: object) -> _Model:
     """`data` read by its serialized names alone, as a manifest or a config level is."""
     return model.model_validate(data, by_alias=True, by_name=False)
@@ -140,7 +184,7 @@ def problem(exc: ValidationError) -> tuple[str, str]:
     return ".".join(str(part) for part in error["loc"]), message
 
 
-def declared(generation: Mapping[str, Any]) -> tuple[str | None, dict[str, DraftStrategy]]:
+def declared(generation: Mapping[str, Any]) -> tuple[str | None, dict[str, Strategy]]:
     """(default strategy name, strategies); PackageError names the bad field."""
     block = generation.get("speculative_decoding")
     if block is None:
@@ -158,20 +202,29 @@ def declared(generation: Mapping[str, Any]) -> tuple[str | None, dict[str, Draft
     return default, strategies
 
 
-def _strategy(where: str, name: str, body: Any) -> DraftStrategy:
+def _strategy(where: str, name: str, body: Any) -> Strategy:
     if not isinstance(body, dict):
         raise PackageError(f"{where} must be an object")
     if "name" in body:  # the name is the entry's key; a field of that name is not in the schema
         raise PackageError(f"{where}.name: unknown field")
+    kind = body.get("type")
+    if "type" not in body:
+        raise PackageError(f"{where}.type: required")
+    if kind not in STRATEGY_TYPES:  # before the fields: each type has its own
+        raise PackageError(f"{where}.type: must be one of {', '.join(STRATEGY_TYPES)}, not {kind!r}")
     try:
+        if kind == "ngram":
+            return parse(NgramStrategy, body | {"name": name})
         return parse(DraftStrategy, body | {"name": name})
     except ValidationError as exc:
         path, message = problem(exc)
         raise PackageError(f"{where}{'.' if path else ''}{path}: {message}") from None
 
 
-def verify_draft(package_dir: Path, strategy: DraftStrategy) -> Path:
+def verify_draft(package_dir: Path, strategy: Strategy) -> Path:
     """The draft's path inside the package, checked against its sha256."""
+    if not isinstance(strategy, DraftStrategy):
+        raise PackageError(f"strategy {strategy.name!r} has no draft model inside the package")
     assert strategy.in_package
     assert strategy.draft_sha256
     assert strategy.draft_bytes is not None
@@ -189,5 +242,7 @@ def bundle_draft(gguf: Path, package_dir: Path, name: str, window: WindowPolicy)
                          draft_sha256=sha256_file(package_dir / rel), draft_bytes=(package_dir / rel).stat().st_size)
 
 
-def block_for(strategy: DraftStrategy) -> dict[str, Any]:
-    return {"speculative_decoding": {"default": strategy.name, "strategies": {strategy.name: strategy.to_json()}}}
+def block_for(strategy: Strategy, *more: Strategy) -> dict[str, Any]:
+    """The manifest's `generation` block declaring these strategies, the first the default."""
+    strategies = {s.name: s.to_json() for s in (strategy, *more)}
+    return {"speculative_decoding": {"default": strategy.name, "strategies": strategies}}

@@ -74,3 +74,27 @@ def chat_prompt(gguf: Path, text: str) -> list[int]:
     }
     template = arch_turns["gemma3" if "gemma" in gguf.name else "llama"]
     return llm.tokenize(template.format(t=text).encode(), add_bos="gemma" in gguf.name, special=True)
+
+
+# A function to copy back with one change: most of the answer is in the prompt, so prompt
+# lookup's windows are accepted (SmolLM2 copies most of it, then drifts).
+FUNCTION = '''def summarize_orders(orders, tax_rate, discounts):
+    total = 0.0
+    count = 0
+    largest = None
+    for order in orders:
+        if order.get("cancelled"):
+            continue
+        amount = order["price"] * order["quantity"]
+        code = order.get("discount_code")
+        if code in discounts:
+            amount = amount * (1 - discounts[code])
+        amount = amount * (1 + tax_rate)
+        total += amount
+        count += 1
+        if largest is None or amount > largest:
+            largest = amount
+    average = total / count if count else 0.0
+    return {"total": round(total, 2), "count": count, "average": round(average, 2), "largest": largest}
+'''
+COPY_HEAVY = f"Add a docstring to this function and return the whole function.\n\n```python\n{FUNCTION}```"

@@ -57,7 +57,7 @@ class FakeBackend:
                     yield Finished("stop", len(req.prompt), made, acceptance)
                     return
                 if acceptance is not None:
-                    acceptance = acceptance.add(self.window, 1)
+                    acceptance = acceptance.add(self.window, 1, "draft")
                     yield acceptance
                 made += 1
                 yield self._sampled(token, req)

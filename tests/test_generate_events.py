@@ -19,6 +19,7 @@ from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationReques
 from mesh.metrics import Metrics
 from mesh.pipeline import Lease, Pending
 from mesh.speculative.loop import generate
+from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, WindowPolicy
 
 PROMPT = [1, 2, 3]
@@ -63,9 +64,9 @@ class ScriptedPipeline:
 
 
 class ScriptedDraft:
-    """Proposes the target's next tokens, except where `wrong` says to miss."""
+    """Proposes the target's next tokens, except where `wrong` says to miss: a `Proposer`."""
 
-    step_seconds = 0.001
+    names: tuple[str, ...] = ("draft",)
 
     def __init__(self, target: list[int], wrong: bool = False, misses: frozenset[int] = frozenset()) -> None:
         self.target, self.wrong, self.misses = target, wrong, misses  # misses: completion indices it gets wrong
@@ -74,6 +75,17 @@ class ScriptedDraft:
         done = len(sequence) - len(PROMPT)
         return [t + 1000 if self.wrong or done + i in self.misses else t
                 for i, t in enumerate(self.target[done:done + k])]
+
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
+        return Proposal(await self.propose(lane, sequence, budget("draft")), "draft", 0.001)
+
+    def forget(self, lane: int) -> None:
+        pass
+
+
+def _drafted(windows: int, proposed: int, accepted: int) -> Acceptance:
+    """The record of windows all proposed by the draft model."""
+    return Acceptance(windows, proposed, accepted, (("draft", Acceptance(windows, proposed, accepted)),))
 
 
 def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | None = None,
@@ -105,23 +117,23 @@ def test_with_a_draft_each_window_record_comes_before_its_tokens():
     events = _events(7, draft=ScriptedDraft(TARGET))
     # prefill gives one token; each window of 2 accepts both drafts plus the target's next
     assert events == [Acceptance(), Sampled(10),
-                      Acceptance(1, 2, 2), Sampled(11), Sampled(12), Sampled(13),
-                      Acceptance(2, 4, 4), Sampled(14), Sampled(15), Sampled(16),
-                      Finished("length", 3, 7, Acceptance(2, 4, 4))]
+                      _drafted(1, 2, 2), Sampled(11), Sampled(12), Sampled(13),
+                      _drafted(2, 4, 4), Sampled(14), Sampled(15), Sampled(16),
+                      Finished("length", 3, 7, _drafted(2, 4, 4))]
 
 
 def test_a_draft_that_always_misses_gives_one_token_per_window():
     events = _events(4, draft=ScriptedDraft(TARGET, wrong=True))
     assert [e.token for e in events if isinstance(e, Sampled)] == TARGET[:4]
     # the windows shrink with the budget left: 2, then 1, then a plain decode for the last token
-    assert events[-1] == Finished("length", 3, 4, Acceptance(2, 3, 0))
+    assert events[-1] == Finished("length", 3, 4, _drafted(2, 3, 0))
 
 
 def test_a_stop_token_inside_an_accepted_window_ends_it_there():
     target = [10, 11, 12, EOS, 14, 15]
     events = _events(8, target=target, draft=ScriptedDraft(target), stop=frozenset({EOS}))
     assert [e.token for e in events if isinstance(e, Sampled)] == [10, 11, 12]
-    assert events[-1] == Finished("stop", 3, 3, Acceptance(1, 2, 2))
+    assert events[-1] == Finished("stop", 3, 3, _drafted(1, 2, 2))
 
 
 LONG = list(range(10, 50))
@@ -210,12 +222,14 @@ def test_without_a_draft_nothing_is_sent_ahead():
 
 
 def test_acceptance_is_frozen_and_counts_only_rounds_that_proposed():
-    a = Acceptance().add(0, 0)
+    a = Acceptance().add(0, 0, "draft")
     assert a == Acceptance()
     assert (a.accept_rate, a.mean_window) == (0.0, 0.0)
-    a = a.add(4, 3).add(0, 0).add(2, 0)
-    assert a == Acceptance(2, 6, 3)
-    assert a.accept_rate == 0.5
+    a = a.add(4, 3, "ngram").add(0, 0, "draft").add(2, 0, "draft").add(3, 1, "draft")
+    assert (a.windows, a.proposed, a.accepted) == (3, 9, 4)
+    assert a.by == (("draft", Acceptance(2, 5, 1)), ("ngram", Acceptance(1, 4, 3)))
+    assert a.plus(a).by == (("draft", Acceptance(4, 10, 2)), ("ngram", Acceptance(2, 8, 6)))  # a resume
+    assert a.accept_rate == 4 / 9
     assert a.mean_window == 3.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.windows = 0  # type: ignore[misc]  # on purpose: the assignment must be refused
@@ -234,7 +248,8 @@ def test_usage_from_finished_has_todays_keys_and_rounding():
 
 
 HI = [{"role": "user", "content": "hi"}]
-SPEC = {"windows": 11, "proposed": 33, "accepted": 11, "accept_rate": 0.3333, "mean_window": 3.0}
+SPEC = {"windows": 11, "proposed": 33, "accepted": 11, "accept_rate": 0.3333, "mean_window": 3.0,
+        "by_proposer": {"draft": {"windows": 11, "proposed": 33, "accepted": 11, "accept_rate": 0.3333}}}
 
 
 @pytest.fixture
@@ -252,6 +267,7 @@ def test_a_body_reports_speculative_usage_from_finished(draft_backend: FakeBacke
                              "prompt_tokens_details": {"cached_tokens": 0},
                              "speculative": SPEC}
     assert "meshpipe_speculative_proposed_tokens_total 33.0" in metrics
+    assert 'meshpipe_speculative_proposer_accepted_tokens_total{proposer="draft"} 11.0' in metrics
 
 
 def test_the_stream_usage_chunk_reports_speculative_usage(draft_backend: FakeBackend):
@@ -265,7 +281,8 @@ def test_the_stream_usage_chunk_reports_speculative_usage(draft_backend: FakeBac
     assert usage["object"] == "text_completion"
     assert usage["usage"]["completion_tokens"] == 4
     assert usage["usage"]["speculative"] == {"windows": 4, "proposed": 12, "accepted": 4, "accept_rate": 0.3333,
-                                             "mean_window": 3.0}
+                                             "mean_window": 3.0, "by_proposer": {"draft": {
+                                                 "windows": 4, "proposed": 12, "accepted": 4, "accept_rate": 0.3333}}}
 
 
 def test_a_stop_string_reports_what_was_generated_before_it(draft_backend: FakeBackend):

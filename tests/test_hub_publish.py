@@ -17,7 +17,7 @@ from mesh_server import free_port
 from packages.errors import PackageError
 from packages.manifest import MANIFEST_NAME, load_manifest
 from packages.publish import plan_publish, publish
-from packages.speculative import declared
+from packages.speculative import DraftStrategy, declared
 from packages.writer import write_package
 
 pytestmark = pytest.mark.slow
@@ -130,6 +130,7 @@ def test_speculative_strategy_and_its_bundled_draft_are_published(api, fake_hub,
     manifest, _ = load_manifest(package)
     _, strategies = declared(manifest.generation)
     draft = strategies["spec-draft"]
+    assert isinstance(draft, DraftStrategy)
     publish(plan_publish(package, "org/spec"), api=api)
     head = fake_hub.commits("org/spec")[-1]
     assert _sha256(head.tree[draft.draft_model].data) == draft.draft_sha256  # the draft travels along

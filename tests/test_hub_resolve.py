@@ -24,7 +24,7 @@ from packages import hub
 from packages.errors import PackageError
 from packages.manifest import MANIFEST_NAME, load_manifest
 from packages.refs import HubRef, parse_hub_ref
-from packages.speculative import declared, verify_draft
+from packages.speculative import DraftStrategy, declared, verify_draft
 from packages.writer import write_package
 from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
 
@@ -130,6 +130,7 @@ def test_the_coordinator_also_fetches_a_bundled_draft(hf_offline, tiny_gguf, tmp
     package = tmp_path / "pkg"
     write_package(tiny_gguf, package, model_id="spec", progress=lambda _: None, draft=str(tiny_gguf))
     draft = declared(load_manifest(package)[0].generation)[1]["spec-draft"]
+    assert isinstance(draft, DraftStrategy)
     files = package_files(package)
     cache_package(hf_offline, "org/spec", package)  # the layers but not the draft...
     pkg = hub.fetch_package(parse_hub_ref("hf://org/spec"))  # ...which only costs speculation

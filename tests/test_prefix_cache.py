@@ -9,7 +9,6 @@ tests/test_speculative.py), so any difference here is the cache's.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 from pathlib import Path
 
@@ -143,10 +142,20 @@ def test_cached_output_equals_uncached_and_the_reuse_is_reported(serve_cache, pr
 
 @pytest.mark.slow
 def test_concurrent_sessions_sharing_a_prefix_each_get_their_own_lane(serve_cache, prompts, uncached):
+    p = prompts["p"]
     with _cached_server(serve_cache, 3) as (url, _):
-        _complete(url, prompts["p"])
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda name: (name, _complete(url, prompts[name])), ["p", "q"]))
-    assert [(name, text) for name, (text, _) in got] == [("p", uncached["p"]), ("q", uncached["q"])]
-    # one found the story in the cached lane; the other took the empty lane
-    assert sorted(cached > 0 for _, (_, cached) in got) == [False, True]
+        _complete(url, p)  # a lane holds the story now
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        # p takes that lane again and holds it for seconds (no EOS, many tokens) ...
+        stream = client.completions.create(model=EMBEDDED_ID, prompt=p, temperature=0, max_tokens=160, stream=True,
+                                           stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        chunks = iter(stream)
+        first = next(chunks)
+        # ... while q, which shares the story, is served on the other lane, from scratch
+        assert _complete(url, prompts["q"]) == (uncached["q"], 0)
+        rest = list(chunks)
+    assert "".join(c.choices[0].text for c in [first, *rest] if c.choices).startswith(uncached["p"])
+    usage = rest[-1].usage
+    assert usage is not None
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == len(p) - 1

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
 from pydantic import ValidationError
 
-from config.settings import Config, ConfigError, ModelEntry, Speculative, parse_config
+from config.settings import Config, ConfigError, ModelEntry, Speculative, UsageError, parse_config
+from mesh.cli.serve import _cli_speculative
 from mesh.coordinator import windows_in_flight
-from mesh.speculative.plan import WINDOWS_IN_FLIGHT, resolve_plan
+from mesh.speculative.plan import WINDOWS_IN_FLIGHT, NgramPlan, resolve_plan
+from packages.errors import PackageError
 from packages.manifest import load_manifest
-from packages.speculative import DraftStrategy, WindowPolicy, block_for
+from packages.speculative import DraftStrategy, NgramStrategy, WindowPolicy, block_for, declared, ngram_window
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +133,108 @@ def test_config_parses_the_documented_example():
     assert config.defaults.max_window == 8
     assert config.model({"hf://org/m@abc"}) is not None
     assert config.model({"x"}) is None
+
+
+def test_ngram_is_built_in_and_loads_no_draft(manifest, tiny_package):
+    bare, _ = load_manifest(tiny_package)
+    for m in (manifest, bare):  # with a package draft and without any strategy
+        plan, _ = resolve_plan(Speculative(strategy="ngram"), False, Config(), NAMES, m)
+        assert plan is not None
+        assert plan.draft_model is None  # nothing to load or download
+        assert plan.ngram == NgramPlan(3, 5, ngram_window(), "built-in")
+        assert plan.window == ngram_window()
+        assert plan.describe() == "ngram 3-5 (built-in), adaptive 2 [1,16], windows in flight: auto"
+    config = Config(defaults=Speculative(draft_model="org/other:Q8_0", ngram_max=8, max_window=32))
+    plan, _ = resolve_plan(Speculative(strategy="ngram"), False, config, NAMES, manifest)
+    assert plan
+    assert plan.draft_model is None  # a configured draft is for draft-model strategies and ngram+draft
+    assert plan.ngram is not None
+    assert (plan.ngram.ngram_min, plan.ngram.ngram_max, plan.ngram.window.max) == (3, 8, 32)
+
+
+def test_ngram_plus_draft_takes_the_draft_the_plan_would_otherwise_use(manifest, tiny_package):
+    plan, _ = resolve_plan(Speculative(strategy="ngram+draft"), False, Config(), NAMES, manifest)
+    assert plan
+    assert plan.draft_model == "org/draft:Q4_0"
+    assert plan.window == WindowPolicy(policy="adaptive", initial=4, min=1, max=16)  # the draft's own
+    assert plan.ngram is not None
+    assert plan.describe() == ("ngram 3-5 (built-in), adaptive 2 [1,16], then draft pkg-draft (package default), "
+                               "windows in flight: auto, adaptive 4 [1,16]")
+    config = Config(models=(ModelEntry("tiny", Speculative(strategy="ngram+draft", draft_model="/d.gguf")),))
+    plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
+    assert plan
+    assert (plan.draft_model, plan.source) == ("/d.gguf", "config [[models]]")
+    bare, _ = load_manifest(tiny_package)
+    with pytest.raises(ConfigError, match=r"'ngram\+draft' \(CLI\) needs a draft model"):
+        resolve_plan(Speculative(strategy="ngram+draft"), False, Config(), NAMES, bare)
+    assert resolve_plan(Speculative(strategy="ngram+draft"), True, Config(), NAMES, manifest) == \
+        (None, "off (--no-draft)")
+
+
+def test_a_package_ngram_strategy_is_used_by_auto_by_name_and_by_ngram(tiny_package):
+    bare, _ = load_manifest(tiny_package)
+    lookup = NgramStrategy(name="lookup", type="ngram", ngram_min=2, ngram_max=6,
+                           window=WindowPolicy(policy="cost-aware", initial=8, min=1, max=24))
+    draft = DraftStrategy(name="pkg-draft", type="draft-model", draft_model="org/draft:Q4_0")
+    m = dataclasses.replace(bare, generation=block_for(lookup, draft))
+    for name in ("auto", "lookup", "ngram"):
+        plan, _ = resolve_plan(Speculative(strategy=name), False, Config(), NAMES, m)
+        assert plan
+        assert plan.draft_model is None
+        assert plan.ngram == NgramPlan(2, 6, lookup.window, "package strategy lookup")
+    plan, _ = resolve_plan(Speculative(strategy="pkg-draft"), False, Config(), NAMES, m)
+    assert plan
+    assert (plan.draft_model, plan.ngram) == ("org/draft:Q4_0", None)
+    plan, _ = resolve_plan(Speculative(strategy="ngram+draft", ngram_min=4), False, Config(), NAMES, m)
+    assert plan
+    assert plan.ngram == NgramPlan(4, 6, lookup.window, "package strategy lookup")
+    assert plan.draft_model == "org/draft:Q4_0"
+
+
+def test_bad_ngram_settings_are_clear_errors(manifest):
+    with pytest.raises(ConfigError, match=r"n-gram lengths: .*ngram_min \(6\) <= ngram_max \(5\)"):
+        resolve_plan(Speculative(strategy="ngram", ngram_min=6), False, Config(), NAMES, manifest)
+    with pytest.raises(ConfigError, match=r"1 <= ngram_min \(0\)"):
+        resolve_plan(Speculative(strategy="ngram", ngram_min=0), False, Config(), NAMES, manifest)
+    with pytest.raises(ConfigError, match=r"speculative window: .*initial_window \(2\) <= max_window \(1\)"):
+        resolve_plan(Speculative(strategy="ngram", max_window=1), False, Config(), NAMES, manifest)
+    with pytest.raises(ConfigError, match=r"'ngram2'.*built in: auto, disabled, ngram, ngram\+draft"):
+        resolve_plan(Speculative(strategy="ngram2"), False, Config(), NAMES, manifest)
+    with pytest.raises(ConfigError, match=r"defaults.speculative.ngram_max: expected int, got '4'"):
+        parse_config({"defaults": {"speculative": {"strategy": "ngram", "ngram_max": "4"}}})
+    level = parse_config({"models": [{"model": "x", "speculative": {"strategy": "ngram", "ngram_min": 2,
+                                                                     "ngram_max": 4}}]}).models[0].speculative
+    assert (level.strategy, level.ngram_min, level.ngram_max) == ("ngram", 2, 4)
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"type": "ngram", "ngram_min": 5, "ngram_max": 3}, r"s: n-gram lengths need 1 <= ngram_min \(5\) <= ngram_max"),
+    ({"type": "ngram", "ngram_max": 40}, r"s: n-gram lengths need .* <= 32"),
+    ({"type": "ngram", "ngram_min": "2"}, "s.ngram_min: expected int, got '2'"),
+    ({"type": "ngram", "draft_model": "org/d:Q4_0"}, "s.draft_model: unknown field"),
+    ({"type": "ngram", "window_policy": {"default": "greedy"}}, "s.window_policy.default: window policy must be"),
+    ({"type": "lookup"}, "s.type: must be one of draft-model, ngram, not 'lookup'"),
+])
+def test_bad_manifest_ngram_strategies_name_the_field(entry, message):
+    with pytest.raises(PackageError, match=message):
+        declared({"speculative_decoding": {"default": "s", "strategies": {"s": entry}}})
+
+
+def test_a_manifest_ngram_strategy_round_trips():
+    body = {"type": "ngram", "ngram_min": 2, "ngram_max": 4,
+            "window_policy": {"default": "fixed", "initial_window": 6, "min_window": 1, "max_window": 6}}
+    default, strategies = declared({"speculative_decoding": {"default": "s", "strategies": {"s": body}}})
+    assert default == "s"
+    s = strategies["s"]
+    assert isinstance(s, NgramStrategy)
+    assert s.to_json() == body
+    assert not s.in_package
+
+
+def test_serve_flags_strategy_and_its_conflicts():
+    flags = argparse.Namespace(draft=None, draft_window=None, windows_in_flight=None, strategy="ngram+draft")
+    assert _cli_speculative(flags).strategy == "ngram+draft"
+    for strategy in ("ngram", "disabled"):
+        flags = argparse.Namespace(draft="/d.gguf", draft_window=None, windows_in_flight=None, strategy=strategy)
+        with pytest.raises(UsageError, match=f"--draft with --strategy {strategy} loads no draft"):
+            _cli_speculative(flags)

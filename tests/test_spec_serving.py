@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import subprocess
 import sys
 
 import httpx
 import openai
 import pytest
-from mesh_server import mesh_serve
+from chain import COPY_HEAVY
+from mesh_server import mesh_serve, metric
 
 from mesh.bench.run import PROMPTS
 from mesh.model_source import EMBEDDED_ID
@@ -132,3 +134,51 @@ def test_unknown_config_key_is_an_error_naming_its_path(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "models[0].speculative.max_windw: unknown key" in done.stderr
+
+
+def _copy(url: str) -> tuple[str, dict]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model=EMBEDDED_ID, messages=[{"role": "user", "content": COPY_HEAVY}],
+                                       max_tokens=64, temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage is not None
+    return r.choices[0].message.content or "", r.usage.model_dump()
+
+
+@pytest.fixture(scope="module")
+def no_draft_copy(serve_cache) -> str:
+    with mesh_serve(serve_cache, "--no-draft") as (url, _):
+        return _copy(url)[0]
+
+
+def test_strategy_ngram_serves_plain_output_and_usage_says_prompt_lookup_did_it(serve_cache, no_draft_copy):
+    # lossless: SmolLM2 Q4_1 with flash attention is batch-invariant (README, "Numerics")
+    with mesh_serve(serve_cache, "--strategy", "ngram", "--local-stages", "2") as (url, _):
+        assert httpx.get(f"{url}/health").json()["speculative"] == \
+            "ngram 3-5 (built-in), adaptive 2 [1,16], windows in flight: auto"
+        text, usage = _copy(url)
+        assert text == no_draft_copy
+        spec = usage["speculative"]
+        assert set(spec["by_proposer"]) == {"ngram"}
+        assert spec["by_proposer"]["ngram"]["accepted"] == spec["accepted"] > 0
+        assert metric(url, 'meshpipe_speculative_proposer_accepted_tokens_total{proposer="ngram"}') == \
+            spec["accepted"]
+
+
+def test_strategy_ngram_plus_draft_names_both_and_serves_plain_output(serve_cache, no_draft_copy):
+    with mesh_serve(serve_cache, "--strategy", "ngram+draft", "--draft-window", "3") as (url, _):
+        note = httpx.get(f"{url}/health").json()["speculative"]
+        assert note.startswith("ngram 3-5 (built-in), fixed 3, then draft ")
+        text, usage = _copy(url)
+        assert text == no_draft_copy
+        by = usage["speculative"]["by_proposer"]
+        assert by["ngram"]["accepted"] > 0
+        assert sum(p["proposed"] for p in by.values()) == usage["speculative"]["proposed"]
+
+
+def test_an_unknown_strategy_is_an_error_naming_the_built_in_ones(serve_cache):
+    done = subprocess.run([sys.executable, "-m", "mesh.cli", "serve", "--strategy", "lookahead"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MESHPIPE_CACHE": str(serve_cache)})
+    assert done.returncode == 2
+    assert "'lookahead' (CLI) is not declared by the package" in done.stderr
+    assert "built in: auto, disabled, ngram, ngram+draft" in done.stderr

@@ -15,17 +15,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from chain import chat_prompt
+from chain import COPY_HEAVY, chat_prompt
 
 from mesh.backend import Acceptance, Finished, GenerationRequest, Sampled
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.loop import generate
+from mesh.speculative.ngram import NGRAM, NgramProposer
+from mesh.speculative.proposer import Combined
 from mesh.speculative.window import Adaptive, CostAware, controller_for
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
 from packages.requantize import requantize
-from packages.speculative import WindowPolicy
+from packages.speculative import WindowPolicy, ngram_window
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
@@ -568,5 +570,62 @@ def test_windows_in_flight_sample_what_plain_decoding_samples_with_penalties(smo
             assert isinstance(done, Finished)
             assert done.speculative is not None
             assert done.speculative.accepted > 0
+
+    asyncio.run(scenario())
+
+
+
+
+@pytest.mark.parametrize("cuts", [[], [CUT]], ids=["1-stage", "2-stage"])
+def test_prompt_lookup_gives_plain_greedy_output_and_is_accepted_on_copied_text(smollm2_package, smollm2_gguf,
+                                                                               stage_cache, cuts):
+    """Lossless because SmolLM2 Q4_1 with flash attention is batch-invariant (README,
+    "Numerics"): a verify window's logits are plain decoding's bit for bit."""
+    prompt = chat_prompt(smollm2_gguf, COPY_HEAVY)
+
+    async def scenario() -> None:
+        async with chain_of_stages(smollm2_package, stage_cache, cuts) as (pipeline, _):
+            plain, _ = await _run(pipeline, None, prompt, 96, session=1)
+            await pipeline.end(1)
+            lookup = NgramProposer(3, 5)
+            req = GenerationRequest(prompt, 96, GREEDY, ignore_eos=True)
+            windows = {NGRAM: controller_for(ngram_window())}
+            events = [e async for e in generate(pipeline, pipeline.lease(2), req, 512, lookup, windows, in_flight=3)]
+            assert [e.token for e in events if isinstance(e, Sampled)] == plain
+            done = events[-1]
+            assert isinstance(done, Finished)
+            s = done.speculative
+            assert s is not None
+            assert s.accepted >= 24, s  # whole windows of copied code, not a lucky token
+            assert [name for name, _ in s.by] == [NGRAM]
+
+    asyncio.run(scenario())
+
+
+def test_prompt_lookup_then_the_draft_gives_plain_greedy_output(smollm2_package, smollm2_gguf, stage_cache,
+                                                                draft_gguf):
+    """Both proposers in one generation: prompt lookup where the text copies, the Q4_0 draft
+    elsewhere, each with its own window; the usage says which one proposed what."""
+    prompts = [chat_prompt(smollm2_gguf, COPY_HEAVY), chat_prompt(smollm2_gguf, "Tell me a story about a mouse.")]
+
+    async def scenario() -> None:
+        async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
+            assert draft is not None
+            both = Combined(NgramProposer(3, 5), draft)
+            totals = Acceptance()
+            for i, prompt in enumerate(prompts):
+                plain, _ = await _run(pipeline, None, prompt, 64, session=10 + i)
+                await pipeline.end(10 + i)
+                windows = {NGRAM: controller_for(ngram_window()),
+                           "draft": controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))}
+                spec, done = await _run(pipeline, both, prompt, 64, window=windows, session=20 + i)
+                await pipeline.end(20 + i)
+                assert spec == plain, i
+                assert done.speculative is not None
+                totals = totals.plus(done.speculative)
+            by = dict(totals.by)
+            assert by[NGRAM].accepted > 0
+            assert by["draft"].proposed > by["draft"].accepted > 0
+            assert totals.proposed == by[NGRAM].proposed + by["draft"].proposed
 
     asyncio.run(scenario())

@@ -17,6 +17,7 @@ from toy_engine import ToyEngine, until
 from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.pipeline import Pending, Pipeline, StageFailedError
 from mesh.speculative.loop import generate
+from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed
 from packages.speculative import WindowPolicy
 from proto import meshpipe_pb2 as pb
@@ -221,9 +222,9 @@ def test_a_stage_skips_queued_frames_of_a_void_epoch_and_never_answers_them():
 
 
 class ToyDraft:
-    """Proposes what ToyEngine's model will sample (each token + 1), wrong at `misses`."""
+    """Proposes what ToyEngine's model will sample (each token + 1), wrong at `misses`: a `Proposer`."""
 
-    step_seconds = 0.0
+    names: tuple[str, ...] = ("draft",)
 
     def __init__(self, misses: frozenset[int] = frozenset()) -> None:
         self.misses = misses
@@ -234,6 +235,12 @@ class ToyDraft:
             nxt = (sequence[-1] + 1 + i) % ToyEngine.n_vocab
             out.append(nxt + 1 if len(sequence) + i in self.misses else nxt)
         return out
+
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
+        return Proposal(await self.propose(lane, sequence, budget("draft")), "draft", 0.0)
+
+    def forget(self, lane: int) -> None:
+        pass
 
 
 class SlowToyEngine(ToyEngine):
@@ -262,7 +269,7 @@ def test_windows_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames
 
             pipeline.send = counted  # type: ignore[method-assign]
             draft = ToyDraft(misses=frozenset({5, 6, 12, 19}))
-            spec = [e.token async for e in generate(pipeline, pipeline.lease(2), req, 64, draft,  # type: ignore[arg-type]
+            spec = [e.token async for e in generate(pipeline, pipeline.lease(2), req, 64, draft,
                                                     Fixed(TWO), in_flight=4) if isinstance(e, Sampled)]
             assert spec == plain == [(2 + i) % ToyEngine.n_vocab for i in range(24)]
             assert most == 4
@@ -276,7 +283,7 @@ def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_to
     async def scenario() -> None:
         async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 40, ignore_eos=True)
-            events = generate(pipeline, pipeline.lease(1), req, 64, ToyDraft(), Fixed(TWO), in_flight=3)  # type: ignore[arg-type]
+            events = generate(pipeline, pipeline.lease(1), req, 64, ToyDraft(), Fixed(TWO), in_flight=3)
             out: list[int] = []
 
             async def consume() -> None:

@@ -27,7 +27,9 @@ def _entry(**changes: object) -> dict[str, object]:
 
 
 def _declare(entry: dict[str, object]) -> DraftStrategy:
-    return declared({"speculative_decoding": {"default": "s", "strategies": {"s": entry}}})[1]["s"]
+    strategy = declared({"speculative_decoding": {"default": "s", "strategies": {"s": entry}}})[1]["s"]
+    assert isinstance(strategy, DraftStrategy)
+    return strategy
 
 
 def test_defaults_and_python_names():
@@ -79,7 +81,7 @@ def test_each_bad_window_names_the_rule(window, message):
     (_entry(surprise=1), "surprise: unknown field"),
     (_entry(name="x"), "name: unknown field"),
     (_entry(window={}), "window: unknown field"),  # the Python name of window_policy is no key either
-    (_entry(type="lookup"), "type: must be 'draft-model'"),
+    (_entry(type="lookup"), "type: must be one of draft-model, ngram, not 'lookup'"),
     (_entry(type=None), "type: required"),
     (_entry(draft_model=""), "draft_model: must be a non-empty string"),
     (_entry(draft_model=5), "draft_model: must be a non-empty string"),
@@ -140,10 +142,10 @@ def test_window_fields_merge_one_by_one(manifest):
 
 def test_draft_window_flag_beats_every_level(manifest):
     config = Config(defaults=Speculative(window_policy="adaptive", initial_window=2, max_window=4))
-    flags = argparse.Namespace(draft=None, draft_window=5, windows_in_flight=None)
+    flags = argparse.Namespace(draft=None, draft_window=5, windows_in_flight=None, strategy=None)
     assert _window(_cli_speculative(flags), config, manifest) == WindowPolicy(policy="fixed", initial=5, min=1,
                                                                                max=16)
-    flags = argparse.Namespace(draft=None, draft_window=20, windows_in_flight=None)
+    flags = argparse.Namespace(draft=None, draft_window=20, windows_in_flight=None, strategy=None)
     assert _window(_cli_speculative(flags), config, manifest).max == 20
 
 
@@ -154,6 +156,6 @@ def test_a_merged_window_that_breaks_the_rules_is_a_config_error(manifest):
         _window(Speculative(), config, manifest)
     with pytest.raises(ConfigError, match=r"^speculative window: window policy must be one of"):
         _window(Speculative(window_policy="greedy"), Config(), manifest)
-    flags = argparse.Namespace(draft=None, draft_window=65, windows_in_flight=None)
+    flags = argparse.Namespace(draft=None, draft_window=65, windows_in_flight=None, strategy=None)
     with pytest.raises(ConfigError, match=r"max_window \(65\) <= 64"):
         _window(_cli_speculative(flags), Config(), manifest)

@@ -22,20 +22,35 @@ class _Body(BaseModel):
     model_config = ConfigDict(frozen=True)  # extra fields are ignored: a client may read a newer server
 
 
+class ProposerUsage(_Body):
+    """One proposer's share of `usage.speculative`."""
+
+    windows: int
+    proposed: int
+    accepted: int
+    accept_rate: float
+
+    @classmethod
+    def of(cls, a: Acceptance) -> ProposerUsage:
+        return cls(windows=a.windows, proposed=a.proposed, accepted=a.accepted, accept_rate=round(a.accept_rate, 4))
+
+
 class SpeculativeUsage(_Body):
-    """meshpipe's own usage field: how the draft did."""
+    """meshpipe's own usage field: how the draft did, in all and by proposer ("draft", "ngram")."""
 
     windows: int
     proposed: int
     accepted: int
     accept_rate: float
     mean_window: float
+    by_proposer: dict[str, ProposerUsage] | None = Field(default=None, exclude_if=_absent)  # absent: none proposed
 
     @classmethod
     def of(cls, acceptance: Acceptance) -> SpeculativeUsage:
         a = acceptance
+        by = {name: ProposerUsage.of(record) for name, record in a.by} or None
         return cls(windows=a.windows, proposed=a.proposed, accepted=a.accepted,
-                   accept_rate=round(a.accept_rate, 4), mean_window=round(a.mean_window, 3))
+                   accept_rate=round(a.accept_rate, 4), mean_window=round(a.mean_window, 3), by_proposer=by)
 
 
 class PromptTokensDetails(_Body):

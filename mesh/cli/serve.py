@@ -69,6 +69,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(DESIGN.md §6)")
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
+    p.add_argument("--strategy", default=None, metavar="NAME",
+                   help="speculative strategy: auto (the package's default), disabled, ngram (prompt lookup, "
+                   "no draft model), ngram+draft (prompt lookup first, the draft where it finds no match), or "
+                   "a strategy the package declares (overrides config; --no-draft still turns all off)")
     p.add_argument("--wire-delay-ms", type=float, default=0.0, metavar="MS",
                    help="benchmark only: emulate this one-way latency on every hop between stages, both "
                    "ways (each stage learns it at Load and holds every frame it sends this long)")
@@ -223,8 +227,12 @@ def _cli_speculative(args: argparse.Namespace) -> Speculative:
         raise UsageError("--draft-window must be at least 1")
     if args.windows_in_flight is not None and not 1 <= args.windows_in_flight <= 16:
         raise UsageError("--windows-in-flight must be between 1 and 16")
+    if args.strategy is not None and not args.strategy:
+        raise UsageError("--strategy wants a name: auto, disabled, ngram, ngram+draft or a package strategy")
+    if args.draft and args.strategy in ("ngram", "disabled"):
+        raise UsageError(f"--draft with --strategy {args.strategy} loads no draft: use --strategy ngram+draft")
     window = args.draft_window
-    return Speculative(draft_model=args.draft, window_policy="fixed" if window else None,
+    return Speculative(strategy=args.strategy, draft_model=args.draft, window_policy="fixed" if window else None,
                        initial_window=window, min_window=1 if window else None,
                        max_window=max(window, 16) if window else None,
                        windows_in_flight=args.windows_in_flight)

@@ -13,13 +13,20 @@ import numpy as np
 from llama_cpp import llama_cpp as L
 
 from mesh.speculative.plan import SpecPlan
+from mesh.speculative.proposer import Budget, Proposal
 from packages.speculative import verify_draft
 from stage.batcher import Batcher, close_engine
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
+DRAFT = "draft"  # its name in usage.speculative.by_proposer
+
 
 class Draft:
+    """A draft model at stage 0; a `Proposer` (mesh/speculative/proposer.py)."""
+
+    names: tuple[str, ...] = (DRAFT,)
+
     def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int,
                  cpu_lock: Path | None = None) -> None:
         cfg = EngineConfig(first=True, final=True, lanes=lanes, ctx_per_lane=ctx_per_lane,
@@ -58,6 +65,11 @@ class Draft:
             self.step_seconds = sum(timed) / len(timed)
         return out
 
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
+        k = budget(DRAFT)
+        tokens = await self.propose(lane, sequence, k) if k > 0 else []
+        return Proposal(tokens, DRAFT, self.step_seconds * len(tokens))
+
     def forget(self, lane: int) -> None:
         self.held[lane] = []
         self.batcher.trim(lane, 0)
@@ -76,6 +88,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def draft_path(plan: SpecPlan, package_dir: Path) -> Path:
     """The draft GGUF on disk: verified from the package, or resolved like any draft ref."""
+    assert plan.draft_model is not None, "a plan without a draft model loads none"
     s = plan.strategy
     if s is not None and s.draft_model == plan.draft_model and s.in_package:
         return verify_draft(package_dir, s)

@@ -1,40 +1,70 @@
-"""Which draft and window the coordinator uses, and where each choice came from.
+"""Which proposers and windows the coordinator uses, and where each choice came from.
 
 Precedence, field by field: CLI > [[models]] speculative for this model > [defaults.speculative]
 > the package's declared strategy > built-in (off). `--no-draft` turns it all off and the
 draft is never loaded or downloaded.
+
+Strategies: `auto` (the package's default), `disabled`, a strategy the package declares by
+name, and two built in, used when the package declares no strategy of that name:
+`ngram`, prompt lookup alone (no draft model is loaded, even if one is configured), and
+`ngram+draft`, prompt lookup first and, where it finds no match, the draft model the plan
+would otherwise use (the configured `draft_model`, else the package's draft-model strategy).
+Prompt lookup takes the package's n-gram strategy when it declares one, else the built-in
+lengths and window (packages/speculative.py); `ngram_min`/`ngram_max` and the window keys
+override them level by level. The window keys apply to every proposer in the plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
-from packages.speculative import DraftStrategy, WindowPolicy, declared, problem
+from packages.speculative import DraftStrategy, NgramStrategy, Strategy, WindowPolicy, declared, parse, problem
 
 # The bound when `windows_in_flight` is unset and stages can compute at once (the coordinator's
 # `windows_in_flight`): the cost-aware controller prices depth and keeps 1 where more does not
 # pay. Under a CPU lock stages take turns, so frames ahead cannot overlap: there it is 1.
 WINDOWS_IN_FLIGHT = 3
+NGRAM, NGRAM_DRAFT = "ngram", "ngram+draft"  # the built-in strategy names besides auto and disabled
+BUILT_IN = ("auto", "disabled", NGRAM, NGRAM_DRAFT)
+_Kind = TypeVar("_Kind", DraftStrategy, NgramStrategy)
+
+
+@dataclass(frozen=True)
+class NgramPlan:
+    """Prompt lookup's n-gram lengths and window, and where they came from."""
+
+    ngram_min: int
+    ngram_max: int
+    window: WindowPolicy
+    source: str
+
+    def describe(self) -> str:
+        return f"ngram {self.ngram_min}-{self.ngram_max} ({self.source}), {self.window.describe()}"
 
 
 @dataclass(frozen=True)
 class SpecPlan:
-    draft_model: str
-    window: WindowPolicy
+    draft_model: str | None  # None: no draft model, prompt lookup proposes alone
+    window: WindowPolicy  # the draft model's window; prompt lookup's when it proposes alone
     source: str  # where the draft choice came from, for the log line and /health
-    strategy: DraftStrategy | None  # the package strategy in use, if any
+    strategy: DraftStrategy | None  # the package's draft-model strategy in use, if any
     in_flight: int | None = None  # verify frames a session may have out at once; None: auto
+    ngram: NgramPlan | None = None  # prompt lookup, first when there is a draft model too
 
     def describe(self) -> str:
+        flight = f"windows in flight: {'auto' if self.in_flight is None else self.in_flight}"
+        if self.draft_model is None:
+            assert self.ngram is not None
+            return f"{self.ngram.describe()}, {flight}"
         name = self.strategy.name if self.strategy and self.strategy.draft_model == self.draft_model \
             else self.draft_model
-        flight = "auto" if self.in_flight is None else self.in_flight
-        return f"draft {name} ({self.source}), windows in flight: {flight}, {self.window.describe()}"
+        draft = f"draft {name} ({self.source}), {flight}, {self.window.describe()}"
+        return f"{self.ngram.describe()}, then {draft}" if self.ngram else draft
 
 
 def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: set[str],
@@ -49,19 +79,71 @@ def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: 
     if strategy_name == "disabled":
         return None, f"off (strategy = \"disabled\", {where})"
     default, strategies = declared(manifest.generation)
+    if strategy_name in (NGRAM, NGRAM_DRAFT) and strategy_name not in strategies:
+        return _built_in(strategy_name, where, levels, default, strategies), ""
     if strategy_name != "auto" and strategy_name not in strategies:
         known = ", ".join(sorted(strategies)) or "none"
         raise ConfigError(f"speculative strategy {strategy_name!r} ({where}) is not declared by the "
-                          f"package (it declares: {known})")
+                          f"package (it declares: {known}; built in: {', '.join(BUILT_IN)})")
     key = default if strategy_name == "auto" else strategy_name
     package = strategies.get(key) if key else None
-    chosen = _first(levels, "draft_model")
-    if chosen is None and package is None:
+    if isinstance(package, NgramStrategy):
+        ngram = _ngram(levels, package)
+        return SpecPlan(None, ngram.window, ngram.source, None, _in_flight(levels), ngram), ""
+    plan = _draft(levels, package)
+    if plan is None:
         return None, "off (no draft declared by the package or configured)"
-    draft, source = chosen or (package.draft_model, "package default")  # type: ignore[union-attr]
-    window = _window(levels, package)
-    in_flight = _first(levels, "windows_in_flight")
-    return SpecPlan(draft, window, source, package, in_flight[0] if in_flight else None), ""
+    return plan, ""
+
+
+def _built_in(name: str, where: str, levels: list[tuple[str, Speculative]], default: str | None,
+              strategies: dict[str, Strategy]) -> SpecPlan:
+    """`ngram` or `ngram+draft`, with the package's n-gram and draft strategies where it declares them."""
+    ngram = _ngram(levels, _of_type(NgramStrategy, default, strategies))
+    if name == NGRAM:
+        return SpecPlan(None, ngram.window, ngram.source, None, _in_flight(levels), ngram)
+    plan = _draft(levels, _of_type(DraftStrategy, default, strategies))
+    if plan is None:
+        raise ConfigError(f"speculative strategy {NGRAM_DRAFT!r} ({where}) needs a draft model: set "
+                          f"draft_model (--draft), or serve a package that declares a draft-model strategy")
+    return replace(plan, ngram=ngram)
+
+
+def _of_type(kind: type[_Kind], default: str | None, strategies: dict[str, Strategy]) -> _Kind | None:
+    """The package's default strategy if it is of this type, else its first of this type."""
+    ordered: list[Strategy] = [strategies[default]] if default else []
+    return next((s for s in [*ordered, *strategies.values()] if isinstance(s, kind)), None)
+
+
+def _draft(levels: list[tuple[str, Speculative]], package: Strategy | None) -> SpecPlan | None:
+    """The draft-model plan: the configured draft_model, else the package strategy's."""
+    strategy = package if isinstance(package, DraftStrategy) else None
+    chosen = _first(levels, "draft_model")
+    if chosen is None and strategy is None:
+        return None
+    draft, source = chosen or (strategy.draft_model, "package default")  # type: ignore[union-attr]
+    window = _window(levels, strategy.window if strategy else WindowPolicy())
+    return SpecPlan(draft, window, source, strategy, _in_flight(levels))
+
+
+def _ngram(levels: list[tuple[str, Speculative]], package: NgramStrategy | None) -> NgramPlan:
+    """Prompt lookup's lengths and window: the levels over the package's strategy over the built-in."""
+    base = package or NgramStrategy(name=NGRAM, type="ngram")
+    data = base.to_json() | {"name": base.name, "window_policy": _window(levels, base.window).model_dump(by_alias=True)}
+    for name in ("ngram_min", "ngram_max"):
+        found = _first(levels, name)
+        data[name] = found[0] if found else getattr(base, name)
+    try:  # the strategy's own validator checks the merged lengths, once
+        checked = parse(NgramStrategy, data)
+    except ValidationError as exc:
+        raise ConfigError(f"speculative n-gram lengths: {problem(exc)[1]}") from None
+    source = f"package strategy {package.name}" if package else "built-in"
+    return NgramPlan(checked.ngram_min, checked.ngram_max, checked.window, source)
+
+
+def _in_flight(levels: list[tuple[str, Speculative]]) -> int | None:
+    found = _first(levels, "windows_in_flight")
+    return found[0] if found else None
 
 
 def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[Any, str] | None:
@@ -72,11 +154,11 @@ def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[Any, str] 
     return None
 
 
-def _window(levels: list[tuple[str, Speculative]], package: DraftStrategy | None) -> WindowPolicy:
+def _window(levels: list[tuple[str, Speculative]], base: WindowPolicy) -> WindowPolicy:
     changes: dict[str, object] = {}
     for _, level in reversed(levels):  # lowest first, so each level overwrites the ones below
         changes |= level.window_changes()
     try:
-        return (package.window if package else WindowPolicy()).overridden(changes)
+        return base.overridden(changes)
     except ValidationError as exc:
         raise ConfigError(f"speculative window: {problem(exc)[1]}") from None

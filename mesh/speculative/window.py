@@ -5,8 +5,10 @@ speculative window controllers.
 shrinks by one after an early reject, within [min, max]. `cost-aware` measures draft step
 time, verify time, stage 0's own time and acceptance, and picks the window (0 = off) and the
 frames in flight that maximize expected tokens per second; when it has turned speculation
-off it probes again every so often. Each reads its bounds from the one `WindowPolicy`
-(packages/speculative.py); the bound on frames in flight is the loop's.
+off it probes again every so often. A round that proposed nothing (prompt lookup without
+a match) is a plain decode to all three: it moves no window and counts as no probe. Each
+reads its bounds from the one `WindowPolicy` (packages/speculative.py); the bound on frames
+in flight is the loop's.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class CostAware:
     _verify: dict[int, float] = field(default_factory=dict)
     _stage0: dict[int, float] = field(default_factory=dict)
     _probe_base: int = 0
+    _probing: bool = False  # a probe was asked for and nothing proposed yet (prompt lookup found no match)
 
     def __post_init__(self) -> None:
         self.window = self.policy.initial
@@ -128,9 +131,12 @@ class CostAware:
         if self._verify and 0 not in self._verify:
             return 0  # one plain decode, to know what speculation must beat
         if self.window == 0:
+            if self._probing:
+                return self.policy.min  # the last probe's proposer had nothing to propose: still due
             self.off_for += 1
             if self.off_for >= self.probe_every:
                 self.off_for = 0
+                self._probing = True
                 return self.policy.min  # re-probe: conditions may have changed
         return self.window
 
@@ -145,6 +151,7 @@ class CostAware:
         if stage0_s is not None:
             self._stage0[proposed] = _ewma(self._stage0.get(proposed), stage0_s)
         if proposed:
+            self._probing = False
             self.accept = _ewma(self.accept, min(accepted / proposed, 0.99))
             self.draft_step = _ewma(self.draft_step, draft_s / proposed)
         self.verify_base, self.verify_row = _fit(self._verify, self.verify_base, self.verify_row)

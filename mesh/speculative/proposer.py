@@ -1,0 +1,55 @@
+"""What the generate loop drafts with: a `Proposer` (DESIGN.md §6).
+
+Three exist: the draft model (draft.py), prompt lookup (ngram.py), and `Combined`, prompt
+lookup first and the draft model where it finds no match. Each proposal says which
+proposer made it, so that usage.speculative can say which one produced what was accepted,
+and what it cost, for the window controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+# How many tokens a proposer may propose this round, by its name: each proposer's window
+# controller decides for it (the loop bounds it by context and budget), and is asked only
+# when that proposer is about to propose.
+Budget = Callable[[str], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    tokens: list[int]
+    by: str  # the proposer that made them: a key of usage.speculative.by_proposer
+    seconds: float  # what making them cost, catch-ups left out: the controller's draft time
+
+
+class Proposer(Protocol):
+    """`names` are every name its proposals may carry; `forget` drops a lane's state when
+    its session ends."""
+
+    names: tuple[str, ...]
+
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal: ...
+
+    def forget(self, lane: int) -> None: ...
+
+
+class Combined:
+    """Prompt lookup when it has a match, else the draft model. A lookup costs microseconds
+    and, where the text copies, is accepted whole; the draft covers the rest."""
+
+    def __init__(self, first: Proposer, fallback: Proposer) -> None:
+        self.first, self.fallback = first, fallback
+        self.names = (*first.names, *fallback.names)
+
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
+        found = await self.first.proposal(lane, sequence, budget)
+        if found.tokens:
+            return found
+        return await self.fallback.proposal(lane, sequence, budget)
+
+    def forget(self, lane: int) -> None:
+        self.first.forget(lane)
+        self.fallback.forget(lane)
