@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from mesh.api.responses import Usage
 from mesh.bench import multiturn, prompt_lookup
 from mesh.bench.client import StreamTiming
 from mesh.bench.multiturn import (
@@ -132,8 +133,9 @@ def test_ngram_goals_follow_the_issue():
 
 
 def _timing(tps: float, text: str = "same", usage: dict | None = None) -> StreamTiming:
-    # 11 tokens one second apart after the first: decode_tps is 10 / span
-    return StreamTiming(0.1, (0.0, 10.0 / tps), 11, None, text, usage or {})
+    """11 tokens, the last 10 / tps seconds after the first; usage as a server sends it."""
+    spec = Usage.model_validate({"prompt_tokens": 1, "completion_tokens": 11, "total_tokens": 12, **(usage or {})})
+    return StreamTiming(0.1, (0.0, 10.0 / tps), 11, spec.speculative, text, usage or {})
 
 
 def test_proposer_totals_sum_each_proposer_over_requests():
@@ -143,9 +145,9 @@ def test_proposer_totals_sum_each_proposer_over_requests():
 
 
 def test_stream_timing_reads_what_a_newer_server_adds_to_usage():
+    ngram = {"windows": 1, "proposed": 3, "accepted": 2, "accept_rate": 0.67}
     usage = {"prompt_tokens_details": {"cached_tokens": 12},
-             "speculative": {"by_proposer": {"ngram": {"windows": 1, "proposed": 3, "accepted": 2,
-                                                       "accept_rate": 0.67}}}}
+             "speculative": {**ngram, "mean_window": 3.0, "by_proposer": {"ngram": ngram}}}
     t = _timing(10.0, usage=usage)
     assert t.cached_tokens == 12
     assert t.by_proposer == {"ngram": {"windows": 1.0, "proposed": 3.0, "accepted": 2.0, "accept_rate": 0.67}}
@@ -156,8 +158,10 @@ def test_stream_timing_reads_what_a_newer_server_adds_to_usage():
 def _lookup_record(ngram_text: str = "same") -> LookupRecord:
     record = LookupRecord()
     speed = {"none": 10.0, "ngram": 20.0, "ngram+draft": 25.0, "draft": 12.0}
-    combined = {"speculative": {"by_proposer": {"ngram": {"proposed": 8, "accepted": 6},
-                                                "draft": {"proposed": 4, "accepted": 2}}}}
+    ngram = {"windows": 2, "proposed": 8, "accepted": 6, "accept_rate": 0.75}
+    draft = {"windows": 2, "proposed": 4, "accepted": 2, "accept_rate": 0.5}
+    combined = {"speculative": {"windows": 4, "proposed": 12, "accepted": 8, "accept_rate": 0.667,
+                                "mean_window": 3.0, "by_proposer": {"ngram": ngram, "draft": draft}}}
     for mode, tps in speed.items():
         for workload in prompt_lookup.WORKLOADS:
             text = ngram_text if mode == "ngram" else "same"
@@ -172,8 +176,11 @@ def test_lookup_rows_compare_every_mode_with_no_speculation():
     assert ngram.ratio == pytest.approx(2.0)
     assert ngram.goal == ">= 3.0"
     assert _by(copy, "n-gram + draft (vs the better alone)").ratio == pytest.approx(1.25)
-    assert _by(copy, "ngram+draft: ngram share of accepted tokens").value == 0.0  # no speculative usage here
+    assert _by(copy, "ngram+draft: accept rate").value == pytest.approx(8 / 12)
     assert _by(copy, "ngram+draft: ngram accept rate").value == pytest.approx(0.75)
+    assert _by(copy, "ngram+draft: ngram share of accepted tokens").value == pytest.approx(0.75)
+    assert _by(copy, "ngram+draft: draft share of accepted tokens").value == pytest.approx(0.25)
+    assert _by(copy, "ngram: accept rate (nothing proposed)").value == 0.0  # no usage.speculative
     assert not [r for r in copy if r.metric.startswith("ngram: ngram")]  # one proposer: no breakdown
     assert _by(rows, "greedy outputs identical to no speculation (1 = yes)").value == 1.0
 

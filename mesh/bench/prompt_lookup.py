@@ -162,7 +162,9 @@ def _accept_rows(scenario: str, mode: str, timings: list[StreamTiming]) -> list[
     """The accept rate; for a combined mode, each proposer's, and its share of what was accepted."""
     stats = [t.speculative for t in timings if t.speculative]
     proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
-    rows = [Row(scenario, f"{mode}: accept rate", accepted / proposed if proposed else 0.0)]
+    if not proposed:  # a rate of nothing: say so rather than print a 0 that reads as all refused
+        return [Row(scenario, f"{mode}: accept rate (nothing proposed)", 0.0)]
+    rows = [Row(scenario, f"{mode}: accept rate", accepted / proposed)]
     if "+" not in mode:  # one proposer: its breakdown is the line above
         return rows
     for name, (p, a) in sorted(proposer_totals([t.by_proposer for t in timings]).items()):
