@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -17,6 +18,8 @@ class StreamTiming:
     arrivals: tuple[float, ...]  # seconds since the request, one per content chunk
     completion_tokens: int
     speculative: SpeculativeUsage | None = field(default=None)
+    text: str = ""  # the reply, as streamed
+    usage: dict[str, Any] = field(default_factory=dict)  # as sent: fields newer than this client's Usage too
 
     @property
     def decode_tps(self) -> float:
@@ -27,32 +30,55 @@ class StreamTiming:
     def gaps(self) -> list[float]:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
 
+    @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the server reused (OpenAI's `prompt_tokens_details.cached_tokens`), when it says."""
+        details = self.usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
+        return int(cached) if cached is not None else None
+
+    @property
+    def by_proposer(self) -> dict[str, dict[str, float]]:
+        """`usage.speculative.by_proposer` as sent: per proposer, its counters; {} when absent."""
+        spec = self.usage.get("speculative") or {}
+        return {name: {k: float(v) for k, v in counts.items() if isinstance(v, int | float)}
+                for name, counts in (spec.get("by_proposer") or {}).items() if isinstance(counts, dict)}
+
 
 def stream_chat(url: str, model: str, prompt: str, max_tokens: int) -> StreamTiming:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
-            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}
+    return stream_messages(url, model, [{"role": "user", "content": prompt}], max_tokens)
+
+
+def stream_messages(url: str, model: str, messages: list[dict[str, str]], max_tokens: int,
+                    ignore_eos: bool = True) -> StreamTiming:
+    """Greedy. EOS is ignored unless asked, so every run decodes the same number of tokens."""
+    body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": ignore_eos, "stream_options": {"include_usage": True}}
     arrivals: list[float] = []
-    usage: Usage | None = None
+    pieces: list[str] = []
+    raw_usage: dict[str, Any] = {}
     start = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = _chunk(line[6:])
-            usage = chunk.usage or usage
-            if any(c.delta.content for c in chunk.choices):
+            raw = _event(line[6:])
+            raw_usage = raw.get("usage") or raw_usage
+            content = "".join(c.delta.content or "" for c in ChatCompletionChunk.model_validate(raw).choices)
+            if content:
                 arrivals.append(time.perf_counter() - start)
+                pieces.append(content)
     if not arrivals:
         raise RuntimeError("the server streamed no tokens")
+    usage = Usage.model_validate(raw_usage) if raw_usage else None
     return StreamTiming(arrivals[0], tuple(arrivals), usage.completion_tokens if usage else len(arrivals),
-                        usage.speculative if usage else None)
+                        usage.speculative if usage else None, "".join(pieces), raw_usage)
 
 
-def _chunk(data: str) -> ChatCompletionChunk:
-    """One SSE chunk; an error event (OpenAI's error body, not a chunk) raises."""
+def _event(data: str) -> dict[str, Any]:
+    """One SSE event as JSON; an error event (OpenAI's error body, not a chunk) raises."""
     raw = json.loads(data)
     if "error" in raw:
         raise RuntimeError(f"server error mid-stream: {raw['error']['message']}")
-    return ChatCompletionChunk.model_validate(raw)
+    return dict(raw)

@@ -54,6 +54,8 @@ PROMPTS = [
     "What are the main causes of inflation, and how do central banks respond?",
 ]
 LONG_PROMPT_TOKENS = 512
+MESH_SCENARIOS = {"split", "spec", "concurrency", "memory", "return"}  # these share the baseline and split servers
+ALONE_SCENARIOS = {"numerics", "chat", "ngram"}  # each starts what it needs, after the others are done
 
 
 @dataclass
@@ -92,7 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated: split, spec, concurrency, memory, return (split-3 without the draft "
                         "at each --wire-delays: replies straight from the final stage against relayed up the "
                         "chain) (the baseline runs with any of these), numerics (a window in one pass against "
-                        "row by row; runs alone if asked alone)")
+                        "row by row), chat (TTFT over 4 turns of a growing chat, with the prefix cache and "
+                        "without), ngram (prompt lookup against no speculation on copy-heavy and novel text at "
+                        "each --wire-delays); numerics, chat and ngram run alone if asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
@@ -119,14 +123,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    setup = _setup(args)
     scenarios = set(args.scenarios.split(","))
+    if unknown := scenarios - MESH_SCENARIOS - ALONE_SCENARIOS:  # before the model loads, not after
+        raise SystemExit(f"mesh bench: unknown scenarios: {', '.join(sorted(unknown))}")
+    setup = _setup(args)
+    delays = [float(d) for d in (args.wire_delays or ("0,5,20,50" if setup.machines else "0,20")).split(",")]
     rows: list[Row] = []
     if "numerics" in scenarios:
         rows += _numerics_rows(setup, args.numerics_gguf)
-    if scenarios - {"numerics"}:
-        delays = args.wire_delays or ("0,5,20,50" if setup.machines else "0,20")
-        rows += _mesh_rows(setup, args, scenarios, [float(d) for d in delays.split(",")])
+    if scenarios & MESH_SCENARIOS:
+        rows += _mesh_rows(setup, args, scenarios, delays)
+    # Imported here: these scenario modules build on this one's Row, Setup and serve().
+    if "chat" in scenarios:
+        from mesh.bench.multiturn import chat_rows
+        rows += chat_rows(setup, args.repeats)
+    if "ngram" in scenarios:
+        from mesh.bench.prompt_lookup import ngram_rows
+        rows += ngram_rows(setup, delays, args.repeats)
     header = _header(setup, args)
     print(format_table(header, rows))
     if args.json:
@@ -141,7 +154,7 @@ def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str], dela
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="mesh-bench-") as tmp, contextlib.ExitStack() as stack:
         base = stack.enter_context(baseline_worker(setup))
-        servers = {n: stack.enter_context(_serve(setup, Path(tmp), n)) for n in stages}
+        servers = {n: stack.enter_context(serve(setup, Path(tmp), n)) for n in stages}
         rows += _decode_rows(setup, base, servers, prompts, args.repeats)
         rows += _busy_rows(setup, servers, prompts[:2])
         if "spec" in scenarios:
@@ -155,7 +168,7 @@ def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str], dela
                                       [int(s) for s in args.streams.split(",")], args.repeats)
         if "memory" in scenarios:
             rows += _memory_rows(setup, base, servers, lanes=8)
-            single = {n: stack.enter_context(_serve(setup, Path(tmp), n, lanes=1)) for n in stages if n > 1}
+            single = {n: stack.enter_context(serve(setup, Path(tmp), n, lanes=1)) for n in stages if n > 1}
             long = long_prompt(base.tokenizer)
             for server in single.values():
                 stream_chat(server.url, setup.model_id, long, setup.tokens)
@@ -236,18 +249,22 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
         proc.wait()
 
 
-def _serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
-           lanes: int = 8, relay: bool = False, in_flight: int | None = None
-           ) -> contextlib.AbstractContextManager[LocalServer]:
-    """`mesh serve --local-stages N`; without the package's draft unless asked. With --machines
-    each stage is pinned to its set and runs one engine thread per CPU of it."""
+def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
+          lanes: int = 8, relay: bool = False, in_flight: int | None = None, strategy: str | None = None,
+          prefix_cache: bool = True) -> contextlib.AbstractContextManager[LocalServer]:
+    """`mesh serve --local-stages N`; without speculation unless a draft or a `--strategy` is asked
+    for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it."""
     args = ["--local-stages", str(stages), "--lanes", str(lanes),
             "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
     if setup.machines:
         args += ["--stage-cpus", *setup.machines.for_stages(stages)]
     else:
         args += ["--threads", str(setup.threads)]
-    args += [] if draft else ["--no-draft"]
+    if strategy:
+        args += ["--strategy", strategy]
+    elif not draft:
+        args += ["--no-draft"]
+    args += [] if prefix_cache else ["--no-prefix-cache"]
     args += ["--relay-replies"] if relay else []
     args += ["--windows-in-flight", str(in_flight)] if in_flight is not None else []
     if setup.model:
@@ -324,7 +341,7 @@ def _spec_rows(setup: Setup, tmp: Path, prompts: list[str], stages: list[int], d
     for n in stages:
         for d in delays:
             with contextlib.ExitStack() as stack:
-                servers = {mode: stack.enter_context(_serve(setup, tmp, n, draft=draft, delay_ms=d, in_flight=depth))
+                servers = {mode: stack.enter_context(serve(setup, tmp, n, draft=draft, delay_ms=d, in_flight=depth))
                            for mode, (draft, depth) in SPEC_MODES.items()}
                 rows += _spec_group(setup, f"spec split-{n} {d:g} ms", servers, prompts, repeats, d)
                 if breakdown:  # verify frames next to plain decode frames, on the server with the draft
@@ -366,7 +383,7 @@ def _spec_group(setup: Setup, scenario: str, servers: dict[str, LocalServer], pr
 def _return_rows(setup: Setup, stack: contextlib.ExitStack, tmp: Path, prompts: list[str], delays: list[float],
                  repeats: int) -> list[Row]:
     """split-3 without the draft: replies straight from the final stage against relayed by stage 1."""
-    servers = {(d, relay): stack.enter_context(_serve(setup, tmp, 3, delay_ms=d, relay=relay))
+    servers = {(d, relay): stack.enter_context(serve(setup, tmp, 3, delay_ms=d, relay=relay))
                for d in delays for relay in (False, True)}
     tps: dict[tuple[float, bool], list[float]] = {key: [] for key in servers}
     for _ in range(repeats):

@@ -1,0 +1,198 @@
+"""`mesh bench`'s chat and ngram scenarios: their prompts and their row maths, without a server."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from mesh.api.responses import Usage
+from mesh.bench import multiturn, prompt_lookup
+from mesh.bench.client import StreamTiming
+from mesh.bench.multiturn import (
+    ChatRecord,
+    chat_ctx,
+    chat_table,
+    first_difference,
+    opening,
+    question,
+    weather_log,
+)
+from mesh.bench.prompt_lookup import (
+    COPY_FUNCTION,
+    RENAME,
+    LookupRecord,
+    copied_lines,
+    lookup_share,
+    lookup_table,
+    ngram_goal,
+    proposer_totals,
+)
+from mesh.bench.run import Row, add_parser
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _by(rows: list[Row], metric: str) -> Row:
+    return next(r for r in rows if r.metric == metric)
+
+
+# -- chat ---------------------------------------------------------------------------------------
+
+def test_the_log_reaches_its_size_and_is_the_same_every_time():
+    log = weather_log(_words, 300)
+    assert _words(log) >= 300
+    assert _words(log) < 300 + 40  # stops at the first line past the size
+    assert log == weather_log(_words, 300)
+
+
+def test_only_the_first_turn_carries_the_document_and_each_repeat_opens_its_own_conversation():
+    assert "DOC" in question(0, "DOC")["content"]
+    assert all("DOC" not in question(t, "DOC")["content"] for t in range(1, multiturn.TURNS))
+    assert opening(0) != opening(1)
+
+
+def test_the_chat_context_holds_the_last_turn_and_is_never_below_the_default():
+    assert chat_ctx(128) == 2048
+    big = chat_ctx(512)
+    assert big % 256 == 0
+    assert big >= multiturn.DOCUMENT_TOKENS + multiturn.TURNS * 512
+
+
+def _chat_record(cached: bool) -> ChatRecord:
+    record = ChatRecord()
+    for turn in range(multiturn.TURNS):
+        record.ttft["no cache"][turn] += [1.0 + turn, 3.0 + turn]
+        record.ttft["cache"][turn] += [0.1, 0.3]
+        record.prompt_tokens[turn] += [1000 + 50 * turn] * 2
+        if cached:
+            record.cached[turn] += [990, 990]
+    record.replies = {"cache": ["a", "b"], "no cache": ["a", "b"]}
+    return record
+
+
+def test_chat_rows_hold_turn_four_to_the_goal_and_say_whether_replies_matched():
+    rows = chat_table("chat", _chat_record(cached=False))
+    last = _by(rows, "turn 4 TTFT, prefix cache (s) (vs none)")
+    assert (last.value, last.baseline, last.goal) == (pytest.approx(0.2), 5.0, "<= 0.15")
+    assert last.ratio == pytest.approx(0.04)
+    assert _by(rows, "turn 1 TTFT, prefix cache (s) (vs none)").goal == ""
+    assert _by(rows, "turn 4 prompt tokens").value == 1150
+    assert not [r for r in rows if "cached tokens" in r.metric]  # not reported: no row
+    assert _by(rows, "greedy outputs identical, cache vs none (1 = yes)").value == 1.0
+
+
+def test_chat_rows_report_cached_tokens_when_the_server_does_and_catch_a_changed_reply():
+    record = _chat_record(cached=True)
+    record.replies["cache"][1] = "c"
+    rows = chat_table("chat", record)
+    assert _by(rows, "turn 2 cached tokens").value == 990
+    assert _by(rows, "greedy outputs identical, cache vs none (1 = yes)").value == 0.0
+    assert _by(rows, "first turn whose reply differs (0: none)").value == 2
+
+
+def test_the_first_difference_is_the_earliest_turn_in_any_repeat():
+    same = ["a"] * (2 * multiturn.TURNS)
+    assert first_difference({"cache": same, "no cache": same}) == 0
+    changed = [*same]
+    changed[multiturn.TURNS + 2] = "b"  # repeat 2, turn 3
+    changed[3] = "b"  # repeat 1, turn 4
+    assert first_difference({"cache": changed, "no cache": same}) == 3
+
+
+# -- ngram --------------------------------------------------------------------------------------
+
+def test_lookup_share_counts_the_tokens_that_follow_an_earlier_occurrence():
+    assert lookup_share([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]) == pytest.approx(3 / 6)  # 4, 5, 6 follow 1 2 3...
+    assert lookup_share([1, 2, 3, 4], [9, 8, 7, 6]) == 0.0
+    assert lookup_share([1, 2, 3, 4], [1, 2, 3, 7]) == 0.0  # 1 2 3 was followed by 4, not 7
+    assert lookup_share([5, 5, 5, 5], [5, 5]) == 1.0  # the latest occurrence may overlap the output
+    assert lookup_share([5, 5, 5], [5, 5]) == 0.5  # the first: 5 5 5 has no earlier occurrence
+    assert lookup_share([1, 2], []) == 0.0
+
+
+def test_copied_lines_accepts_the_function_renamed_or_not():
+    assert copied_lines(COPY_FUNCTION, COPY_FUNCTION) == 1.0
+    assert copied_lines(COPY_FUNCTION, COPY_FUNCTION.replace(*RENAME)) == 1.0
+    assert copied_lines(COPY_FUNCTION, "def other():\n    return 1\n") == 0.0
+
+
+def test_the_copy_workload_gives_the_function_whole():
+    assert COPY_FUNCTION in prompt_lookup.WORKLOADS["copy-heavy"]
+    assert RENAME[0] in COPY_FUNCTION
+
+
+def test_ngram_goals_follow_the_issue():
+    assert ngram_goal("copy-heavy", 0) == ">= 1.5"
+    assert ngram_goal("copy-heavy", 20) == ">= 3.0"
+    assert ngram_goal("copy-heavy", 5) == ""
+    assert ngram_goal("novel", 0) == ">= 0.97"
+    assert ngram_goal("novel", 20) == ""
+
+
+def _timing(tps: float, text: str = "same", usage: dict | None = None) -> StreamTiming:
+    """11 tokens, the last 10 / tps seconds after the first; usage as a server sends it."""
+    spec = Usage.model_validate({"prompt_tokens": 1, "completion_tokens": 11, "total_tokens": 12, **(usage or {})})
+    return StreamTiming(0.1, (0.0, 10.0 / tps), 11, spec.speculative, text, usage or {})
+
+
+def test_proposer_totals_sum_each_proposer_over_requests():
+    totals = proposer_totals([{"ngram": {"proposed": 4.0, "accepted": 3.0}},
+                              {"ngram": {"proposed": 2.0, "accepted": 1.0}, "draft": {"proposed": 5.0}}, {}])
+    assert totals == {"ngram": (6.0, 4.0), "draft": (5.0, 0.0)}
+
+
+def test_stream_timing_reads_what_a_newer_server_adds_to_usage():
+    ngram = {"windows": 1, "proposed": 3, "accepted": 2, "accept_rate": 0.67}
+    usage = {"prompt_tokens_details": {"cached_tokens": 12},
+             "speculative": {**ngram, "mean_window": 3.0, "by_proposer": {"ngram": ngram}}}
+    t = _timing(10.0, usage=usage)
+    assert t.cached_tokens == 12
+    assert t.by_proposer == {"ngram": {"windows": 1.0, "proposed": 3.0, "accepted": 2.0, "accept_rate": 0.67}}
+    assert _timing(10.0).cached_tokens is None
+    assert _timing(10.0).by_proposer == {}
+
+
+def _lookup_record(ngram_text: str = "same") -> LookupRecord:
+    record = LookupRecord()
+    speed = {"none": 10.0, "ngram": 20.0, "ngram+draft": 25.0, "draft": 12.0}
+    ngram = {"windows": 2, "proposed": 8, "accepted": 6, "accept_rate": 0.75}
+    draft = {"windows": 2, "proposed": 4, "accepted": 2, "accept_rate": 0.5}
+    combined = {"speculative": {"windows": 4, "proposed": 12, "accepted": 8, "accept_rate": 0.667,
+                                "mean_window": 3.0, "by_proposer": {"ngram": ngram, "draft": draft}}}
+    for mode, tps in speed.items():
+        for workload in prompt_lookup.WORKLOADS:
+            text = ngram_text if mode == "ngram" else "same"
+            record.timings[(mode, workload)] = [_timing(tps, text, combined if mode == "ngram+draft" else None)]
+    return record
+
+
+def test_lookup_rows_compare_every_mode_with_no_speculation():
+    rows = lookup_table("ngram 20 ms", 20.0, _lookup_record())
+    copy = [r for r in rows if r.scenario == "ngram 20 ms copy-heavy"]
+    ngram = _by(copy, "n-gram tok/s (vs none)")
+    assert ngram.ratio == pytest.approx(2.0)
+    assert ngram.goal == ">= 3.0"
+    assert _by(copy, "n-gram + draft (vs the better alone)").ratio == pytest.approx(1.25)
+    assert _by(copy, "ngram+draft: accept rate").value == pytest.approx(8 / 12)
+    assert _by(copy, "ngram+draft: ngram accept rate").value == pytest.approx(0.75)
+    assert _by(copy, "ngram+draft: ngram share of accepted tokens").value == pytest.approx(0.75)
+    assert _by(copy, "ngram+draft: draft share of accepted tokens").value == pytest.approx(0.25)
+    assert _by(copy, "ngram: accept rate (nothing proposed)").value == 0.0  # no usage.speculative
+    assert not [r for r in copy if r.metric.startswith("ngram: ngram")]  # one proposer: no breakdown
+    assert _by(rows, "greedy outputs identical to no speculation (1 = yes)").value == 1.0
+
+
+def test_lookup_rows_catch_a_reply_speculation_changed():
+    rows = lookup_table("ngram 0 ms", 0.0, _lookup_record(ngram_text="different"))
+    assert _by(rows, "greedy outputs identical to no speculation (1 = yes)").value == 0.0
+
+
+def test_bench_refuses_an_unknown_scenario_before_loading_anything():
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", "--scenarios", "chat,nope"])
+    with pytest.raises(SystemExit, match="unknown scenarios: nope"):
+        args.func(args)
