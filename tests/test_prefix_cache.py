@@ -119,6 +119,7 @@ def _chat(url: str) -> list[tuple[str, int, int]]:
     return turns
 
 
+@pytest.mark.slow
 def test_a_row_is_computed_alike_prefilled_in_any_pieces_or_decoded(smollm2_gguf):
     """What makes a reused prefix exact: llama.cpp's CPU kernels for graphs of 64 rows or
     more differ from a decode's, and the engine keeps every graph under that (INVARIANT_ROWS)."""
