@@ -182,12 +182,12 @@ def test_lookup_rows_compare_every_mode_with_no_speculation():
     assert _by(copy, "ngram+draft: draft share of accepted tokens").value == pytest.approx(0.25)
     assert _by(copy, "ngram: accept rate (nothing proposed)").value == 0.0  # no usage.speculative
     assert not [r for r in copy if r.metric.startswith("ngram: ngram")]  # one proposer: no breakdown
-    assert _by(rows, "greedy outputs identical to no speculation (1 = yes)").value == 1.0
+    assert _by(rows, "outputs identical to no speculation (greedy; novel: seeded sampling) (1 = yes)").value == 1.0
 
 
 def test_lookup_rows_catch_a_reply_speculation_changed():
     rows = lookup_table("ngram 0 ms", 0.0, _lookup_record(ngram_text="different"))
-    assert _by(rows, "greedy outputs identical to no speculation (1 = yes)").value == 0.0
+    assert _by(rows, "outputs identical to no speculation (greedy; novel: seeded sampling) (1 = yes)").value == 0.0
 
 
 def test_bench_refuses_an_unknown_scenario_before_loading_anything():

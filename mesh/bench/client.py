@@ -50,10 +50,11 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int) -> StreamTim
 
 
 def stream_messages(url: str, model: str, messages: list[dict[str, str]], max_tokens: int,
-                    ignore_eos: bool = True) -> StreamTiming:
-    """Greedy. EOS is ignored unless asked, so every run decodes the same number of tokens."""
+                    ignore_eos: bool = True, sampling: dict[str, float] | None = None) -> StreamTiming:
+    """Greedy unless `sampling` says otherwise (with a seed, every run draws the same tokens).
+    EOS is ignored unless asked, so every run decodes the same number of tokens."""
     body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": ignore_eos, "stream_options": {"include_usage": True}}
+            "ignore_eos": ignore_eos, "stream_options": {"include_usage": True}, **(sampling or {})}
     arrivals: list[float] = []
     pieces: list[str] = []
     raw_usage: dict[str, Any] = {}
