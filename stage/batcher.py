@@ -68,9 +68,9 @@ class _Job:
 
 
 class Batcher:
-    def __init__(self, engine: RangeEngine, max_rows: int = 512) -> None:
+    def __init__(self, engine: RangeEngine) -> None:
         self.engine = engine
-        self.max_rows = max_rows
+        self.max_rows = engine.graph_rows  # a decode of several sessions fits one graph
         # micro-batches (DESIGN.md §3): the most steps one decode may take, asked per decode
         self.max_steps: Callable[[], int] | None = None
         self.busy_s = 0.0  # engine time spent on this batcher's decodes and controls, since start

@@ -41,6 +41,11 @@ class RangeEngine(Protocol):
     n_vocab: int
     lanes: int
     ctx_per_lane: int
+    # The most rows one decode may hold across sessions: more, and llama.cpp splits the batch
+    # into per-session slices whose hidden states come back out of batch order, and past
+    # INVARIANT_ROWS its kernels change (stage/llama_model.py). One session's step may be
+    # longer: llama.cpp splits it in order.
+    graph_rows: int
 
     def step(self, steps: list[Step]) -> list[np.ndarray]:
         """Run one batched forward pass; per step: hidden [n, width] or logits [rows, vocab]."""

@@ -62,6 +62,7 @@ class LlamaRangeEngine:
         self.n_layer = L.llama_model_n_layer(self.model)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.graph_rows = min(cfg.batch, INVARIANT_ROWS)
         self.tap = None if cfg.final else HiddenTap(self.n_layer - 1, self.width)
         self.ctx = self._new_context(self.tap.callback if self.tap else observe)
         self.mem = L.llama_get_memory(self.ctx)
@@ -73,7 +74,7 @@ class LlamaRangeEngine:
         cfg = self.cfg
         p = L.llama_context_default_params()
         p.n_ctx = cfg.ctx_per_lane * cfg.lanes
-        p.n_batch, p.n_ubatch = cfg.batch, min(cfg.batch, INVARIANT_ROWS)  # stage.llama_model says why
+        p.n_batch, p.n_ubatch = cfg.batch, self.graph_rows  # stage.llama_model says why
         p.n_seq_max = cfg.lanes
         # A KV stream per lane: a session's attention then reads the same contiguous cells
         # whatever else is batched with it, so batched output equals solo output bit for bit.

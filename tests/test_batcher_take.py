@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 def _batcher(loop: asyncio.AbstractEventLoop, jobs: list[tuple[int, int] | None], max_rows: int = 512) -> Batcher:
     """Jobs are (lane, rows) steps, or None for a control job."""
-    batcher = Batcher(engine=None, max_rows=max_rows)  # type: ignore[arg-type]  # _take never touches it
+    batcher = Batcher(SimpleNamespace(graph_rows=max_rows))  # _take reads only that
     for spec in jobs:
         future = loop.create_future()
         if spec is None:
@@ -84,8 +85,8 @@ def test_work_queued_after_stop_fails_at_once_instead_of_waiting_forever(loop: a
     from stage.llama_engine import EngineError
 
     async def scenario() -> None:
-        never = SimpleNamespace(trim=lambda lane, position: pytest.fail("a stopped batcher ran a job"))
-        batcher = Batcher(engine=never)  # only trim is ever looked up
+        never = SimpleNamespace(graph_rows=48, trim=lambda lane, position: pytest.fail("a stopped batcher ran a job"))
+        batcher = Batcher(engine=never)  # only trim (and its row cap) is ever looked up
         batcher.start()
         await batcher.stop()
         trim = batcher.trim(0, 0)
@@ -117,7 +118,7 @@ def test_a_batch_dropped_unrun_by_a_stop_fails_its_steps():
     async def go() -> None:
         saved, module.ENGINE_THREAD = module.ENGINE_THREAD, Blocked()  # type: ignore[assignment]
         try:
-            b = Batcher(engine=None)  # type: ignore[arg-type]
+            b = Batcher(engine=SimpleNamespace(graph_rows=48))
             b.start()
             step = b.submit(Step(0, 0, tokens=np.zeros(1, np.int32)))
             await asyncio.sleep(0.05)  # the worker took it and waits for the engine thread

@@ -14,7 +14,7 @@ class ToyEngine:
     """No model: a token enters as the hidden row [token, 0, 0, 0], and the final stage's
     logits pick the token after it, so every row predicts its input + 1."""
 
-    width, n_vocab, lanes, ctx_per_lane = 4, 32, 2, 64
+    width, n_vocab, lanes, ctx_per_lane, graph_rows = 4, 32, 2, 64, 48
 
     def __init__(self, first: bool, final: bool) -> None:
         self.first, self.final = first, final
