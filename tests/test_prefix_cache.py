@@ -21,6 +21,7 @@ from toy_engine import ToyEngine
 
 from mesh.model_source import EMBEDDED_ID
 from mesh.prefix_cache import PrefixCache
+from mesh.speculative.draft import common_prefix
 from mesh.tokenizer import Tokenizer
 from stage.core import StageCore
 from stage.engine import Step
@@ -164,13 +165,6 @@ def _cached_server(cache: Path, stages: int) -> contextlib.AbstractContextManage
     return mesh_serve(cache, "--local-stages", str(stages), "--lanes", "2", "--windows-in-flight", "3")
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("stages", [1, 2, 3])
 def test_cached_output_equals_uncached_and_the_reuse_is_reported(serve_cache, prompts, uncached, stages):
@@ -179,14 +173,14 @@ def test_cached_output_equals_uncached_and_the_reuse_is_reported(serve_cache, pr
         assert _complete(url, p) == (uncached["p"], 0)  # a fresh server holds nothing
         assert _complete(url, p) == (uncached["p"], len(p) - 1)  # all but the token whose logits start the reply
         # another session shares the story and diverges at the question
-        assert _complete(url, q) == (uncached["q"], _common(p, q))
+        assert _complete(url, q) == (uncached["q"], common_prefix(p, q))
         # the cached lane is longer than the prompt: every stage trims it in the middle
         assert _complete(url, head) == (uncached["head"], len(head) - 1)
         # eviction, two lanes: x takes the lane never used, y the one used longest ago (head's)
         assert _complete(url, prompts["x"]) == (uncached["x"], 0)
         assert _complete(url, prompts["y"]) == (uncached["y"], 0)
         assert _complete(url, p) == (uncached["p"], 0)  # p is gone; x's lane is evicted now
-        cached = len(p) - 1 + _common(p, q) + len(head) - 1
+        cached = len(p) - 1 + common_prefix(p, q) + len(head) - 1
         assert metric(url, "meshpipe_prompt_tokens_cached_total") == cached
         sent = 3 * len(p) + len(q) + len(head) + len(prompts["x"]) + len(prompts["y"])
         assert metric(url, "meshpipe_prompt_tokens_prefilled_total") == sent - cached

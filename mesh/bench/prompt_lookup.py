@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mesh.bench.client import StreamTiming, stream_messages
 from mesh.bench.run import Row, Setup, serve
+from mesh.speculative.ngram import lookup
 from mesh.tokenizer import Tokenizer
 
 # SmolLM2-135M copies this one nearly whole (greedy, about 280 tokens) though it seldom does the
@@ -84,14 +87,9 @@ def ngram_goal(workload: str, delay: float) -> str:
 def lookup_share(context: list[int], output: list[int], n: int = LOOKUP_N) -> float:
     """Share of `output` that prompt lookup would have guessed: tokens equal to the one that
     followed the latest earlier occurrence of the n tokens before them (prompt and output)."""
-    seq = [*context, *output]
-    after: dict[tuple[int, ...], int] = {}  # n-gram -> the index just past its latest occurrence
-    hits = 0
-    for i in range(n, len(seq)):
-        key = tuple(seq[i - n : i])
-        if i >= len(context) and key in after and seq[after[key]] == seq[i]:
-            hits += 1
-        after[key] = i
+    seq = np.asarray([*context, *output], dtype=np.int64)
+    # the proposer's own matcher, at one length and one token
+    hits = sum(lookup(seq[:i], n, n, 1) == [seq[i]] for i in range(len(context), len(seq)))
     return hits / len(output) if output else 0.0
 
 
