@@ -12,28 +12,10 @@ from typing import Any
 import numpy as np
 from llama_cpp import llama_cpp as L
 
-from config.errors import MeshpipeError
 from stage.cpu_lock import CpuLock
-from stage.engine import Step
+from stage.engine import EngineConfig, EngineError, Step  # re-exported: callers import both from here
 from stage.hidden_tap import HiddenTap
 from stage.llama_model import INVARIANT_ROWS, flash_attn_type, load_model
-
-
-class EngineError(MeshpipeError):
-    """A request the engine cannot run (bad lane, position, shape, or a decode failure)."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    first: bool  # the range starts at layer 0: inputs are token ids
-    final: bool  # the range ends at the last layer: outputs are logits
-    lanes: int = 4
-    ctx_per_lane: int = 2048
-    batch: int = 256  # rows per llama_decode; one ubatch, so tap rows keep batch order
-    threads: int = 2
-    cpu_lock: Path | None = None  # take turns on the cores with engines in other processes
-    flash_attn: bool | None = None  # None: stage.llama_model's choice for every process
-
 
 _silence = L.llama_log_callback(lambda level, text, user: None)
 _backend_ready = False
