@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from stage.mlx_models.cache import KVCache
 
@@ -199,7 +200,7 @@ def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, fi
     tied = "output.weight" not in weights
     vocab = int(weights["token_embd.weight"].shape[0])
     model = Model(ModelArgs.from_gguf(meta, vocab), first=first, final=final, tied=tied)
-    wanted = {path for path, _ in _flat_parameter_paths(model)}
+    wanted = set(tree_flatten(model.parameters(), destination={}))  # parameter paths
     mapped: dict[str, mx.array] = {}
     for name, value in weights.items():
         path = module_path(name)
@@ -224,9 +225,3 @@ def quantized_linear_params(path: str, module: nn.Module, weights: dict[str, mx.
     in_dims = int(module.weight.shape[1])
     packed = int(weights[f"{path}.weight"].shape[1])
     return {"group_size": in_dims // int(scales.shape[1]), "bits": packed * 32 // in_dims}
-
-
-def _flat_parameter_paths(model: nn.Module) -> list[tuple[str, mx.array]]:
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(model.parameters())  # type: ignore[return-value]
