@@ -76,3 +76,17 @@ class RangeEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def check_step(engine: RangeEngine, s: Step, held: int) -> None:
+    """What every engine checks before running a step on a lane that holds `held` positions
+    (the lane itself checked already); raises EngineError, with the same messages everywhere."""
+    if s.start > held:
+        raise EngineError(f"lane {s.lane} holds {held} positions; frame starts at {s.start}")
+    if s.n == 0 or s.start + s.n > engine.ctx_per_lane:
+        raise EngineError(f"lane {s.lane}: {s.n} rows at {s.start} exceed context {engine.ctx_per_lane}")
+    if engine.first:
+        if s.tokens is None or s.tokens.min() < 0 or s.tokens.max() >= engine.n_vocab:
+            raise EngineError("first stage needs token ids within the vocabulary")
+    elif s.hidden is None or s.hidden.shape[1:] != (engine.width,):
+        raise EngineError(f"stage needs hidden states of width {engine.width}")

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from stage.cpu_lock import CpuLock
-from stage.engine import EngineConfig, EngineError, Step
+from stage.engine import EngineConfig, EngineError, Step, check_step
 from stage.mlx_models import builder
 from stage.mlx_models.cache import KVCache
 
@@ -88,18 +88,8 @@ class MlxRangeEngine:
             return [self._forward(s) for s in steps]
 
     def _prepare(self, s: Step) -> None:
-        """The checks and messages of `LlamaRangeEngine._prepare`; trims the lane to `start`."""
-        lane = self._check_lane(s.lane)
-        if s.start > self._pos[lane]:
-            raise EngineError(f"lane {lane} holds {self._pos[lane]} positions; frame starts at {s.start}")
-        if s.n == 0 or s.start + s.n > self.ctx_per_lane:
-            raise EngineError(f"lane {lane}: {s.n} rows at {s.start} exceed context {self.ctx_per_lane}")
-        if self.first:
-            if s.tokens is None or s.tokens.min() < 0 or s.tokens.max() >= self.n_vocab:
-                raise EngineError("first stage needs token ids within the vocabulary")
-        elif s.hidden is None or s.hidden.shape[1:] != (self.width,):
-            raise EngineError(f"stage needs hidden states of width {self.width}")
-        self.trim(lane, s.start)
+        check_step(self, s, self._pos[self._check_lane(s.lane)])
+        self.trim(s.lane, s.start)
 
     def _forward(self, s: Step) -> np.ndarray:
         caches = self.caches[s.lane]
