@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stage.engine import RangeEngine, Step
-from stage.llama_engine import EngineError
+from stage.engine import EngineError, RangeEngine, Step
 
 
 class VoidFrameError(Exception):

@@ -1,4 +1,4 @@
-"""The small interface every layer-range engine implements (llama.cpp now, MLX later).
+"""The small interface every layer-range engine implements (llama.cpp, MLX).
 
 An engine runs layers [start, end) of one model for many sessions. Each session owns a
 lane (a llama.cpp seq_id) with its own KV. Stage 0 feeds token ids; later stages feed
@@ -8,9 +8,30 @@ hidden states. The final stage returns logits, the others return hidden states.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from config.errors import MeshpipeError
+
+
+class EngineError(MeshpipeError):
+    """A request the engine cannot run (bad lane, position, shape, or a decode failure)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to run a range; every engine takes it (`batch` and `flash_attn` matter to llama.cpp only)."""
+
+    first: bool  # the range starts at layer 0: inputs are token ids
+    final: bool  # the range ends at the last layer: outputs are logits
+    lanes: int = 4
+    ctx_per_lane: int = 2048
+    batch: int = 256  # rows per llama_decode; one ubatch, so tap rows keep batch order
+    threads: int = 2
+    cpu_lock: Path | None = None  # take turns on the cores with engines in other processes
+    flash_attn: bool | None = None  # None: stage.llama_model's choice for every process
 
 
 @dataclass(frozen=True)
@@ -60,3 +81,17 @@ class RangeEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def check_step(engine: RangeEngine, s: Step, held: int) -> None:
+    """What every engine checks before running a step on a lane that holds `held` positions
+    (the lane itself checked already); raises EngineError, with the same messages everywhere."""
+    if s.start > held:
+        raise EngineError(f"lane {s.lane} holds {held} positions; frame starts at {s.start}")
+    if s.n == 0 or s.start + s.n > engine.ctx_per_lane:
+        raise EngineError(f"lane {s.lane}: {s.n} rows at {s.start} exceed context {engine.ctx_per_lane}")
+    if engine.first:
+        if s.tokens is None or s.tokens.min() < 0 or s.tokens.max() >= engine.n_vocab:
+            raise EngineError("first stage needs token ids within the vocabulary")
+    elif s.hidden is None or s.hidden.shape[1:] != (engine.width,):
+        raise EngineError(f"stage needs hidden states of width {engine.width}")

@@ -12,28 +12,10 @@ from typing import Any
 import numpy as np
 from llama_cpp import llama_cpp as L
 
-from config.errors import MeshpipeError
 from stage.cpu_lock import CpuLock
-from stage.engine import Step
+from stage.engine import EngineConfig, EngineError, Step, check_step  # Engine* re-exported for callers
 from stage.hidden_tap import HiddenTap
 from stage.llama_model import INVARIANT_ROWS, flash_attn_type, load_model
-
-
-class EngineError(MeshpipeError):
-    """A request the engine cannot run (bad lane, position, shape, or a decode failure)."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    first: bool  # the range starts at layer 0: inputs are token ids
-    final: bool  # the range ends at the last layer: outputs are logits
-    lanes: int = 4
-    ctx_per_lane: int = 2048
-    batch: int = 256  # rows per llama_decode; one ubatch, so tap rows keep batch order
-    threads: int = 2
-    cpu_lock: Path | None = None  # take turns on the cores with engines in other processes
-    flash_attn: bool | None = None  # None: stage.llama_model's choice for every process
-
 
 _silence = L.llama_log_callback(lambda level, text, user: None)
 _backend_ready = False
@@ -109,17 +91,8 @@ class LlamaRangeEngine:
         return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
 
     def _prepare(self, s: Step) -> None:
-        lane = self._check_lane(s.lane)
-        if s.start > self._pos[lane]:
-            raise EngineError(f"lane {lane} holds {self._pos[lane]} positions; frame starts at {s.start}")
-        if s.n == 0 or s.start + s.n > self.ctx_per_lane:
-            raise EngineError(f"lane {lane}: {s.n} rows at {s.start} exceed context {self.ctx_per_lane}")
-        if self.first:
-            if s.tokens is None or s.tokens.min() < 0 or s.tokens.max() >= self.n_vocab:
-                raise EngineError("first stage needs token ids within the vocabulary")
-        elif s.hidden is None or s.hidden.shape[1:] != (self.width,):
-            raise EngineError(f"stage needs hidden states of width {self.width}")
-        self.trim(lane, s.start)
+        check_step(self, s, self._pos[self._check_lane(s.lane)])
+        self.trim(s.lane, s.start)
 
     def _decode(self, steps: Sequence[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
         b = self.batch

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
-from stage.engine import Step
+from stage.engine import RangeEngine, Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.llama_model import open_llama
 
@@ -27,8 +28,8 @@ def build_chain(package: Path, cuts: list[int], cache: Path, lanes: int = 4,
     return engines
 
 
-def forward(engines: list[LlamaRangeEngine], batch: list[tuple[int, int, list[int]]]) -> list[np.ndarray]:
-    """One pass of several sessions (lane, start, tokens) through every stage; final logits."""
+def forward(engines: Sequence[RangeEngine], batch: list[tuple[int, int, list[int]]]) -> list[np.ndarray]:
+    """One pass of several sessions (lane, start, tokens) through every stage (of any engine); final logits."""
     data: list[np.ndarray] = [np.asarray(t, dtype=np.int32) for _, _, t in batch]
     for e in engines:
         steps = [
@@ -39,7 +40,7 @@ def forward(engines: list[LlamaRangeEngine], batch: list[tuple[int, int, list[in
     return data
 
 
-def greedy(engines: list[LlamaRangeEngine], prompt: list[int], n: int, lane: int = 0) -> list[int]:
+def greedy(engines: Sequence[RangeEngine], prompt: list[int], n: int, lane: int = 0) -> list[int]:
     tokens, out = list(prompt), []
     start = 0
     for _ in range(n):
@@ -50,7 +51,7 @@ def greedy(engines: list[LlamaRangeEngine], prompt: list[int], n: int, lane: int
     return out
 
 
-def close(engines: list[LlamaRangeEngine]) -> None:
+def close(engines: Sequence[RangeEngine]) -> None:
     for e in engines:
         e.close()
 

@@ -1,0 +1,227 @@
+"""The llama architecture (SmolLM2, Llama 2/3 without rope scaling) in MLX, over a layer range.
+
+Written the way mlx-lm writes a model: arguments, attention, MLP, block, model, and the
+weight names. The weights are a stage GGUF's (DESIGN.md §3 step 1), read by `mx.load`:
+layers renumbered from 0, so this range's layer i is `blk.i`. Q4_0, Q4_1 and Q8_0 tensors
+arrive as MLX affine quantized weights (packed uint32, scales and biases per group of 32)
+and stay quantized; `quantized_linear_params` reads their bits and group from the shapes.
+
+RoPE: llama.cpp's converter permutes the rows of `attn_q`/`attn_k` so that llama.cpp's
+"normal" rope, which rotates adjacent pairs (x0, x1), (x2, x3), ..., equals the Hugging Face
+model's half-split rope. MLX's `traditional=True` rope rotates the same adjacent pairs, so
+the GGUF weights are used as stored, with no permutation back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from stage.mlx_models.cache import KVCache
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    hidden_size: int
+    num_hidden_layers: int  # in this range
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_dims: int
+    rope_theta: float
+    rms_norm_eps: float
+    vocab_size: int
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, object], vocab_size: int) -> ModelArgs:
+        heads = int(_number(meta, "attention.head_count"))
+        hidden = int(_number(meta, "embedding_length"))
+        head_dim = int(_number(meta, "attention.key_length", hidden // heads))
+        return cls(
+            hidden_size=hidden,
+            num_hidden_layers=int(_number(meta, "block_count")),
+            intermediate_size=int(_number(meta, "feed_forward_length")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(_number(meta, "attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            rope_dims=int(_number(meta, "rope.dimension_count", head_dim)),
+            rope_theta=_number(meta, "rope.freq_base", 10000.0),
+            rms_norm_eps=_number(meta, "attention.layer_norm_rms_epsilon"),
+            vocab_size=vocab_size,
+        )
+
+
+def _number(meta: dict[str, object], key: str, default: float | None = None) -> float:
+    """A `llama.*` number from `mx.load`'s GGUF metadata (scalars arrive as 0-d arrays)."""
+    value = meta.get(f"llama.{key}", default)
+    if isinstance(value, mx.array):
+        value = value.item()
+    if not isinstance(value, int | float):
+        raise ValueError(f"the GGUF has no number llama.{key}")
+    return float(value)
+
+
+def check_supported(meta: dict[str, object], names: set[str]) -> None:
+    """Refuse what this file does not compute, by name, rather than computing it wrong."""
+    scaling = meta.get("llama.rope.scaling.type")
+    if scaling is not None and str(scaling) not in ("none", ""):
+        raise ValueError(f"llama rope scaling {scaling!r} is not supported by the MLX llama model")
+    if "rope_freqs.weight" in names:
+        raise ValueError("llama rope frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported")
+    biased = sorted(n for n in names if n.endswith(".bias"))
+    if biased:
+        raise ValueError(f"the MLX llama model has no bias terms; the GGUF has {biased[0]}")
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        dim, head_dim = args.hidden_size, args.head_dim
+        self.n_heads, self.n_kv_heads = args.num_attention_heads, args.num_key_value_heads
+        self.scale = head_dim**-0.5
+        self.q_proj = nn.Linear(dim, self.n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=False)
+        self.rope = nn.RoPE(args.rope_dims, traditional=True, base=args.rope_theta)
+
+    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+        batch, rows, _ = x.shape
+        q = self.q_proj(x).reshape(batch, rows, self.n_heads, -1).transpose(0, 2, 1, 3)
+        k = self.k_proj(x).reshape(batch, rows, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(batch, rows, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = self.rope(q, offset=cache.offset)
+        k = self.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        # "causal" aligns the last query with the last key: row i sees the cache and rows <= i
+        mask = "causal" if rows > 1 else None
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, rows, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Model(nn.Module):
+    """Layers [a, b) of a llama model: the embedding when a = 0, the norm and head when b = L.
+
+    `embed` turns token ids into the first layer's input; `__call__` runs the range's layers
+    (hidden states in, hidden states out); `logits` applies the final norm and the head,
+    which is the embedding matrix when the GGUF has no `output.weight` (tied, as in SmolLM2).
+    """
+
+    def __init__(self, args: ModelArgs, first: bool, final: bool, tied: bool) -> None:
+        super().__init__()
+        self.args, self.first, self.final, self.tied = args, first, final, tied
+        self.width, self.n_vocab, self.n_layer = args.hidden_size, args.vocab_size, args.num_hidden_layers
+        if first or (final and tied):
+            self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+        if final:
+            self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+            if not tied:
+                self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.embed_tokens(tokens)
+
+    def __call__(self, h: mx.array, caches: list[KVCache]) -> mx.array:
+        for layer, cache in zip(self.layers, caches, strict=True):
+            h = layer(h, cache)
+        return h
+
+    def logits(self, h: mx.array) -> mx.array:
+        h = self.norm(h)
+        return self.embed_tokens.as_linear(h) if self.tied else self.lm_head(h)
+
+    def make_caches(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+
+# GGUF tensor names -> this file's module paths
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+
+
+def module_path(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj.weight` (also `.scales`, `.biases`)."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    parts = stem.split(".")
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
+        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    if len(parts) == 1 and parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{suffix}"
+    raise ValueError(f"the MLX llama model has no place for GGUF tensor {gguf_name}")
+
+
+def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, final: bool,
+          dtype: mx.Dtype = mx.float32) -> Model:
+    """The model for a stage GGUF's tensors (`mx.load` names), with only what the range uses.
+
+    Floating weights (norms, and quantization scales and biases, float16 in the GGUF) are
+    cast to `dtype`, so activations stay in it: float32 follows llama.cpp's CPU arithmetic.
+    """
+    check_supported(meta, set(weights))
+    tied = "output.weight" not in weights
+    vocab = int(weights["token_embd.weight"].shape[0])
+    model = Model(ModelArgs.from_gguf(meta, vocab), first=first, final=final, tied=tied)
+    wanted = set(tree_flatten(model.parameters(), destination={}))  # parameter paths
+    mapped: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        path = module_path(name)
+        module = path.rpartition(".")[0]
+        if f"{module}.weight" not in wanted:
+            continue  # a stage GGUF carries the embedding and head even where the range skips them
+        mapped[path] = value.astype(dtype) if mx.issubdtype(value.dtype, mx.floating) else value
+    nn.quantize(model, class_predicate=lambda path, module: quantized_linear_params(path, module, mapped))
+    model.load_weights(list(mapped.items()), strict=True)
+    model.eval()
+    return model
+
+
+def quantized_linear_params(path: str, module: nn.Module, weights: dict[str, mx.array]) -> dict[str, int] | bool:
+    """`nn.quantize`'s predicate: a module whose weight came quantized gets its bits and group.
+
+    A packed weight is uint32 [out, in * bits / 32]; its scales are [out, in / group].
+    """
+    scales = weights.get(f"{path}.scales")
+    if scales is None or not hasattr(module, "to_quantized"):
+        return False
+    in_dims = int(module.weight.shape[1])
+    packed = int(weights[f"{path}.weight"].shape[1])
+    return {"group_size": in_dims // int(scales.shape[1]), "bits": packed * 32 // in_dims}
