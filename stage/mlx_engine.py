@@ -46,6 +46,9 @@ class MlxRangeEngine:
     def __init__(self, gguf: Path, cfg: EngineConfig) -> None:
         self.first, self.final = cfg.first, cfg.final
         self.lanes, self.ctx_per_lane, self.cfg = cfg.lanes, cfg.ctx_per_lane, cfg
+        # each step is its own forward pass, so a decode of several sessions keeps their rows
+        # apart whatever its size; the batcher's cap is just the configured batch
+        self.graph_rows = cfg.batch
         bad = unsupported_tensor(gguf)
         if bad is not None:
             raise EngineError(f"MLX cannot read tensor {bad[0]} of type {bad[1]} in {gguf.name} "
