@@ -353,7 +353,7 @@ class Coordinator:
         if self.engine is not None and (problem := req.sampling.problem(self.engine.n_vocab)):
             raise RequestRejectedError(problem)
         async with self.admission:
-            pipeline = self._live_pipeline()
+            pipeline = await self._live_pipeline()
             session, draft = next(self.sessions), self.proposer if self.spec is not None else None
             done: list[int] = []  # the completion so far: a resumed run prefills it again
             lane: int | None = None
@@ -437,15 +437,18 @@ class Coordinator:
                 windows[name] = self.shared_windows.setdefault(name, controller_for(policy))
         return windows
 
-    def _live_pipeline(self) -> Pipeline:
+    async def _live_pipeline(self) -> Pipeline:
+        """The route's pipeline. During a rebuild a new request waits for the next route as a
+        paused one does (bounded by resume_s) instead of being refused mid-recovery."""
         p = self.pipeline
-        if p is None or p.broken:
-            reason = (p.broken if p else None) or self.last_error or "route is being rebuilt"
-            if p is not None:
-                self._route_broken(reason)
+        if p is not None and not p.broken:
+            return p
+        reason = (p.broken if p else None) or self.last_error or "route is being rebuilt"
+        if p is not None:
+            self._route_broken(reason)
+        if self.settings.resume_s <= 0:
             raise MeshUnavailableError(f"mesh unavailable: {reason}")
-        return p
-
+        return await self._next_pipeline(reason)
 
 def windows_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
     """The verify frames a session may keep out: the configured number, else (auto) 1 where
