@@ -170,6 +170,19 @@ def test_a_stage_killed_while_idle_heals_with_only_health_polled(tmp_path):
         assert _stream(url)[2]["completion_tokens"] == TOKENS
 
 
+def test_a_request_sent_during_a_rebuild_waits_for_the_new_route(tmp_path):
+    with _mesh(tmp_path) as (url, pid):
+        reference, _, _ = _stream(url)
+        os.kill(stage_pids(pid)[1], signal.SIGKILL)
+        wait_for(lambda: _health(url)[0] != 200, timeout=10)
+        sent = time.monotonic()
+        text, _, usage = _stream(url)  # sent mid-rebuild: it waits rather than get a 503
+        assert text == reference and usage["completion_tokens"] == TOKENS
+        assert "resumed" not in usage  # it never ran on the broken route
+        assert time.monotonic() - sent < PAUSE_BOUND_S + 30
+        assert _health(url)[1].recoveries == 1
+
+
 def test_a_second_activation_link_leaves_the_route_alone(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         reference, _, _ = _stream(url)
