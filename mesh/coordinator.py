@@ -63,8 +63,9 @@ from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.batcher import close_engine
 from stage.control import split_endpoint
+from stage.engine import EngineConfig, RangeEngine
+from stage.engine_choice import open_engine
 from stage.grpc_auth import TokenInterceptor
-from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.tls import add_port, client_ssl
 from stage.transport import REPLIES_ROLE, Link, connect
 
@@ -99,7 +100,7 @@ class Coordinator:
         self.admission = asyncio.Semaphore(settings.lanes)
         self.route: Route | None = None
         self.pipeline: Pipeline | None = None
-        self.engine: LlamaRangeEngine | None = None
+        self.engine: RangeEngine | None = None
         self.tokenizer: Tokenizer | None = None
         self.artifact_server: grpc.aio.Server | None = None
         self.artifact_source = ""
@@ -143,8 +144,8 @@ class Coordinator:
             draft = await asyncio.to_thread(Draft, gguf, s.lanes, s.ctx_size, s.own_threads, s.cpu_lock)
         except Exception as exc:  # noqa: BLE001 -- whatever broke the draft, serve on without it
             return self._no_speculation(f"draft {self.spec.draft_model} unavailable: {exc}")
-        assert self.engine is not None
-        mismatch = vocab_mismatch(self.engine, draft.engine)
+        assert self.tokenizer is not None
+        mismatch = vocab_mismatch(self.tokenizer, draft.engine)
         if mismatch:
             await draft.stop()
             return self._no_speculation(f"draft {self.spec.draft_model} refused: {mismatch}")
@@ -203,7 +204,7 @@ class Coordinator:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, self.model_id)
         cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,
                            ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.own_threads, cpu_lock=s.cpu_lock)
-        self.engine = await asyncio.to_thread(LlamaRangeEngine, gguf, cfg)
+        self.engine = await asyncio.to_thread(open_engine, s.engine(0), gguf, cfg)
         link = replies = None
         if route.stages:
             link = await self._link(route.stages[0], "coordinator", "stage0->downstream")
@@ -339,7 +340,8 @@ class Coordinator:
                           end=self.route.stage0.end, state="READY",
                           rss_bytes=psutil.Process().memory_info().rss,
                           mem_available_bytes=vm.available, status_at=time.time(),
-                          busy_s=self.pipeline.core.batcher.busy_s if self.pipeline else None)
+                          busy_s=self.pipeline.core.batcher.busy_s if self.pipeline else None,
+                          engine=self.settings.engine(0))
         ready: StageState = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
         return (own, *(_remote_row(i, s, ready) for i, s in enumerate(self.route.stages, 1)))
 
@@ -509,7 +511,8 @@ def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
                        state=ready if s.reachable else "UNREACHABLE",
                        rss_bytes=s.status.rss_bytes if s.status else None,
                        mem_available_bytes=s.status.mem_available_bytes if s.status else None,
-                       status_at=s.status_at, busy_s=s.status.busy_seconds if s.status else None)
+                       status_at=s.status_at, busy_s=s.status.busy_seconds if s.status else None,
+                       engine=s.status.engine or None if s.status else None)
 
 
 def _outcome(last: Acceptance | Finished | None) -> str:

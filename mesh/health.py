@@ -35,6 +35,7 @@ class StageHealth(_Frozen):
     # engine seconds spent computing since the route was built, as of status_at; its growth
     # over a while, divided by that while, is the stage's busy fraction (stage 0: its layers)
     busy_s: float | None = None
+    engine: str | None = None  # "llama" or "mlx"; None before the stage's first Status reply
 
 
 class RecoveryHealth(_Frozen):

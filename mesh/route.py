@@ -29,6 +29,7 @@ from packages.parameters import layer_parameters
 from proto import meshpipe_pb2 as pb
 from proto.clients import StageControlClient, Unary, rpc_name, stage_control
 from proto.version import PROTOCOL_VERSION
+from stage.engine_choice import Engine
 from stage.grpc_auth import token_metadata
 from stage.tls import MeshTls, channel
 from stage.transport import NO_EMULATION, WireEmulation
@@ -80,6 +81,11 @@ class RouteSettings:
     micro_batches: int | None = None  # session groups in flight (DESIGN.md §3); None: one per stage
     resume_s: float = 60.0  # how long a generation waits for a new route after a break (0: it fails)
     prefix_cache: bool = True  # a finished request's tokens stay in its lane for the next (DESIGN.md §2)
+    engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
+
+    def engine(self, index: int) -> Engine:
+        """The engine local stage `index` runs (0: this process)."""
+        return self.engines[min(index, len(self.engines) - 1)]
 
     def groups(self, stages: int) -> int:
         """Micro-batches for a route of `stages`: as set, else one group per stage, so each
@@ -131,6 +137,7 @@ def spawn_local_stage(s: RouteSettings, index: int) -> RemoteStage:
         cmd += ["--tls-cert", str(s.tls.cert), "--tls-key", str(s.tls.key), "--tls-ca", str(s.tls.ca)]
     if s.cpu_lock:
         cmd += ["--cpu-lock", str(s.cpu_lock)]
+    cmd += ["--engine", s.engine(index)]
     env = dict(os.environ)
     if s.token:
         env["MESHPIPE_TOKEN"] = s.token

@@ -76,6 +76,10 @@ class Tokenizer:
                                           bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
         return n, tuple(s for s in found if s.text)
 
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's text of one token, as stored in the GGUF."""
+        return bytes(llama_cpp.llama_vocab_get_text(llama_cpp.llama_model_get_vocab(self.llm._model.model), token))
+
     def _turn_end_ids(self) -> set[int]:
         ids = set()
         for marker in _TURN_ENDS:

@@ -26,8 +26,9 @@ from proto.clients import artifact_transfer
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
 from stage.batcher import close_engine
+from stage.engine import EngineConfig, RangeEngine
+from stage.engine_choice import Engine, open_engine
 from stage.grpc_auth import token_metadata
-from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
 from stage.tls import MeshTls, client_ssl, server_ssl
 from stage.tls import channel as tls_channel
@@ -47,6 +48,7 @@ class StageOptions:
     threads: int
     tls: MeshTls | None = None
     cpu_lock: Path | None = None
+    engine: Engine = "llama"  # resolved from --engine at start (stage.engine_choice)
 
 
 class StageControl(pb_grpc.StageControlServicer):
@@ -62,7 +64,7 @@ class StageControl(pb_grpc.StageControlServicer):
         self.prepared: PreparedStage | None = None
         self.active: ActivationStage | None = None
         self.listener: asyncio.Server | None = None
-        self.engine: LlamaRangeEngine | None = None
+        self.engine: RangeEngine | None = None
         self.range = (0, 0)
 
     # -- fencing -------------------------------------------------------------------------
@@ -142,7 +144,7 @@ class StageControl(pb_grpc.StageControlServicer):
                                  bytes_done=self.progress.bytes_done,
                                  bytes_total=self.progress.bytes_total,
                                  layer_start=self.range[0], layer_end=self.range[1],
-                                 manifest_sha256=sha)
+                                 manifest_sha256=sha, engine=self.opt.engine)
 
     # -- loading -------------------------------------------------------------------------
 
@@ -180,7 +182,7 @@ class StageControl(pb_grpc.StageControlServicer):
         cfg = EngineConfig(first=p.start == 0, final=r.final, lanes=r.lanes,
                            ctx_per_lane=r.ctx_size, batch=r.batch or 256,
                            threads=r.threads or self.opt.threads, cpu_lock=self.opt.cpu_lock)
-        self.engine = await asyncio.to_thread(LlamaRangeEngine, p.gguf, cfg)
+        self.engine = await asyncio.to_thread(open_engine, self.opt.engine, p.gguf, cfg)
         emulation = WireEmulation(r.wire_delay_ms, r.wire_jitter_ms)  # benchmark-only; 0 on real meshes
         downstream = None
         if r.downstream:
@@ -230,6 +232,7 @@ class StageControl(pb_grpc.StageControlServicer):
             rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
             stage_id=self.stage_id, protocol_version=PROTOCOL_VERSION,
             busy_seconds=self.active.core.batcher.busy_s if self.active else 0.0,
+            engine=self.opt.engine,
         )
 
 

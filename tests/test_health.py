@@ -19,17 +19,17 @@ from mesh.health import Health, StageHealth
 from mesh.metrics import Metrics
 
 # The keys, in order, that /health serves; readers outside this repo rely on them, so new
-# keys only ever go at the end (the busy seconds came with issue 14).
+# keys only ever go at the end (the busy seconds came with issue 14, the engine with 17).
 HEALTH_KEYS = ["ok", "model", "route", "stages", "error", "speculative", "draft_busy_s", "recoveries",
                "sessions_resumed", "last_recovery"]
 STAGE_KEYS = ["stage", "endpoint", "start", "end", "state", "rss_bytes", "mem_available_bytes", "status_at",
-              "busy_s"]
+              "busy_s", "engine"]
 
 SPLIT = Health(
     ok=True, model="tiny", route="coordinator [0,2) -> 127.0.0.1:7070 [2,4)", error=None,
     speculative="off (--no-draft)",
     stages=(StageHealth(stage=0, endpoint="coordinator", start=0, end=2, state="READY", rss_bytes=300 << 20,
-                        mem_available_bytes=2 << 30, status_at=1700000000.5),
+                        mem_available_bytes=2 << 30, status_at=1700000000.5, engine="mlx"),
             StageHealth(stage=1, endpoint="127.0.0.1:7070", start=2, end=4, state="UNREACHABLE",
                         rss_bytes=None, mem_available_bytes=None, status_at=0.0)))
 
@@ -69,9 +69,9 @@ def test_status_table():
     lines = format_health(SPLIT).splitlines()
     assert lines[0] == "model: tiny   route: ok"
     assert lines[1] == "speculative: off (--no-draft)"
-    assert lines[2].split() == ["stage", "endpoint", "layers", "state", "rss", "mem", "free", "busy"]
-    assert lines[3].split()[:4] == ["0", "coordinator", "[0,2)", "READY"]
-    assert lines[4].split()[:4] == ["1", "127.0.0.1:7070", "[2,4)", "UNREACHABLE"]
+    assert lines[2].split() == ["stage", "endpoint", "layers", "engine", "state", "rss", "mem", "free", "busy"]
+    assert lines[3].split()[:5] == ["0", "coordinator", "[0,2)", "mlx", "READY"]
+    assert lines[4].split()[:5] == ["1", "127.0.0.1:7070", "[2,4)", "?", "UNREACHABLE"]  # never answered
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
 from stage.cpus import parse_cpus, pin
+from stage.engine_choice import ENGINE_CHOICES, Engine, resolve
 from stage.transport import WireEmulation
 
 WIRE_DTYPES = {"f32": pb.F32, "f16": pb.F16, "bf16": pb.BF16}
@@ -106,6 +107,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "host; pinned stages take no CPU lock unless --cpu-lock names one")
     p.add_argument("--cpu-lock", default=None, help=CPU_LOCK_HELP + "; 'off' to never take turns "
                    "(default: CACHE/cpu.lock when --local-stages times --threads exceeds the cores)")
+    p.add_argument("--engine", nargs="+", default=["auto"], choices=ENGINE_CHOICES, metavar="ENGINE",
+                   help="range engine, auto|llama|mlx: one for every local stage, or one per local stage "
+                   "with this process first, as in --engine llama mlx (default: auto, which is mlx on "
+                   "Apple silicon with mlx installed, else llama)")
     p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPES), default="f32",
                    help="hidden-state dtype on the wire (f32 is exact)")
     p.add_argument("--artifact-listen", default=None,
@@ -149,6 +154,9 @@ def _check(args: argparse.Namespace) -> None:
     if args.stage_cpus is not None and len(args.stage_cpus) != args.local_stages:
         raise UsageError(f"--stage-cpus wants one CPU list per local stage ({args.local_stages}), "
                          f"got {len(args.stage_cpus)}")
+    if len(args.engine) not in (1, args.local_stages):
+        raise UsageError(f"--engine wants one engine, or one per local stage ({args.local_stages}), "
+                         f"got {len(args.engine)}")
     for cpus in args.stage_cpus or ():
         parse_cpus(cpus)  # a bad list fails now, not in a spawned stage
     if not 0 <= args.resume_timeout <= 3600:
@@ -190,7 +198,7 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
                              direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()),
                              micro_batches=args.micro_batches, resume_s=args.resume_timeout,
-                             prefix_cache=not args.no_prefix_cache)
+                             prefix_cache=not args.no_prefix_cache, engines=_engines(args))
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),
@@ -202,6 +210,13 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
              "address; pass --advertise with an address they can dial")
     return Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say,
                        spec=spec, spec_note=note)
+
+
+def _engines(args: argparse.Namespace) -> tuple[Engine, ...]:
+    """One resolved engine per local stage, stage 0 first; local stages run on this machine,
+    so what it cannot run fails here, before any stage starts."""
+    names = args.engine * args.local_stages if len(args.engine) == 1 else args.engine
+    return tuple(resolve(name) for name in names)
 
 
 def _threads(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from stage.cpu_lock import HELP as CPU_LOCK_HELP
 from stage.cpus import HELP as CPUS_HELP
 from stage.cpus import available_cpus, parse_cpus, pin
 from stage.daemon import run_stage
+from stage.engine_choice import ENGINE_CHOICES, resolve
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="engine threads (default: one per CPU this process may run on)")
     p.add_argument("--cpus", default=None, metavar="LIST", help=CPUS_HELP)
     p.add_argument("--cpu-lock", type=Path, default=None, help=CPU_LOCK_HELP)
+    p.add_argument("--engine", choices=ENGINE_CHOICES, default="auto",
+                   help="range engine: mlx on Apple silicon with mlx installed, else llama.cpp "
+                   "(default: %(default)s)")
     add_tls_arguments(p)
     p.set_defaults(func=_run)
 
@@ -44,9 +48,12 @@ def _run(args: argparse.Namespace) -> int:
     advertise = args.advertise or (host if host not in ("0.0.0.0", "::", "") else own_address())
     if advertise.startswith("127.") and host not in ("127.0.0.1", "localhost"):
         logging.warning("advertising %s, which other machines cannot reach; pass --advertise", advertise)
+    engine = resolve(args.engine)  # before listening: a stage that cannot run its engine says so now
+    logging.info("engine: %s", engine)
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
-                           threads=args.threads or len(available_cpus()), tls=tls, cpu_lock=args.cpu_lock)
+                           threads=args.threads or len(available_cpus()), tls=tls, cpu_lock=args.cpu_lock,
+                           engine=engine)
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)

@@ -52,10 +52,10 @@ def format_health(state: Health) -> str:
     if (last := state.last_recovery) is not None:
         lines.append(f"recoveries: {state.recoveries}, {state.sessions_resumed} sessions resumed; last: "
                      f"{last.cause} (noticed after {last.detect_s:.1f}s, serving again after {last.resume_s:.1f}s)")
-    rows = [("stage", "endpoint", "layers", "state", "rss", "mem free", "busy")]
+    rows = [("stage", "endpoint", "layers", "engine", "state", "rss", "mem free", "busy")]
     for s in state.stages:
         busy = "" if s.busy_s is None else f"{s.busy_s:.1f} s"  # engine time since the route was built
-        rows.append((str(s.stage), s.endpoint, f"[{s.start},{s.end})", s.state,
+        rows.append((str(s.stage), s.endpoint, f"[{s.start},{s.end})", s.engine or "?", s.state,
                      human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0), busy))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]

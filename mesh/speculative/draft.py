@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llama_cpp import llama_cpp as L
@@ -18,6 +19,9 @@ from packages.speculative import verify_draft
 from stage.batcher import Batcher, close_engine
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
+
+if TYPE_CHECKING:
+    from mesh.tokenizer import Tokenizer
 
 DRAFT = "draft"  # its name in usage.speculative.by_proposer
 
@@ -97,11 +101,12 @@ def draft_path(plan: SpecPlan, package_dir: Path) -> Path:
     return resolve_draft(plan.draft_model, package_dir)
 
 
-def vocab_mismatch(target: LlamaRangeEngine, draft: LlamaRangeEngine) -> str | None:
-    """Why the draft's tokenizer differs from the target's, or None when they agree."""
+def vocab_mismatch(target: Tokenizer, draft: LlamaRangeEngine) -> str | None:
+    """Why the draft's tokenizer differs from the target's, or None when they agree. The
+    target's is stage 0's tokenizer, whichever engine runs stage 0's layers."""
     if target.n_vocab != draft.n_vocab:
         return f"its vocabulary has {draft.n_vocab} tokens, the target's {target.n_vocab}"
     for token in range(target.n_vocab):
-        if L.llama_vocab_get_text(target.vocab, token) != L.llama_vocab_get_text(draft.vocab, token):
+        if target.token_text(token) != L.llama_vocab_get_text(draft.vocab, token):
             return f"token {token} differs between the draft's and the target's tokenizer"
     return None
