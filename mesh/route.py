@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 
 from config.errors import MeshpipeError
 from mesh.planner import StageRange, plan_ranges
+from mesh.stage_fit import StageNeed, misfits, package_sizes
 from packages.manifest import Manifest
 from packages.parameters import layer_parameters
 from proto import meshpipe_pb2 as pb
@@ -194,6 +195,7 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
                                      for s in route.stages]
     costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
     ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)
+    await _check_fit(route, ranges, own_memory)
     route.stage0 = ranges[0]
     route.term = time.time_ns() // 1000
     for stage, rng in zip(route.stages, ranges[1:], strict=True):
@@ -208,6 +210,22 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
         stage = route.stages[index - 1]
         await _load(route, stage, index, downstream)
         downstream = stage.activation
+
+
+async def _check_fit(route: Route, ranges: list[StageRange], own_memory: int) -> None:
+    """Refuse a plan a stage's engine cannot read or its machine cannot hold, before any
+    stage prepares; stage 0 and the stages it spawned share this machine's memory."""
+    s = route.settings
+    sizes = await asyncio.to_thread(package_sizes, route.package_dir, route.manifest)
+    needs = [StageNeed("stage 0 (this process)", ranges[0], s.engine(0), own_memory, "this machine")]
+    for index, (stage, rng) in enumerate(zip(route.stages, ranges[1:], strict=True), 1):
+        engine: Engine = "mlx" if stage.status is not None and stage.status.engine == "mlx" else "llama"
+        free = stage.status.mem_available_bytes if stage.status is not None else own_memory
+        machine = "this machine" if stage.process is not None else stage.endpoint
+        needs.append(StageNeed(f"stage {index} ({stage.endpoint})", rng, engine, free, machine))
+    problems = misfits(sizes, needs, s.lanes, s.ctx_size)
+    if problems:
+        raise RouteError("the plan does not fit: " + "; ".join(problems))
 
 
 async def _first_answering(route: Route, standby: list[RemoteStage]) -> RemoteStage | None:

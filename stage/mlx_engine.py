@@ -23,23 +23,9 @@ import numpy as np
 
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, EngineError, Step, check_step
+from stage.engine_choice import MLX_GGUF_TYPES, unsupported_tensor
 from stage.mlx_models import builder
 from stage.mlx_models.cache import KVCache
-
-# The GGUF tensor types `mx.load` reads: Q4_0, Q4_1 and Q8_0 stay quantized, the floats are
-# read as they are. K-quants and the rest fail inside `mx.load` with a message that names
-# neither tensor nor type, so they are refused first, by name.
-MLX_GGUF_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
-
-
-def unsupported_tensor(gguf: Path) -> tuple[str, str] | None:
-    """The first tensor (name, type) of the GGUF that `mx.load` cannot read, if any."""
-    from gguf import GGUFReader
-
-    for tensor in GGUFReader(gguf).tensors:
-        if tensor.tensor_type.name not in MLX_GGUF_TYPES:
-            return tensor.name, tensor.tensor_type.name
-    return None
 
 
 class MlxRangeEngine:

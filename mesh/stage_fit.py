@@ -1,0 +1,117 @@
+"""Whether a planned range fits its stage: its engine reads the range's tensors, and its
+machine has the memory the range costs on that engine. Checked before any stage prepares.
+
+Weights: the range's tensors as the package stores them. Both engines keep Q4_0, Q4_1 and
+Q8_0 quantized (llama.cpp maps the file, MLX reads it into memory); a final stage whose
+model ties its head to the token embeddings holds the embeddings too.
+
+KV: each layer keeps, per position, keys and values as wide as its `attn_k` and `attn_v`
+outputs. llama.cpp allocates f16 for every lane's whole context at Load. MLX keeps them in
+its activations' dtype, f32, and grows a lane's buffer as it fills (stage/mlx_models/cache.py),
+so its worst case is what is counted: every lane full. Measured against RSS in DESIGN.md §3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mesh.planner import StageRange
+from packages.gguf_files import open_gguf
+from packages.manifest import Manifest
+from stage.engine_choice import MLX_GGUF_TYPES, Engine
+
+KV_BYTES = {"llama": 2, "mlx": 4}  # per element: llama.cpp's f16 cache, MLX's f32
+# The engine's own: library, compute buffers, MLX's buffer cache. RSS growth past weights + KV,
+# SmolLM2 with every lane filled (DESIGN.md §3): llama.cpp -9..+17 MiB, MLX +43..+49 MiB.
+OVERHEAD = {"llama": 32 << 20, "mlx": 64 << 20}
+
+
+@dataclass(frozen=True)
+class PackageSizes:  # what the fit checks read once from a package
+    layer_weights: tuple[int, ...]  # tensor bytes of each layer
+    layer_kv: tuple[int, ...]  # key + value elements each layer keeps per position
+    layer_types: tuple[tuple[tuple[str, str], ...], ...]  # (tensor, GGUF type) of each layer
+    embeddings: int  # the token embeddings: stage 0's, and a tied head's
+    head: int  # the final norm and output matrix; the embeddings are added when tied
+    tied: bool
+
+
+@dataclass(frozen=True)
+class Footprint:
+    weights: int
+    kv: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.overhead
+
+
+def package_sizes(package_dir: Path, manifest: Manifest) -> PackageSizes:
+    """Read from the package's tensor headers; raises PackageError when one cannot be read."""
+    kv, types = [], []
+    for layer in manifest.layers:
+        tensors = open_gguf(package_dir / layer.path).tensors
+        widths = {t.name.rsplit(".", 2)[-2]: int(t.shape[-1]) for t in tensors}
+        kv.append(widths.get("attn_k", 0) + widths.get("attn_v", 0))
+        types.append(tuple((t.name, t.tensor_type.name) for t in tensors))
+    shared = manifest.shared
+    output = shared.get("output")
+    tied = output is None or not any(t.name == "output.weight"
+                                     for t in open_gguf(package_dir / output.path).tensors)
+    return PackageSizes(layer_weights=tuple(a.tensor_bytes for a in manifest.layers), layer_kv=tuple(kv),
+                        layer_types=tuple(types),
+                        embeddings=shared["embeddings"].tensor_bytes if "embeddings" in shared else 0,
+                        head=output.tensor_bytes if output else 0, tied=tied)
+
+
+def footprint(sizes: PackageSizes, rng: StageRange, engine: Engine, lanes: int, ctx: int) -> Footprint:
+    final = rng.end == len(sizes.layer_weights)
+    weights = sum(sizes.layer_weights[rng.start:rng.end])
+    weights += sizes.embeddings if rng.start == 0 else 0
+    weights += (sizes.head + (sizes.embeddings if sizes.tied else 0)) if final else 0
+    kv = lanes * ctx * KV_BYTES[engine] * sum(sizes.layer_kv[rng.start:rng.end])
+    return Footprint(weights, kv, OVERHEAD[engine])
+
+
+@dataclass(frozen=True)
+class StageNeed:
+    name: str  # how the operator knows the stage: "stage 0 (this process)", an endpoint
+    rng: StageRange
+    engine: Engine
+    free: int  # bytes the stage's machine reports available
+    machine: str  # stages on one machine share its free memory
+
+
+def misfits(sizes: PackageSizes, needs: Sequence[StageNeed], lanes: int, ctx: int) -> list[str]:
+    """Why the plan does not fit: a range its engine cannot read, a machine short of memory;
+    empty when it fits."""
+    problems = [p for n in needs if (p := _unreadable(sizes, n))]
+    for machine in dict.fromkeys(n.machine for n in needs):
+        here = [n for n in needs if n.machine == machine]
+        prints = [footprint(sizes, n.rng, n.engine, lanes, ctx) for n in here]
+        total, free = sum(p.total for p in prints), min(n.free for n in here)
+        if total <= free:
+            continue
+        parts = ", ".join(f"{n.name} [{n.rng.start},{n.rng.end}) on {n.engine}: {_mib(p.weights)} weights "
+                          f"+ {_mib(p.kv)} KV + {_mib(p.overhead)} engine" for n, p in zip(here, prints, strict=True))
+        problems.append(f"{parts} need {_mib(total)} at {lanes} lanes of {ctx} tokens and the machine has "
+                        f"{_mib(free)} free (lower --lanes or --ctx-size, or add a stage)")
+    return problems
+
+
+def _unreadable(sizes: PackageSizes, need: StageNeed) -> str | None:
+    if need.engine != "mlx":  # llama.cpp reads every type a package holds
+        return None
+    for layer in range(need.rng.start, need.rng.end):
+        for name, kind in sizes.layer_types[layer]:
+            if kind not in MLX_GGUF_TYPES:
+                return (f"{need.name} runs MLX, which cannot read tensor {name} of type {kind} in layer "
+                        f"{layer} (it reads {', '.join(MLX_GGUF_TYPES)}); run that stage with --engine llama")
+    return None
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
