@@ -6,8 +6,8 @@ format. Token ids in at the first stage, hidden states in and out in between (fl
 [n, width], as llama.cpp's), logits at the final stage. Each lane has its own KV per layer
 (`stage.mlx_models.cache`), trimmed to a step's authoritative start before it runs.
 
-Steps run one after another inside `step`, one forward pass each; batching several
-sessions' rows into one pass is not done yet. Activations are float32, as llama.cpp's on
+Steps of several sessions with the same number of rows (decodes, equal verify windows)
+run as one forward pass; others run one after another. Activations are float32, as llama.cpp's on
 a CPU; the numbers still differ from llama.cpp's in the last bits (its matmuls quantize
 activations to 8 bits, and its KV is float16), so hidden states agree to a tolerance and
 greedy tokens agree (tests/test_mlx_engine.py).
@@ -70,36 +70,47 @@ class MlxRangeEngine:
             self._pos[lane] = max(position, 0)
 
     def step(self, steps: list[Step]) -> list[np.ndarray]:
-        """Each step is one forward pass of its rows; a verify window of k drafts is k+1 rows."""
+        """Steps with the same number of rows run as one forward pass, one batch row per
+        session: the matmuls batched, attention per lane (stage.mlx_models.llama.Attention)."""
         for s in steps:
             self._prepare(s)
+        out: list[np.ndarray] = [np.empty(0)] * len(steps)
         with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
-            return [self._forward(s) for s in steps]
+            for group in passes(steps):
+                for i, result in zip(group, self._forward([steps[i] for i in group]), strict=True):
+                    out[i] = result
+        return out
 
     def _prepare(self, s: Step) -> None:
         check_step(self, s, self._pos[self._check_lane(s.lane)])
         self.trim(s.lane, s.start)
 
-    def _forward(self, s: Step) -> np.ndarray:
-        caches = self.caches[s.lane]
-        for cache in caches:  # a forward pass that failed midway may have left some layers ahead
-            cache.trim(s.start)
+    def _forward(self, steps: list[Step]) -> list[np.ndarray]:
+        lanes = [self.caches[s.lane] for s in steps]
+        for s, caches in zip(steps, lanes, strict=True):
+            for cache in caches:  # a forward pass that failed midway may have left some layers ahead
+                cache.trim(s.start)
         try:
-            out = self._run(s, caches)
+            out = self._run(steps, lanes)
         except (RuntimeError, ValueError) as exc:
             raise EngineError(f"MLX forward pass failed: {exc}") from exc
-        self._pos[s.lane] = s.start + s.n
+        for s in steps:
+            self._pos[s.lane] = s.start + s.n
         return out
 
-    def _run(self, s: Step, caches: list[KVCache]) -> np.ndarray:
+    def _run(self, steps: list[Step], lanes: list[list[KVCache]]) -> list[np.ndarray]:
         if self.first:
-            h = self.model.embed(mx.array(np.asarray(s.tokens, dtype=np.int32))[None])
+            h = self.model.embed(mx.array(np.stack([np.asarray(s.tokens, np.int32) for s in steps])))
         else:
-            h = mx.array(np.asarray(s.hidden, dtype=np.float32))[None]
-        h = self.model(h, caches)
-        out = h if not self.final else self.model.logits(h if s.all_logits else h[:, -1:, :])
-        mx.eval(out, *[a for cache in caches for a in cache.state])
-        return np.array(out[0].astype(mx.float32), copy=True)
+            h = mx.array(np.stack([np.asarray(s.hidden, np.float32) for s in steps]))
+        h = self.model(h, lanes)
+        every_row = any(s.all_logits for s in steps)
+        out = h if not self.final else self.model.logits(h if every_row else h[:, -1:, :])
+        mx.eval(out, *[a for caches in lanes for cache in caches for a in cache.state])
+        rows = np.array(out.astype(mx.float32), copy=True)
+        # the final stage returns the last row's logits unless the step asked for every row's
+        return [rows[b] if not self.final or s.all_logits or not every_row else rows[b, -1:]
+                for b, s in enumerate(steps)]
 
     def _check_lane(self, lane: int) -> int:
         if not 0 <= lane < self.lanes:
@@ -111,3 +122,16 @@ class MlxRangeEngine:
         if self.cpu_lock:
             self.cpu_lock.close()
             self.cpu_lock = None
+
+
+def passes(steps: list[Step]) -> list[list[int]]:
+    """Indexes of the steps that run as one forward pass: the same number of rows, one step
+    per lane (a lane's rows follow its own earlier ones)."""
+    groups: list[list[int]] = []
+    for i, s in enumerate(steps):
+        group = next((g for g in groups if steps[g[0]].n == s.n and all(steps[j].lane != s.lane for j in g)), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    return groups

@@ -29,7 +29,7 @@ from packages.materialize import materialize_stage
 from stage.batcher import Batcher, close_engine
 from stage.engine import EngineConfig, EngineError, RangeEngine, Step
 from stage.llama_engine import LlamaRangeEngine
-from stage.mlx_engine import MlxRangeEngine
+from stage.mlx_engine import MlxRangeEngine, passes
 
 ENGINES = {"llama": LlamaRangeEngine, "mlx": MlxRangeEngine}
 
@@ -353,3 +353,44 @@ def test_smollm2_rows_are_batch_invariant(smollm2_package, stage_cache, smol_pro
         np.testing.assert_array_equal(rows[-1], prefilled)
     finally:
         engine.close()
+
+
+def test_passes_group_equal_row_counts_one_step_per_lane():
+    one = np.array([1], np.int32)
+    steps = [Step(0, 5, tokens=one), Step(1, 2, tokens=np.array([1, 2], np.int32)), Step(2, 9, tokens=one),
+             Step(0, 6, tokens=one), Step(3, 0, tokens=one)]
+    assert passes(steps) == [[0, 2, 4], [1], [3]]  # lane 0's second row waits for its first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", [True, False], ids=["first-stage", "later-stage"])
+def test_smollm2_sessions_batched_in_one_pass_equal_each_alone(smollm2_package, stage_cache, smol_prompts, first):
+    """Three sessions at different positions decode in one pass (two at once verify 3-row
+    windows, one asking for every row's logits), bit for bit as each session run alone."""
+    start, end = (0, 30) if first else (15, 30)
+    rng = np.random.default_rng(3)
+
+    def rows(n: int) -> dict[str, np.ndarray]:
+        if first:
+            return {"tokens": rng.integers(0, 49152, n).astype(np.int32)}
+        return {"hidden": rng.standard_normal((n, 576)).astype(np.float32)}
+
+    prompts = [rows(len(p)) for p in smol_prompts[:3]]
+    decodes, windows = [rows(1) for _ in range(3)], [rows(3) for _ in range(2)]
+    batched, alone = (make_engine("mlx", smollm2_package, stage_cache, start, end, lanes=3) for _ in range(2))
+    try:
+        for lane, p in enumerate(prompts):
+            for e in (batched, alone):
+                e.step([Step(lane, 0, **p)])
+        pos = [batched.position(lane) for lane in range(3)]
+        together = batched.step([Step(lane, pos[lane], **d) for lane, d in enumerate(decodes)])
+        assert len(passes([Step(lane, pos[lane], **d) for lane, d in enumerate(decodes)])) == 1
+        singles = [alone.step([Step(lane, pos[lane], **d)])[0] for lane, d in enumerate(decodes)]
+        for got, want in zip(together, singles, strict=True):
+            np.testing.assert_array_equal(got, want)
+        verify = [Step(0, pos[0] + 1, all_logits=True, **windows[0]), Step(1, pos[1] + 1, **windows[1])]
+        together = batched.step(verify)
+        for got, s in zip(together, verify, strict=True):
+            np.testing.assert_array_equal(got, alone.step([s])[0])
+    finally:
+        close([batched, alone])

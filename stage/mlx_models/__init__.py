@@ -24,8 +24,9 @@ class RangeModel(Protocol):
         """Token ids [B, n] -> the first layer's input [B, n, width] (first stage only)."""
         ...
 
-    def __call__(self, h: mx.array, caches: list[KVCache]) -> mx.array:
-        """The range's layers: hidden states in, hidden states out, KV appended to `caches`."""
+    def __call__(self, h: mx.array, lanes: list[list[KVCache]]) -> mx.array:
+        """The range's layers for B sessions ([B, rows, width]): hidden states in, hidden
+        states out, each session's KV appended to its caches `lanes[b]` (one per layer)."""
         ...
 
     def logits(self, h: mx.array) -> mx.array:

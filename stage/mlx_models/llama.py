@@ -89,18 +89,24 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=False)
         self.rope = nn.RoPE(args.rope_dims, traditional=True, base=args.rope_theta)
 
-    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
+        """x: [B, rows, dim], one batch row per session, each with its own lane's cache:
+        the projections run batched, attention per session over its own keys."""
         batch, rows, _ = x.shape
         q = self.q_proj(x).reshape(batch, rows, self.n_heads, -1).transpose(0, 2, 1, 3)
         k = self.k_proj(x).reshape(batch, rows, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(batch, rows, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        outs = [self._attend(q[b : b + 1], k[b : b + 1], v[b : b + 1], cache) for b, cache in enumerate(caches)]
+        out = outs[0] if batch == 1 else mx.concatenate(outs, axis=0)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, rows, -1))
+
+    def _attend(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache) -> mx.array:
         q = self.rope(q, offset=cache.offset)
         k = self.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
         # "causal" aligns the last query with the last key: row i sees the cache and rows <= i
-        mask = "causal" if rows > 1 else None
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, rows, -1))
+        mask = "causal" if q.shape[2] > 1 else None
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
 
 
 class MLP(nn.Module):
@@ -122,8 +128,8 @@ class TransformerBlock(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), cache)
+    def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), caches)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -150,9 +156,10 @@ class Model(nn.Module):
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)
 
-    def __call__(self, h: mx.array, caches: list[KVCache]) -> mx.array:
-        for layer, cache in zip(self.layers, caches, strict=True):
-            h = layer(h, cache)
+    def __call__(self, h: mx.array, lanes: list[list[KVCache]]) -> mx.array:
+        """h: [B, rows, width] for B sessions; `lanes[b]` is session b's caches, one per layer."""
+        for i, layer in enumerate(self.layers):
+            h = layer(h, [caches[i] for caches in lanes])
         return h
 
     def logits(self, h: mx.array) -> mx.array:
