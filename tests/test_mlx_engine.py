@@ -370,10 +370,13 @@ def test_smollm2_sessions_batched_in_one_pass_equal_each_alone(smollm2_package, 
     start, end = (0, 30) if first else (15, 30)
     rng = np.random.default_rng(3)
 
-    def rows(n: int) -> dict[str, np.ndarray]:
+    def rows(n: int) -> np.ndarray:
+        return rng.integers(0, 49152, n).astype(np.int32) if first else rng.standard_normal((n, 576)).astype(np.float32)
+
+    def at(lane: int, start: int, data: np.ndarray, all_logits: bool = False) -> Step:
         if first:
-            return {"tokens": rng.integers(0, 49152, n).astype(np.int32)}
-        return {"hidden": rng.standard_normal((n, 576)).astype(np.float32)}
+            return Step(lane, start, tokens=data, all_logits=all_logits)
+        return Step(lane, start, hidden=data, all_logits=all_logits)
 
     prompts = [rows(len(p)) for p in smol_prompts[:3]]
     decodes, windows = [rows(1) for _ in range(3)], [rows(3) for _ in range(2)]
@@ -381,14 +384,15 @@ def test_smollm2_sessions_batched_in_one_pass_equal_each_alone(smollm2_package, 
     try:
         for lane, p in enumerate(prompts):
             for e in (batched, alone):
-                e.step([Step(lane, 0, **p)])
+                e.step([at(lane, 0, p)])
         pos = [batched.position(lane) for lane in range(3)]
-        together = batched.step([Step(lane, pos[lane], **d) for lane, d in enumerate(decodes)])
-        assert len(passes([Step(lane, pos[lane], **d) for lane, d in enumerate(decodes)])) == 1
-        singles = [alone.step([Step(lane, pos[lane], **d)])[0] for lane, d in enumerate(decodes)]
+        steps = [at(lane, pos[lane], d) for lane, d in enumerate(decodes)]
+        assert len(passes(steps)) == 1
+        together = batched.step(steps)
+        singles = [alone.step([s])[0] for s in steps]
         for got, want in zip(together, singles, strict=True):
             np.testing.assert_array_equal(got, want)
-        verify = [Step(0, pos[0] + 1, all_logits=True, **windows[0]), Step(1, pos[1] + 1, **windows[1])]
+        verify = [at(0, pos[0] + 1, windows[0], all_logits=True), at(1, pos[1] + 1, windows[1])]
         together = batched.step(verify)
         for got, s in zip(together, verify, strict=True):
             np.testing.assert_array_equal(got, alone.step([s])[0])
