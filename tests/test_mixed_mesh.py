@@ -7,8 +7,8 @@ output therefore equals the unsplit llama.cpp model's up to its first difference
 difference is a near tie in the reference's own distribution: its top-2 logprob gap (equal to
 its logit gap) is below NEAR_TIE, and the mixed mesh took the reference's second choice.
 
-The mixed meshes run the package's draft at a fixed window, so every answer is made of verify windows through
-the MLX stage, and rejected windows trim the MLX stage's KV.
+The mixed meshes run the package's draft at a fixed window, so every answer is made of verify
+windows through the MLX stage, and rejected windows trim the MLX stage's KV.
 """
 
 from __future__ import annotations
