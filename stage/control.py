@@ -135,8 +135,10 @@ class StageControl(pb_grpc.StageControlServicer):
             state = pb.IDLE
         elif not task.done():
             state = pb.PREPARING
-        elif self.prepared is not None:
-            state = pb.PREPARED
+        elif not task.cancelled() and task.exception() is None:
+            # read the result here: `_prepared` runs a loop turn after the task is done, and
+            # an Inventory in that turn would otherwise report a failure with no message
+            self.prepared, state = task.result(), pb.PREPARED
         else:
             state = pb.PREPARE_FAILED
         sha = self.prepared.manifest_sha if self.prepared else ""
@@ -159,6 +161,7 @@ class StageControl(pb_grpc.StageControlServicer):
             endpoint = await self._start(prepared, request)
         except Exception as exc:  # noqa: BLE001 -- a failed load is a FAILED state the coordinator reads
             self.state, self.message = pb.FAILED, f"load failed: {exc}"
+            log.error(self.message)  # the coordinator shows it too; this stage's operator sees it here
             await self._unload(keep_state=True)
             return pb.LoadReply(ready=False, message=self.message)
         self.state = pb.READY
