@@ -54,8 +54,8 @@ NEAR_TIE = 0.25
 DRAFT_WINDOW = "4"
 TOPOLOGIES = [("llama", "mlx"), ("mlx", "llama"), ("llama", "mlx", "llama")]
 K_QUANT_REFUSED = re.compile(
-    r"MLX cannot read tensor blk\.\d+\.\w+\.weight of type (Q5_0|Q\d_K) in layers-\d+-\d+\.gguf "
-    r"\(it reads [^)]*\); run this range on llama\.cpp")
+    r"the plan does not fit: stage \d \([^)]+\) runs MLX, which cannot read tensor blk\.(\d+)\.\w+\.weight "
+    r"of type (Q5_0|Q\d_K) in layer \1 \(it reads [^)]*\); run that stage with --engine llama")
 
 
 @dataclass(frozen=True)
@@ -180,8 +180,9 @@ def test_health_and_status_show_each_stages_engine(mixed, engines):
 
 @pytest.mark.parametrize("engines", [("llama", "mlx"), ("mlx", "llama")], ids="-".join)
 def test_k_quant_package_on_an_mlx_stage_is_refused_by_name(gemma3_package, tmp_path, engines):
-    """Gemma-3 Q4_K_M holds Q5_0, Q4_K and Q6_K tensors, which MLX cannot read: serve exits with
-    the engine's message, whether the MLX range is a spawned stage's or this process's own."""
+    """Gemma-3 Q4_K_M holds Q5_0, Q4_K and Q6_K tensors, which MLX cannot read: serve refuses the
+    plan before any stage prepares, naming the stage, the tensor (by the model's layer number)
+    and its type, whether the MLX range is a spawned stage's or this process's own."""
     done = subprocess.run(
         [sys.executable, "-m", "mesh.cli", "serve", "--model", str(gemma3_package), "--local-stages", "2",
          "--engine", *engines, "--no-draft", "--threads", "1", "--listen", f"127.0.0.1:{free_port()}"],
