@@ -28,7 +28,7 @@ def test_inventory_polled_every_loop_turn_never_sees_a_silent_failure(smollm2_pa
             protocol_version=V, term=1, package_ref=str(smollm2_package), manifest_sha256=sha,
             layer_start=19, layer_end=30), None)
         assert reply.accepted
-        seen = []
+        seen: list[int] = []
         while not seen or seen[-1] == pb.PREPARING:
             seen.append((await control.Inventory(pb.InventoryRequest(protocol_version=V), None)).state)
             await asyncio.sleep(0)  # one loop turn between polls: the turn the race lived in
