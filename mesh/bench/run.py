@@ -228,9 +228,11 @@ class Baseline:
             raise RuntimeError("the baseline process died")
         return dict(json.loads(line))
 
-    def chat(self, prompt: str, n: int) -> dict[str, float]:
+    def chat(self, prompt: str, n: int, fresh: bool = False) -> dict[str, Any]:
+        """Timings and the reply's token ids; `fresh` prefills all of the prompt, as a mesh
+        without the prefix cache does, where llama-cpp-python would keep what the last one shares."""
         text = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
-        return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n})
+        return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n, "fresh": fresh})
 
 
 @contextlib.contextmanager
