@@ -235,9 +235,9 @@ def test_a_character_split_across_tokens_is_compared_as_bytes():
     assert parting_token([e_acute[:1], e_acute[1:], b"t"], "èt") == 2  # same first byte, not the second
 
 
-def test_the_verdict_names_the_earliest_parting_of_any_reply():
-    assert (first_parting([0, 0]), verdict(first_parting([0, 0]))) == (0, "equal")
-    assert (first_parting([0, 9, 5]), verdict(first_parting([0, 9, 5]))) == (5, "parts at token 5")
+def test_the_verdict_names_the_earliest_parting_of_any_reply_and_how_many_part():
+    assert (first_parting([0, 0]), verdict([0, 0])) == (0, "equal")
+    assert (first_parting([0, 9, 5]), verdict([0, 9, 5])) == (5, "parts at token 5 (2 of 3 replies part)")
 
 
 def test_without_mlx_only_the_llama_meshes_run():
@@ -260,7 +260,7 @@ def test_engine_rows_hold_each_mesh_to_the_baseline_beside_it_and_compare_the_en
     assert (mlx[0].value, mlx[0].baseline) == (7.0, 80.0)
     assert mlx[1].metric.startswith("TTFT 46-token chat prompt")
     assert mlx[2].value == 7.0
-    assert "parts at token 7" in mlx[2].metric
+    assert "parts at token 7 (1 of 2 replies part)" in mlx[2].metric
     assert "equal" in [r for r in rows if r.scenario == "engines llama"][2].metric
     whole = _by(rows, "whole model on one stage, MLX decode tok/s (vs llama.cpp)")
     assert whole.ratio == pytest.approx(7.0 / 50.0)

@@ -59,8 +59,10 @@ def first_parting(partings: list[int]) -> int:
     return min((p for p in partings if p), default=0)
 
 
-def verdict(first: int) -> str:
-    return f"parts at token {first}" if first else "equal"
+def verdict(partings: list[int]) -> str:
+    """"equal", or the earliest parting and how many of the replies part at all."""
+    first, parted = first_parting(partings), sum(1 for p in partings if p)
+    return f"parts at token {first} ({parted} of {len(partings)} replies part)" if first else "equal"
 
 
 @dataclass
@@ -75,7 +77,8 @@ class Measured:
 
 
 def engine_rows(setup: Setup, prompts: list[str], repeats: int) -> list[Row]:
-    """Every mesh loaded at once (each is small), one request at a time across them all."""
+    """Every mesh loaded at once (each is small, and an idle one takes no CPU), one request at a
+    time across them all."""
     mlx = mlx_installed()
     if not mlx:
         print(f"bench: engines: {SKIPPED}", file=sys.stderr)
@@ -124,13 +127,12 @@ def engine_table(record: dict[str, Measured], tokens: int, prompt_tokens: float)
     rows = [Row("engines baseline", "single-node llama.cpp decode tok/s", base, base, samples=every_base)]
     for name, m in record.items():
         sc = f"engines {name}"
-        first = first_parting(m.partings)
         rows += [Row(sc, "decode tok/s (vs single-node llama.cpp beside it)", statistics.median(m.tps),
                      statistics.median(m.base_tps), samples=m.tps),
                  Row(sc, f"TTFT {prompt_tokens:g}-token chat prompt (s) (vs single-node llama.cpp)",
                      statistics.median(m.ttft), statistics.median(m.base_ttft), samples=m.ttft),
-                 Row(sc, f"greedy reply of {tokens} tokens vs single-node llama.cpp's: {verdict(first)} "
-                         "(first parting token, 0: equal)", float(first))]
+                 Row(sc, f"greedy reply of {tokens} tokens vs single-node llama.cpp's: {verdict(m.partings)} "
+                         "(first parting token, 0: equal)", float(first_parting(m.partings)))]
     if "mlx" in record and "llama" in record:  # the engines alone, each running the whole model in a mesh
         rows.append(Row("engines mlx vs llama", "whole model on one stage, MLX decode tok/s (vs llama.cpp)",
                         statistics.median(record["mlx"].tps), statistics.median(record["llama"].tps)))
