@@ -1,4 +1,4 @@
-"""`mesh bench`'s chat and ngram scenarios: their prompts and their row maths, without a server."""
+"""`mesh bench`'s chat, ngram and engines scenarios: their prompts and their row maths, without a server."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from mesh.api.responses import Usage
 from mesh.bench import multiturn, prompt_lookup
 from mesh.bench.client import StreamTiming
+from mesh.bench.engines import SKIPPED, Measured, engine_table, first_parting, parting_token, runnable, verdict
 from mesh.bench.multiturn import (
     ChatRecord,
     chat_ctx,
@@ -28,7 +29,7 @@ from mesh.bench.prompt_lookup import (
     ngram_goal,
     proposer_totals,
 )
-from mesh.bench.run import Row, add_parser
+from mesh.bench.run import Row, add_parser, fill_defaults
 
 
 def _words(text: str) -> int:
@@ -196,3 +197,75 @@ def test_bench_refuses_an_unknown_scenario_before_loading_anything():
     args = parser.parse_args(["bench", "--scenarios", "chat,nope"])
     with pytest.raises(SystemExit, match="unknown scenarios: nope"):
         args.func(args)
+
+
+def _bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_engines_alone_decodes_less_by_default_and_anything_given_stands():
+    alone = _bench_args("--scenarios", "engines")
+    fill_defaults(alone, {"engines"})
+    assert (alone.tokens, alone.prompts, alone.stages) == (64, 2, "1,2")
+    mixed = _bench_args("--scenarios", "engines,split", "--tokens", "32")
+    fill_defaults(mixed, {"engines", "split"})
+    assert (mixed.tokens, mixed.prompts, mixed.stages) == (32, 8, "1,2,3")
+
+
+# -- engines ------------------------------------------------------------------------------------
+
+def test_a_reply_equal_to_the_baseline_tokens_parts_nowhere():
+    assert parting_token([b"Hel", b"lo", b" world"], "Hello world") == 0
+    assert parting_token([], "") == 0
+
+
+def test_the_parting_token_is_the_first_the_reply_does_not_carry_counted_from_one():
+    assert parting_token([b"Hel", b"lo", b" world"], "Jello world") == 1
+    assert parting_token([b"Hel", b"lo", b" world"], "Help world") == 2
+    assert parting_token([b"Hel", b"lo", b" world"], "Hello there") == 3
+    assert parting_token([b"Hel", b"lo"], "Hel") == 2  # shorter: parts where it ends
+    assert parting_token([b"Hel", b"lo"], "Hello!") == 3  # longer: parts after the baseline's last
+
+
+def test_a_character_split_across_tokens_is_compared_as_bytes():
+    e_acute = "é".encode()
+    assert parting_token([e_acute[:1], e_acute[1:], b"t"], "ét") == 0
+    assert parting_token([e_acute[:1], e_acute[1:], b"t"], "èt") == 2  # same first byte, not the second
+
+
+def test_the_verdict_names_the_earliest_parting_of_any_reply_and_how_many_part():
+    assert (first_parting([0, 0]), verdict([0, 0])) == (0, "equal")
+    assert (first_parting([0, 9, 5]), verdict([0, 9, 5])) == (5, "parts at token 5 (2 of 3 replies part)")
+
+
+def test_without_mlx_only_the_llama_meshes_run():
+    assert list(runnable(mlx=False)) == ["llama", "llama→llama"]
+    assert len(runnable(mlx=True)) == 6
+    assert "pip install 'meshpipe[mlx]'" in SKIPPED
+
+
+def _measured(tps: float, base: float, partings: list[int]) -> Measured:
+    return Measured(tps=[tps, tps + 2], ttft=[0.5, 0.7], base_tps=[base, base + 2], base_ttft=[0.1, 0.1],
+                    partings=partings)
+
+
+def test_engine_rows_hold_each_mesh_to_the_baseline_beside_it_and_compare_the_engines():
+    record = {"llama": _measured(49.0, 99.0, [0, 0]), "mlx": _measured(6.0, 79.0, [0, 7])}
+    rows = engine_table(record, 64, 46)
+    base = _by(rows, "single-node llama.cpp decode tok/s")
+    assert base.value == pytest.approx(90.0)  # the median of every baseline sample
+    mlx = [r for r in rows if r.scenario == "engines mlx"]
+    assert (mlx[0].value, mlx[0].baseline) == (7.0, 80.0)
+    assert mlx[1].metric.startswith("TTFT 46-token chat prompt")
+    assert mlx[2].value == 7.0
+    assert "parts at token 7 (1 of 2 replies part)" in mlx[2].metric
+    assert "equal" in [r for r in rows if r.scenario == "engines llama"][2].metric
+    whole = _by(rows, "whole model on one stage, MLX decode tok/s (vs llama.cpp)")
+    assert whole.ratio == pytest.approx(7.0 / 50.0)
+
+
+def test_engine_rows_leave_out_the_engine_line_without_both_engines():
+    rows = engine_table({"llama": _measured(49.0, 99.0, [0])}, 64, 46)
+    assert not [r for r in rows if r.scenario == "engines mlx vs llama"]

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 
@@ -18,15 +19,17 @@ from stage.cpus import parse_cpus, pin
 from stage.llama_model import open_llama
 
 
-def _generate(llm: llama_cpp.Llama, tokens: list[int], n: int) -> dict[str, float]:
+def _generate(llm: llama_cpp.Llama, tokens: list[int], n: int) -> dict[str, Any]:
+    """Timings, and the reply's token ids so a mesh's reply can be checked against them."""
     start = time.perf_counter()
-    times = []
-    for _ in llm.generate(tokens, temp=0.0, top_k=1, reset=True):
+    times, reply = [], []
+    for token in llm.generate(tokens, temp=0.0, top_k=1, reset=True):
         times.append(time.perf_counter() - start)
+        reply.append(int(token))
         if len(times) == n:
             break
     span = times[-1] - times[0]
-    return {"ttft": times[0], "decode_tps": (len(times) - 1) / span if span > 0 else 0.0}
+    return {"ttft": times[0], "decode_tps": (len(times) - 1) / span if span > 0 else 0.0, "tokens": reply}
 
 
 def main() -> None:
@@ -38,6 +41,8 @@ def main() -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
+        if req.get("fresh"):  # prefill the whole prompt: generate() reuses a common prefix, reset or not
+            llm.reset()
         reply = {"peak_rss": peak_rss()} if req.get("memory") else _generate(llm, req["tokens"], req["n"])
         print(json.dumps(reply), flush=True)
 

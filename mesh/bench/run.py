@@ -55,7 +55,11 @@ PROMPTS = [
 ]
 LONG_PROMPT_TOKENS = 512
 MESH_SCENARIOS = {"split", "spec", "concurrency", "memory", "return"}  # these share the baseline and split servers
-ALONE_SCENARIOS = {"numerics", "chat", "ngram"}  # each starts what it needs, after the others are done
+ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines"}  # each starts what it needs, after the others are done
+# --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
+# decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
+DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
+ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
 
 
 @dataclass
@@ -96,7 +100,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "chain) (the baseline runs with any of these), numerics (a window in one pass against "
                         "row by row), chat (TTFT over 4 turns of a growing chat, with the prefix cache and "
                         "without), ngram (prompt lookup against no speculation on copy-heavy and novel text at "
-                        "each --wire-delays); numerics, chat and ngram run alone if asked alone")
+                        "each --wire-delays), engines (decode rate of llama.cpp, MLX and meshes mixing "
+                        "them, without the draft); numerics, chat, ngram and engines run alone if asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
@@ -109,11 +114,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "spec runs on 2 and 3 stages, concurrency sets split-2 against split-1 on one set")
     p.add_argument("--cpu-sets", nargs="+", default=None, metavar="LIST",
                    help="with --machines: one CPU list per emulated machine (default: one per CPU)")
-    p.add_argument("--stages", default="1,2,3", help="split-N scenarios to run")
+    p.add_argument("--stages", default=None, help="split-N scenarios to run (default 1,2,3)")
     p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
-    p.add_argument("--tokens", type=int, default=128, help="tokens decoded per request")
+    p.add_argument("--tokens", type=int, default=None,
+                   help=f"tokens decoded per request (default {DEFAULTS['tokens']}; engines alone "
+                        f"{ENGINES_DEFAULTS['tokens']})")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is quoted")
-    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many built-in prompts to use")
+    p.add_argument("--prompts", type=int, default=None,
+                   help=f"how many built-in prompts to use (default {DEFAULTS['prompts']}; engines alone "
+                        f"{ENGINES_DEFAULTS['prompts']})")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="engine threads per process")
     p.add_argument("--breakdown", action="store_true",
                    help="also show where a frame's time goes, per stage and part (one more pass)")
@@ -126,6 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     scenarios = set(args.scenarios.split(","))
     if unknown := scenarios - MESH_SCENARIOS - ALONE_SCENARIOS:  # before the model loads, not after
         raise SystemExit(f"mesh bench: unknown scenarios: {', '.join(sorted(unknown))}")
+    fill_defaults(args, scenarios)
     setup = _setup(args)
     delays = [float(d) for d in (args.wire_delays or ("0,5,20,50" if setup.machines else "0,20")).split(",")]
     rows: list[Row] = []
@@ -140,12 +150,22 @@ def _run(args: argparse.Namespace) -> int:
     if "ngram" in scenarios:
         from mesh.bench.prompt_lookup import ngram_rows
         rows += ngram_rows(setup, delays, args.repeats)
+    if "engines" in scenarios:
+        from mesh.bench.engines import engine_rows
+        rows += engine_rows(setup, PROMPTS[: args.prompts], args.repeats)
     header = _header(setup, args)
     print(format_table(header, rows))
     if args.json:
         args.json.write_text(json.dumps({"setup": header, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]},
                                         indent=2))
     return 0
+
+
+def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
+    """--tokens, --prompts and --stages where not given: the engines scenario's own when it runs alone."""
+    for name, value in (ENGINES_DEFAULTS if scenarios == {"engines"} else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str], delays: list[float]) -> list[Row]:
@@ -228,9 +248,11 @@ class Baseline:
             raise RuntimeError("the baseline process died")
         return dict(json.loads(line))
 
-    def chat(self, prompt: str, n: int) -> dict[str, float]:
+    def chat(self, prompt: str, n: int, fresh: bool = False) -> dict[str, Any]:
+        """Timings and the reply's token ids; `fresh` prefills all of the prompt, as a mesh
+        without the prefix cache does, where llama-cpp-python would keep what the last one shares."""
         text = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
-        return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n})
+        return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n, "fresh": fresh})
 
 
 @contextlib.contextmanager
@@ -251,9 +273,10 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
 
 def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
           lanes: int = 8, relay: bool = False, in_flight: int | None = None, strategy: str | None = None,
-          prefix_cache: bool = True) -> contextlib.AbstractContextManager[LocalServer]:
+          prefix_cache: bool = True, engines: tuple[str, ...] = ()) -> contextlib.AbstractContextManager[LocalServer]:
     """`mesh serve --local-stages N`; without speculation unless a draft or a `--strategy` is asked
-    for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it."""
+    for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it.
+    `engines`: `--engine`, one for all stages or one per stage (default: mesh serve's)."""
     args = ["--local-stages", str(stages), "--lanes", str(lanes),
             "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
     if setup.machines:
@@ -267,6 +290,7 @@ def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: f
     args += [] if prefix_cache else ["--no-prefix-cache"]
     args += ["--relay-replies"] if relay else []
     args += ["--windows-in-flight", str(in_flight)] if in_flight is not None else []
+    args += ["--engine", *engines] if engines else []
     if setup.model:
         args += ["--model", setup.model]
     return local_serve(args, tmp)
