@@ -61,7 +61,7 @@ from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
-from stage.batcher import close_engine
+from stage.batcher import close_engine, on_engine_thread
 from stage.control import split_endpoint
 from stage.engine import EngineConfig, RangeEngine
 from stage.engine_choice import open_engine
@@ -204,7 +204,7 @@ class Coordinator:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, self.model_id)
         cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,
                            ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.own_threads, cpu_lock=s.cpu_lock)
-        self.engine = await asyncio.to_thread(open_engine, s.engine(0), gguf, cfg)
+        self.engine = await on_engine_thread(open_engine, s.engine(0), gguf, cfg)
         link = replies = None
         if route.stages:
             link = await self._link(route.stages[0], "coordinator", "stage0->downstream")

@@ -18,10 +18,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from stage.engine import EngineError, RangeEngine, Step
+
+T = TypeVar("T")
 
 
 class VoidFrameError(Exception):
@@ -34,6 +37,12 @@ ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="llama")
 async def close_engine(engine: RangeEngine) -> None:
     """Free an engine on the engine thread, after any decode still running there."""
     await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, engine.close)
+
+
+async def on_engine_thread(fn: Callable[..., T], *args: object) -> T:
+    """Run `fn` (an engine's construction) on the engine thread, where its steps will run:
+    MLX arrays belong to the thread that made them (stage.mlx_engine.release_streams)."""
+    return await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, fn, *args)
 
 
 @dataclass

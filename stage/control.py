@@ -25,7 +25,7 @@ from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.clients import artifact_transfer
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
-from stage.batcher import close_engine
+from stage.batcher import close_engine, on_engine_thread
 from stage.engine import EngineConfig, RangeEngine
 from stage.engine_choice import Engine, open_engine
 from stage.grpc_auth import token_metadata
@@ -185,7 +185,7 @@ class StageControl(pb_grpc.StageControlServicer):
         cfg = EngineConfig(first=p.start == 0, final=r.final, lanes=r.lanes,
                            ctx_per_lane=r.ctx_size, batch=r.batch or 256,
                            threads=r.threads or self.opt.threads, cpu_lock=self.opt.cpu_lock)
-        self.engine = await asyncio.to_thread(open_engine, self.opt.engine, p.gguf, cfg)
+        self.engine = await on_engine_thread(open_engine, self.opt.engine, p.gguf, cfg)
         emulation = WireEmulation(r.wire_delay_ms, r.wire_jitter_ms)  # benchmark-only; 0 on real meshes
         downstream = None
         if r.downstream:

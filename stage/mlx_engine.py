@@ -16,6 +16,7 @@ greedy tokens agree (tests/test_mlx_engine.py).
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 
 import mlx.core as mx
@@ -24,7 +25,7 @@ import numpy as np
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, EngineError, Step, check_step
 from stage.engine_choice import MLX_GGUF_TYPES, unsupported_tensor
-from stage.mlx_models import builder
+from stage.mlx_models import RangeModel, builder
 from stage.mlx_models.cache import KVCache
 
 
@@ -39,21 +40,12 @@ class MlxRangeEngine:
         if bad is not None:
             raise EngineError(f"MLX cannot read tensor {bad[0]} of type {bad[1]} in {gguf.name} "
                               f"(it reads {', '.join(MLX_GGUF_TYPES)}); run this range on llama.cpp")
-        try:
-            loaded = mx.load(str(gguf), return_metadata=True)
-        except (RuntimeError, ValueError) as exc:
-            raise EngineError(f"MLX could not load {gguf}: {exc}") from exc
-        if not isinstance(loaded, tuple):
-            raise EngineError(f"MLX read {gguf} as a single array, not a GGUF")
-        weights, meta = loaded
-        try:
-            build = builder(str(meta.get("general.architecture", "")))
-            self.model = build(meta, weights, cfg.first, cfg.final)
-        except (KeyError, ValueError) as exc:
-            raise EngineError(f"{gguf.name}: {exc.args[0]}") from exc
-        # the casts and renames are lazy: compute them now, so a bad file fails at load and
-        # not at the first step, and the engine holds its memory from the start
-        mx.eval(self.model.parameters())
+        # the engine's own stream: MLX streams belong to the thread that made them, and the
+        # engine thread's are destroyed at close (release_streams), so a later engine there
+        # must not rely on the thread's default stream
+        self.stream = mx.new_stream(mx.cpu)
+        with mx.stream(self.stream):
+            self.model = _load(gguf, cfg)
         self.width, self.n_vocab, self.n_layer = self.model.width, self.model.n_vocab, self.model.n_layer
         self.caches = [self.model.make_caches() for _ in range(cfg.lanes)]
         self._pos = [0] * cfg.lanes
@@ -75,7 +67,7 @@ class MlxRangeEngine:
         for s in steps:
             self._prepare(s)
         out: list[np.ndarray] = [np.empty(0)] * len(steps)
-        with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
+        with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext(), mx.stream(self.stream):
             for group in passes(steps):
                 for i, result in zip(group, self._forward([steps[i] for i in group]), strict=True):
                     out[i] = result
@@ -118,10 +110,42 @@ class MlxRangeEngine:
         return lane
 
     def close(self) -> None:
+        """Called on the thread that ran the steps (stage.batcher.close_engine)."""
         self.caches = []
+        if threading.current_thread() is not threading.main_thread():
+            release_streams()  # the main thread's are torn down at exit without harm
         if self.cpu_lock:
             self.cpu_lock.close()
             self.cpu_lock = None
+
+
+def _load(gguf: Path, cfg: EngineConfig) -> RangeModel:
+    try:
+        loaded = mx.load(str(gguf), return_metadata=True)
+    except (RuntimeError, ValueError) as exc:
+        raise EngineError(f"MLX could not load {gguf}: {exc}") from exc
+    if not isinstance(loaded, tuple):
+        raise EngineError(f"MLX read {gguf} as a single array, not a GGUF")
+    weights, meta = loaded
+    try:
+        model = builder(str(meta.get("general.architecture", "")))(meta, weights, cfg.first, cfg.final)
+    except (KeyError, ValueError) as exc:
+        raise EngineError(f"{gguf.name}: {exc.args[0]}") from exc
+    # the casts and renames are lazy: compute them now, so a bad file fails at load and
+    # not at the first step, and the engine holds its memory from the start
+    mx.eval(model.parameters())
+    return model
+
+
+def release_streams() -> None:
+    """Finish and destroy the MLX streams of the calling thread. MLX (0.32) gives every thread
+    its own streams, each served by a C++ thread, and an array made on one thread cannot be
+    computed on another: so an engine is built, stepped and closed on the engine thread
+    (`stage.batcher.on_engine_thread`). Left to that thread's exit at process exit, the
+    streams' teardown aborted the process ("terminate called without an active exception")
+    in 4 of 10 runs of a test that stepped an engine there."""
+    mx.synchronize()
+    mx.clear_streams()
 
 
 def passes(steps: list[Step]) -> list[list[int]]:

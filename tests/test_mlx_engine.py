@@ -26,7 +26,7 @@ from chain import chat_prompt, close, forward, greedy, reference_greedy
 
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
-from stage.batcher import Batcher, close_engine
+from stage.batcher import Batcher, close_engine, on_engine_thread
 from stage.engine import EngineConfig, EngineError, RangeEngine, Step
 from stage.llama_engine import LlamaRangeEngine
 from stage.mlx_engine import MlxRangeEngine, passes
@@ -178,11 +178,11 @@ def test_refusals_match_llama(tiny_package, stage_cache, kind, start, end, step,
 
 
 def test_batcher_drives_engine_built_on_another_thread(tiny_package, stage_cache):
-    """As a stage runs it: built in a worker thread (Load), stepped and trimmed on the engine thread."""
+    """As a stage runs it: built (Load), stepped, trimmed and closed on the engine thread."""
     tokens = np.array([1, 2, 3, 4, 5], np.int32)
 
     async def through_batcher() -> list[np.ndarray]:
-        engine = await asyncio.to_thread(make_engine, "mlx", tiny_package, stage_cache, 0, 4)
+        engine = await on_engine_thread(make_engine, "mlx", tiny_package, stage_cache, 0, 4)
         batcher = Batcher(engine)
         batcher.start()
         try:
@@ -199,6 +199,23 @@ def test_batcher_drives_engine_built_on_another_thread(tiny_package, stage_cache
     np.testing.assert_array_equal(first, direct.step([Step(0, 0, tokens=tokens)])[0])
     np.testing.assert_array_equal(again, first)
     direct.close()
+
+
+def test_a_stage_reloads_an_engine_on_the_engine_thread(tiny_package, stage_cache):
+    """Load, close, Load again on the engine thread (a rebuilt route): closing the first
+    destroyed that thread's MLX streams, and the second still computes on its own."""
+    tokens = np.array([1, 2, 3], np.int32)
+
+    async def twice() -> list[np.ndarray]:
+        out = []
+        for _ in range(2):
+            engine = await on_engine_thread(make_engine, "mlx", tiny_package, stage_cache, 0, 4)
+            out.append(await on_engine_thread(engine.step, [Step(0, 0, tokens=tokens)]))
+            await close_engine(engine)
+        return [o[0] for o in out]
+
+    first, second = asyncio.run(twice())
+    np.testing.assert_array_equal(first, second)
 
 
 # -- SmolLM2 Q4_1 ------------------------------------------------------------------------
