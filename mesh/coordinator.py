@@ -452,6 +452,7 @@ class Coordinator:
             raise MeshUnavailableError(f"mesh unavailable: {reason}")
         return await self._next_pipeline(reason)
 
+
 def windows_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
     """The verify frames a session may keep out: the configured number, else (auto) 1 where
     frames sent ahead cannot overlap, with no stage past stage 0 or with stages taking turns

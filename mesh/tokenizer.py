@@ -41,6 +41,7 @@ class Tokenizer:
     def __init__(self, gguf: Path, model_id: str) -> None:
         self.model_id = model_id
         self.llm = open_llama(gguf, vocab_only=True)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         meta = self.llm.metadata
         self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "true") == "true"
         eos, bos = self.llm.token_eos(), self.llm.token_bos()
@@ -64,11 +65,10 @@ class Tokenizer:
         self.max_token_bytes = max([*pieces, *(len(s.text.encode()) for s in self.specials), 1])
 
     def _read_vocab(self) -> tuple[int, tuple[SpecialToken, ...]]:
-        vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
-        n = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        n = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         found = []
         for i in range(n):
-            attr = int(llama_cpp.llama_vocab_get_attr(vocab, i))
+            attr = int(llama_cpp.llama_vocab_get_attr(self.vocab, i))
             if attr & _SPECIAL:
                 found.append(SpecialToken(self.llm._model.token_get_text(i), i,
                                           bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL),
@@ -78,7 +78,7 @@ class Tokenizer:
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary's text of one token, as stored in the GGUF."""
-        return bytes(llama_cpp.llama_vocab_get_text(llama_cpp.llama_model_get_vocab(self.llm._model.model), token))
+        return bytes(llama_cpp.llama_vocab_get_text(self.vocab, token))
 
     def _turn_end_ids(self) -> set[int]:
         ids = set()

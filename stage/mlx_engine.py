@@ -33,8 +33,8 @@ class MlxRangeEngine:
     def __init__(self, gguf: Path, cfg: EngineConfig) -> None:
         self.first, self.final = cfg.first, cfg.final
         self.lanes, self.ctx_per_lane, self.cfg = cfg.lanes, cfg.ctx_per_lane, cfg
-        # each step is its own forward pass, so a decode of several sessions keeps their rows
-        # apart whatever its size; the batcher's cap is just the configured batch
+        # each session is its own batch row of a forward pass (`passes`), so a decode of several
+        # sessions keeps their rows apart whatever its size; the batcher's cap is just the batch
         self.graph_rows = cfg.batch
         bad = unsupported_tensor(gguf)
         if bad is not None:
