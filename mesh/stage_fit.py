@@ -20,7 +20,7 @@ from pathlib import Path
 from mesh.planner import StageRange
 from packages.gguf_files import open_gguf
 from packages.manifest import Manifest
-from stage.engine_choice import MLX_GGUF_TYPES, Engine
+from stage.engine_choice import MLX_GGUF_TYPES, Engine, mlx_unreadable
 
 KV_BYTES = {"llama": 2, "mlx": 4}  # per element: llama.cpp's f16 cache, MLX's f32
 # The engine's own: library, compute buffers, MLX's buffer cache. RSS growth past weights + KV,
@@ -106,10 +106,9 @@ def _unreadable(sizes: PackageSizes, need: StageNeed) -> str | None:
     if need.engine != "mlx":  # llama.cpp reads every type a package holds
         return None
     for layer in range(need.rng.start, need.rng.end):
-        for name, kind in sizes.layer_types[layer]:
-            if kind not in MLX_GGUF_TYPES:
-                return (f"{need.name} runs MLX, which cannot read tensor {name} of type {kind} in layer "
-                        f"{layer} (it reads {', '.join(MLX_GGUF_TYPES)}); run that stage with --engine llama")
+        if bad := mlx_unreadable(sizes.layer_types[layer]):
+            return (f"{need.name} runs MLX, which cannot read tensor {bad[0]} of type {bad[1]} in layer "
+                    f"{layer} (it reads {', '.join(MLX_GGUF_TYPES)}); run that stage with --engine llama")
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -52,14 +53,16 @@ def resolve(choice: str) -> Engine:
     raise EngineChoiceError(f"unknown engine {choice!r}: choose one of {', '.join(ENGINE_CHOICES)}")
 
 
+def mlx_unreadable(tensors: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+    """The first (tensor, GGUF type) that `mx.load` cannot read, if any."""
+    return next(((name, kind) for name, kind in tensors if kind not in MLX_GGUF_TYPES), None)
+
+
 def unsupported_tensor(gguf: Path) -> tuple[str, str] | None:
     """The first tensor (name, type) of the GGUF that `mx.load` cannot read, if any."""
     from gguf import GGUFReader
 
-    for tensor in GGUFReader(gguf).tensors:
-        if tensor.tensor_type.name not in MLX_GGUF_TYPES:
-            return tensor.name, tensor.tensor_type.name
-    return None
+    return mlx_unreadable((t.name, t.tensor_type.name) for t in GGUFReader(gguf).tensors)
 
 
 def open_engine(engine: Engine, gguf: Path, cfg: EngineConfig) -> RangeEngine:
