@@ -1,0 +1,1 @@
+"""Types that both the coordinator (mesh/) and the stages (stage/) speak: neither owns them."""
