@@ -2,13 +2,14 @@
 
 The coordinator implements `Backend`; the OpenAI-compatible API depends on nothing else.
 A generation is a stream of frozen events, in the style of mlx-lm's `stream_generate`:
-`Sampled` per token, `Acceptance` after each verify window when a draft is on, and
-`Finished` at a normal end. Nothing is written into the caller's objects.
+`Sampled` per token and `Resumed` after a rebuilt route; its `Account` (usage, the
+acceptance record, how it finished) is read off the request's one record at stage 0
+(mesh/request_state.py). Nothing is written into the caller's objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, TypeAlias
 
@@ -19,7 +20,7 @@ from mesh.tokenizer import Tokenizer
 # both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
 from stage.sampling import Sampled, SamplingParams
 
-__all__ = ["Acceptance", "Backend", "Cached", "Finished", "GenerationEvent", "GenerationRequest",
+__all__ = ["Acceptance", "Account", "Backend", "Generation", "GenerationEvent", "GenerationRequest",
            "MeshUnavailableError", "RequestRejectedError", "Resumed", "Sampled", "SamplingParams"]
 
 
@@ -38,19 +39,9 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
-    # completion tokens generated before the route broke: a resumed run prefills them after
-    # the prompt and goes on from there (DESIGN.md §2, replay-resume)
-    done: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(self.prompt))
-        object.__setattr__(self, "done", tuple(self.done))
-
-    @property
-    def prefill(self) -> tuple[int, ...]:
-        """What a run feeds before its first token: the prompt, or when resumed the prompt
-        and the completion so far but its last token, which the next frame feeds."""
-        return (*self.prompt, *self.done[:-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +80,17 @@ class Acceptance:
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
-    """The last event of a generation that ended by itself: a stop token or max_tokens."""
+class Account:
+    """A generation's account so far, read off its record at stage 0: what usage and
+    /metrics report. `finish_reason` is set once it ended by itself (a stop token or
+    max_tokens); `completion_tokens` counts the tokens handed to the caller."""
 
-    finish_reason: Literal["stop", "length"]
     prompt_tokens: int
     completion_tokens: int
-    speculative: Acceptance | None = None  # None when no draft ran
-    resumed: int = 0  # times the route broke under this generation and it went on
     cached_tokens: int = 0  # prompt tokens found in the lane's KV (the prefix cache), not prefilled
-
-
-@dataclass(frozen=True, slots=True)
-class Cached:
-    """The first event of a generation: the first `tokens` of its prompt were in its KV lane
-    already, left there by an earlier request (the prefix cache), and were not prefilled."""
-
-    tokens: int
+    resumed: int = 0  # times the route broke under this generation and it went on
+    speculative: Acceptance | None = None  # None when no proposer ran
+    finish_reason: Literal["stop", "length"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +102,30 @@ class Resumed:
     pause_s: float
 
 
-GenerationEvent: TypeAlias = Sampled | Acceptance | Finished | Resumed | Cached
+GenerationEvent: TypeAlias = Sampled | Resumed
+
+
+class Generation:
+    """One generation: its events (`Sampled` per token in order, `Resumed` after a rebuilt
+    route), and its `account`, read off the request's record whenever asked, so a consumer
+    that stops early (a stop string, a client gone) adds nothing up itself. Closing it
+    early frees the session on every stage."""
+
+    def __init__(self, events: AsyncGenerator[GenerationEvent, None], account: Callable[[], Account]) -> None:
+        self._events, self._account = events, account
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        return await anext(self._events)
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    @property
+    def account(self) -> Account:
+        return self._account()
 
 
 class Backend(Protocol):
@@ -130,15 +138,12 @@ class Backend(Protocol):
 
     async def health(self) -> Health: ...
 
-    def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        """Generate for `req`, as events.
+    def generate(self, req: GenerationRequest) -> Generation:
+        """Generate for `req`.
 
-        `Cached` comes first. One `Sampled` per completion token, in order (a stop token ends the generation and
-        is not yielded). With a draft, the running `Acceptance` comes first and again after
-        every verify window, before the tokens that window produced, so a consumer that
-        stops early still knows the record of every token it saw. `Resumed` says the route
-        broke and was rebuilt, and the tokens go on. `Finished` comes last, and only when
-        the generation ends by itself. Errors raise from the iterator:
+        One `Sampled` per completion token, in order (a stop token ends the generation and
+        is not yielded). `Resumed` says the route broke and was rebuilt, and the tokens go
+        on. The account says how it ended, once it did by itself. Errors raise from the iterator:
         `RequestRejectedError` before any event, `MeshUnavailableError` at any point.
         Closing the iterator early (a stop string, a client gone) frees the session on
         every stage.

@@ -18,7 +18,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -26,9 +26,8 @@ import psutil
 
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
-    Acceptance,
-    Cached,
-    Finished,
+    Account,
+    Generation,
     GenerationEvent,
     GenerationRequest,
     MeshUnavailableError,
@@ -38,8 +37,9 @@ from mesh.backend import (
 )
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
-from mesh.pipeline import Lease, Pipeline, StageFailedError
+from mesh.pipeline import Pipeline, StageFailedError
 from mesh.recovery import Recoveries
+from mesh.request_state import Live, RequestState
 from mesh.route import (
     RemoteStage,
     Route,
@@ -345,71 +345,71 @@ class Coordinator:
         ready: StageState = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
         return (own, *(_remote_row(i, s, ready) for i, s in enumerate(self.route.stages, 1)))
 
-    async def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+    def generate(self, req: GenerationRequest) -> Generation:
+        live = Live(RequestState(req, speculative=self.spec is not None))
+        return Generation(self._generate(live), lambda: live.state.account())
+
+    def _refusal(self, req: GenerationRequest) -> str | None:
         if len(req.prompt) == 0:
-            raise RequestRejectedError("the prompt is empty")
+            return "the prompt is empty"
         if len(req.prompt) + req.max_tokens > self.ctx_per_session:
-            raise RequestRejectedError(f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) "
-                                  f"exceeds the context of {self.ctx_per_session} tokens")
+            return (f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) exceeds the context of "
+                    f"{self.ctx_per_session} tokens")
         # the final stage checks these too, but a refusal there could only be a 503
-        if self.engine is not None and (problem := req.sampling.problem(self.engine.n_vocab)):
+        return req.sampling.problem(self.engine.n_vocab) if self.engine is not None else None
+
+    async def _generate(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
+        """One request, resumed on a rebuilt route as often as the route breaks under it."""
+        if (problem := self._refusal(live.state.req)) is not None:
             raise RequestRejectedError(problem)
         async with self.admission:
             pipeline = await self._live_pipeline()
-            session, draft = next(self.sessions), self.proposer if self.spec is not None else None
-            done: list[int] = []  # the completion so far: a resumed run prefills it again
-            lane: int | None = None
-            carried = _Carried()
+            session = next(self.sessions)
             try:
                 while True:
-                    again = replace(req, done=tuple(done))
-                    # a resumed request asks for its old lane: the draft's KV is still there
-                    lease = pipeline.lease(session, again.prefill, lane)
-                    lane = lease.lane
                     try:
                         # closed here, not left to the garbage collector: a client that leaves
                         # must free the session on every stage before the next request comes
-                        attempt = self._attempt(pipeline, lease, again, draft, first=not carried.resumed)
-                        async with contextlib.aclosing(attempt) as events:
-                            async for event in events:
-                                event = carried.add(event)
-                                if isinstance(event, Sampled):
-                                    done.append(event.token)
-                                yield event
+                        async with contextlib.aclosing(self._attempt(pipeline, session, live)) as tokens:
+                            async for sampled in tokens:
+                                yield sampled
                         return
                     except MeshUnavailableError:
                         if pipeline.broken is None or self.settings.resume_s <= 0:
                             raise
                     paused, cause = time.monotonic(), pipeline.broken
-                    log.info("session %d: paused after %d tokens: %s", session, len(done), cause)
+                    log.info("session %d: paused after %d tokens: %s", session, len(live.state.output), cause)
                     pipeline = await self._next_pipeline(cause)
                     log.info("session %d: resuming after %.1fs", session, time.monotonic() - paused)
-                    carried.resume()
+                    live.state = live.state.resume()
                     self.recoveries.sessions += 1
                     yield Resumed(cause, time.monotonic() - paused)
             finally:
-                if draft is not None and lane is not None:
-                    if not self.settings.prefix_cache:  # with it, the draft's KV serves the lane's next request too
-                        draft.forget(lane)
-                    log.info("session %d: %s", session, _outcome(carried.finished or carried.acceptance))
+                self._ended(session, live.state)
 
-    async def _attempt(self, pipeline: Pipeline, lease: Lease, req: GenerationRequest,
-                       draft: Proposer | None, first: bool) -> AsyncGenerator[GenerationEvent, None]:
-        """One run of the generate loop on one route; the session ends there with it, and
-        what every stage's KV holds of it stays in the lane (the prefix cache). The first
-        run says how much of the prompt was cached; a resumed one prefills it again."""
+    def _ended(self, session: int, state: RequestState) -> None:
+        if self.proposer is not None and self.spec is not None and state.lane is not None:
+            if not self.settings.prefix_cache:  # with it, the draft's KV serves the lane's next request too
+                self.proposer.forget(state.lane)
+            log.info("session %d: %s", session, _outcome(state.account()))
+
+    async def _attempt(self, pipeline: Pipeline, session: int, live: Live) -> AsyncGenerator[Sampled, None]:
+        """One run of the generate loop on one route; a resumed one asks for its old lane,
+        where the draft's KV still holds its tokens. The session ends there with it, and
+        what every stage's KV holds of it stays in the lane (the prefix cache)."""
+        lease = pipeline.lease(session, live.state.tokens, live.state.lane)
         try:
-            if first:
-                yield Cached(lease.cached)
             in_flight = windows_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
-            async for event in generate(pipeline, lease, req, self.ctx_per_session, draft,
-                                        self._window(), in_flight):
-                yield event
+            draft = self.proposer if self.spec is not None else None
+            async for sampled in generate(pipeline, lease, live, self.ctx_per_session, draft, self._window(),
+                                          in_flight):
+                yield sampled
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
         finally:
+            held = live.state.tokens[: live.state.computed]
             with contextlib.suppress(Exception):
-                await asyncio.shield(pipeline.end(lease.session, lease.held))
+                await asyncio.shield(pipeline.end(lease.session, held))
 
     async def _next_pipeline(self, cause: str) -> Pipeline:
         """The rebuilt route's pipeline, once it serves; MeshUnavailableError after resume_s."""
@@ -479,32 +479,6 @@ async def _ping(route: Route) -> str | None:
     return None
 
 
-@dataclass
-class _Carried:
-    """What a generation carries across resumes: the draft's record up to the last break,
-    which each new run's record adds to, and how often it resumed."""
-
-    before: Acceptance = field(default_factory=Acceptance)
-    acceptance: Acceptance | None = None  # the running record, carried
-    finished: Finished | None = None
-    resumed: int = 0
-    cached: int = 0  # prompt tokens the first run found in its lane
-
-    def add(self, event: GenerationEvent) -> GenerationEvent:
-        if isinstance(event, Cached):
-            self.cached = event.tokens
-        elif isinstance(event, Acceptance):
-            event = self.acceptance = self.before.plus(event)
-        elif isinstance(event, Finished):
-            spec = None if event.speculative is None else self.before.plus(event.speculative)
-            event = self.finished = replace(event, speculative=spec, resumed=self.resumed, cached_tokens=self.cached)
-        return event
-
-    def resume(self) -> None:
-        self.resumed += 1
-        self.before = self.acceptance or self.before
-
-
 def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
     """A stage as its last Status reply left it; a stage that stopped answering is UNREACHABLE."""
     return StageHealth(stage=index, endpoint=s.endpoint,
@@ -516,7 +490,7 @@ def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
                        engine=s.status.engine or None if s.status else None)
 
 
-def _outcome(last: Acceptance | Finished | None) -> str:
-    if isinstance(last, Finished):
-        return f"{last.completion_tokens} tokens ({last.finish_reason}), speculative {last.speculative}"
-    return f"ended early, speculative {last}"  # a stop string, a client gone or an error closed it
+def _outcome(account: Account) -> str:
+    if account.finish_reason is not None:
+        return f"{account.completion_tokens} tokens ({account.finish_reason}), speculative {account.speculative}"
+    return f"ended early, speculative {account.speculative}"  # a stop string, a client gone or an error closed it

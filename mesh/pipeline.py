@@ -59,15 +59,12 @@ class _Waiter:
 class Lease:
     """A request's lane, on stage 0 and on every stage: what `Pipeline.lease` gave it.
 
-    `cached` prompt tokens were in the lane's KV already and are not prefilled. The generate
-    loop keeps `held` up to date: the tokens every stage's KV surely holds, from position 0,
-    which `Pipeline.end` leaves in the lane for the next request.
+    `cached` prompt tokens were in the lane's KV already and are not prefilled.
     """
 
     session: int
     lane: int
     cached: int = 0
-    held: Sequence[int] = ()
 
 
 @dataclass
@@ -140,15 +137,15 @@ class Pipeline:
         lane = self.open(session, prefer if prefer in free else self.cache.choose(prompt, free))
         cached = self.cache.match(lane, prompt)
         self.cache.take(lane)
-        return Lease(session, lane, cached, tuple(prompt[:cached]))
+        return Lease(session, lane, cached)
 
     async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
         """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits.
 
         `lane` is the one `open(session)` gave. `history` is the completion the penalties
-        count, up to and including tokens[0]; the later tokens extend it row by row. A prompt
-        has none: only the completion is penalised.
+        count at the first sampled row, that row's token included; the later rows extend it
+        with the tokens fed before them. A prompt has none: only the completion is penalised.
         """
         return await self.wait(await self.send(session, lane, start, tokens, sampling, all_logits, kind, history))
 
@@ -263,7 +260,7 @@ class Pipeline:
 
     async def end(self, session: int, keep: Sequence[int] = ()) -> None:
         """Free the session's lane here and on every stage. With the prefix cache, `keep` (the
-        tokens every stage's KV surely holds, a Lease's `held`) stays in the lane for a later
+        tokens every stage's KV surely holds, the record's `computed`) stays in the lane for a later
         request; the rest of its KV is dropped."""
         lane = self.core.lanes.by_session.get(session)
         keep = keep if self.cache is not None and lane is not None else ()

@@ -26,12 +26,11 @@ class FrameSampling:
     def for_rows(cls, params: SamplingParams, history: Sequence[int], tokens: Sequence[int],
                  rows: int) -> FrameSampling:
         """A frame feeding `tokens` whose last `rows` rows are sampled; `history` is the
-        completion the penalties count, up to and including tokens[0]. The history is split
-        at the frame's first logits row (fed tokens[-rows])."""
-        if not params.penalised or not history:
+        completion the penalties count at the first sampled row (fed tokens[-rows]), that
+        row's token included. Each later row adds the token fed before it."""
+        if not params.penalised:
             return cls(params)
-        cut = len(tokens) - rows + 1
-        return cls(params, (*history, *tokens[1:cut]), tuple(tokens[cut:]))
+        return cls(params, tuple(history), tuple(tokens[len(tokens) - rows + 1 :]))
 
     def to_wire(self) -> pb.Sampling:
         p = self.params

@@ -7,8 +7,9 @@ is just text. Nothing is loaded beyond the vocabulary, which takes milliseconds.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
 
-from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled
+from mesh.backend import Acceptance, Account, Generation, GenerationEvent, GenerationRequest, Sampled
 from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 
@@ -42,26 +43,28 @@ class FakeBackend:
     async def health(self) -> Health:
         return self.healthy
 
-    async def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+    def generate(self, req: GenerationRequest) -> Generation:
         self.requests.append(req)
+        account = [Account(len(req.prompt), 0, speculative=Acceptance() if self.window else None)]
+        return Generation(self._events(req, account), lambda: account[0])
+
+    async def _events(self, req: GenerationRequest, account: list[Account]) -> AsyncGenerator[GenerationEvent, None]:
+        """The script's tokens; `account[0]` is the record a real backend keeps at stage 0."""
         tokens = [*self.script, *([EOS] if self.eos else [])]
-        acceptance = Acceptance() if self.window else None
-        made = 0
         try:
             for i, token in enumerate(tokens):
                 if self.fail is not None and i == self.fail_after:
                     raise self.fail()
-                if made >= req.max_tokens:
+                a = account[0]
+                if a.completion_tokens >= req.max_tokens:
                     break
                 if token in req.stop_tokens and not req.ignore_eos:
-                    yield Finished("stop", len(req.prompt), made, acceptance)
+                    account[0] = replace(a, finish_reason="stop")
                     return
-                if acceptance is not None:
-                    acceptance = acceptance.add(self.window, 1, "draft")
-                    yield acceptance
-                made += 1
+                spec = a.speculative.add(self.window, 1, "draft") if a.speculative is not None else None
+                account[0] = replace(a, completion_tokens=a.completion_tokens + 1, speculative=spec)
                 yield self._sampled(token, req)
-            yield Finished("length", len(req.prompt), made, acceptance)
+            account[0] = replace(account[0], finish_reason="length")
         finally:
             self.closed += 1
 

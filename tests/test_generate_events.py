@@ -1,5 +1,5 @@
-"""The typed events of a generation: the generate loop over a scripted pipeline and draft, and
-usage built from them by the OpenAI layer over the fake backend. No model is loaded."""
+"""A generation's tokens and its record: the generate loop over a scripted pipeline and draft,
+and usage read off the record by the OpenAI layer over the fake backend. No model is loaded."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient
 
 from mesh.api.app import build_app
 from mesh.api.responses import SpeculativeUsage, Usage
-from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled, SamplingParams
+from mesh.backend import Acceptance, Account, GenerationRequest, Sampled, SamplingParams
 from mesh.metrics import Metrics
 from mesh.pipeline import Lease, Pending
+from mesh.request_state import Live, RequestState
 from mesh.speculative.loop import generate
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, WindowPolicy
@@ -88,52 +89,68 @@ def _drafted(windows: int, proposed: int, accepted: int) -> Acceptance:
     return Acceptance(windows, proposed, accepted, (("draft", Acceptance(windows, proposed, accepted)),))
 
 
+class Run(list[Sampled]):
+    """A generation's tokens; `records` is the acceptance record as each token left, and
+    `account` the record's account at the end."""
+
+    records: list[Acceptance]
+    account: Account
+
+
 def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | None = None,
             stop: frozenset[int] = frozenset(), in_flight: int = 1, pipeline: ScriptedPipeline | None = None,
-            sampling: SamplingParams | None = None) -> list[GenerationEvent]:
+            sampling: SamplingParams | None = None) -> Run:
     req = GenerationRequest(PROMPT, max_tokens, sampling or SamplingParams(), stop_tokens=stop)
     window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2)) if draft else None
     scripted = pipeline or ScriptedPipeline(target)
+    live = Live(RequestState(req, speculative=draft is not None))
+    run = Run()
+    run.records = []
 
-    async def go() -> list[GenerationEvent]:
+    async def go() -> None:
         # on purpose: scripted stand-ins for the concrete Pipeline and Draft classes, duck-typed
-        loop = generate(scripted, Lease(1, 0), req, 64, draft, window, in_flight)  # type: ignore[arg-type]
-        return [e async for e in loop]
+        loop = generate(scripted, Lease(1, 0), live, 64, draft, window, in_flight)  # type: ignore[arg-type]
+        async for sampled in loop:
+            run.append(sampled)
+            run.records.append(live.state.acceptance)
 
-    return asyncio.run(go())
+    asyncio.run(go())
+    run.account = live.state.account()
+    return run
 
 
 def test_without_a_draft_tokens_then_finished_with_length():
     events = _events(4)
-    assert events == [Sampled(10), Sampled(11), Sampled(12), Sampled(13), Finished("length", 3, 4, None)]
+    assert events == [Sampled(10), Sampled(11), Sampled(12), Sampled(13)]
+    assert events.account == Account(3, 4, finish_reason="length")
 
 
 def test_a_stop_token_finishes_with_stop_and_is_not_a_token():
     events = _events(8, target=[10, 11, EOS, 13], stop=frozenset({EOS}))
-    assert events == [Sampled(10), Sampled(11), Finished("stop", 3, 2, None)]
+    assert events == [Sampled(10), Sampled(11)]
+    assert events.account == Account(3, 2, finish_reason="stop")
 
 
-def test_with_a_draft_each_window_record_comes_before_its_tokens():
+def test_with_a_draft_the_record_counts_each_window_before_its_tokens_leave():
     events = _events(7, draft=ScriptedDraft(TARGET))
     # prefill gives one token; each window of 2 accepts both drafts plus the target's next
-    assert events == [Acceptance(), Sampled(10),
-                      _drafted(1, 2, 2), Sampled(11), Sampled(12), Sampled(13),
-                      _drafted(2, 4, 4), Sampled(14), Sampled(15), Sampled(16),
-                      Finished("length", 3, 7, _drafted(2, 4, 4))]
+    assert events == [Sampled(t) for t in TARGET[:7]]
+    assert events.records == [Acceptance(), *[_drafted(1, 2, 2)] * 3, *[_drafted(2, 4, 4)] * 3]
+    assert events.account == Account(3, 7, speculative=_drafted(2, 4, 4), finish_reason="length")
 
 
 def test_a_draft_that_always_misses_gives_one_token_per_window():
     events = _events(4, draft=ScriptedDraft(TARGET, wrong=True))
-    assert [e.token for e in events if isinstance(e, Sampled)] == TARGET[:4]
+    assert [e.token for e in events] == TARGET[:4]
     # the windows shrink with the budget left: 2, then 1, then a plain decode for the last token
-    assert events[-1] == Finished("length", 3, 4, _drafted(2, 3, 0))
+    assert events.account == Account(3, 4, speculative=_drafted(2, 3, 0), finish_reason="length")
 
 
 def test_a_stop_token_inside_an_accepted_window_ends_it_there():
     target = [10, 11, 12, EOS, 14, 15]
     events = _events(8, target=target, draft=ScriptedDraft(target), stop=frozenset({EOS}))
-    assert [e.token for e in events if isinstance(e, Sampled)] == [10, 11, 12]
-    assert events[-1] == Finished("stop", 3, 3, _drafted(1, 2, 2))
+    assert [e.token for e in events] == [10, 11, 12]
+    assert events.account == Account(3, 3, speculative=_drafted(1, 2, 2), finish_reason="stop")
 
 
 LONG = list(range(10, 50))
@@ -142,12 +159,11 @@ LONG = list(range(10, 50))
 def test_windows_in_flight_with_a_perfect_draft_send_ahead_and_count_every_checked_draft():
     pipeline = ScriptedPipeline(LONG)
     events = _events(20, LONG, ScriptedDraft(LONG), in_flight=3, pipeline=pipeline)
-    assert [e.token for e in events if isinstance(e, Sampled)] == LONG[:20]
+    assert [e.token for e in events] == LONG[:20]
     assert pipeline.most == 3
     assert pipeline.voided == []
     assert set(pipeline.epochs) == {0}
-    done = events[-1]
-    assert isinstance(done, Finished)
+    done = events.account
     assert done.speculative is not None
     # a window is a frame: its drafts, all accepted here
     assert done.speculative.accepted == done.speculative.proposed <= 2 * done.speculative.windows
@@ -159,12 +175,12 @@ def test_windows_in_flight_void_what_follows_a_miss_and_give_what_one_at_a_time_
     one = _events(24, LONG, ScriptedDraft(LONG, misses=misses))
     pipeline = ScriptedPipeline(LONG)
     many = _events(24, LONG, ScriptedDraft(LONG, misses=misses), in_flight=3, pipeline=pipeline)
-    assert [e for e in many if isinstance(e, Sampled)] == [e for e in one if isinstance(e, Sampled)]
+    assert list(many) == list(one)
     assert pipeline.most == 3
     assert pipeline.voided  # frames sent past a miss were void
     assert pipeline.out == set()  # and nothing is left out at the end
     assert max(pipeline.epochs) == len(misses)  # one epoch per miss
-    records = [e for e in many if isinstance(e, Acceptance)]
+    records = [r for r, before in zip(many.records, [None, *many.records], strict=False) if r != before]
     misses_seen = sum(b.accepted - a.accepted < b.proposed - a.proposed for a, b in itertools.pairwise(records))
     assert misses_seen == len(misses)  # a window that rejected counts its drafts after the miss as proposed
     assert max(b.proposed - a.proposed for a, b in itertools.pairwise(records)) <= 4  # at most two frames of 2
@@ -176,7 +192,7 @@ def test_a_frame_sent_ahead_counts_the_drafts_before_it_in_its_penalty_history()
             sampling=SamplingParams(presence_penalty=0.5))
     # the prefill gives 10; frame 1 feeds [10, 11, 12]; frame 2, sent before its reply, feeds
     # [13, 14] and counts the completion up to its first token, drafts included
-    assert pipeline.histories[:2] == [(10,), (10, 11, 12, 13)]
+    assert pipeline.histories[:3] == [(), (10,), (10, 11, 12, 13)]  # the prefill's: the prompt has none
 
 
 class Recorder(Fixed):
@@ -200,16 +216,17 @@ def test_controllers_hear_of_every_frame_plain_decodes_included_and_time_only_fr
     recorder = Recorder()
     req = GenerationRequest(PROMPT, 20)
 
-    async def go() -> list[GenerationEvent]:
-        return [e async for e in generate(ScriptedPipeline(LONG), Lease(1, 0), req, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
+    live = Live(RequestState(req, speculative=True))
+
+    async def go() -> list[Sampled]:
+        return [e async for e in generate(ScriptedPipeline(LONG), Lease(1, 0), live, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
                                           recorder, 3)]
 
     events = asyncio.run(go())
-    assert [e.token for e in events if isinstance(e, Sampled)] == LONG[:20]
+    assert [e.token for e in events] == LONG[:20]
     assert (0, 0, True) in recorder.records  # a plain decode, sent with nothing else in flight
     assert (2, 2, False) in recorder.records  # a frame sent ahead: its round trip is not a verify time
-    done = events[-1]
-    assert isinstance(done, Finished)
+    done = live.state.account()
     assert done.speculative is not None
     assert done.speculative.windows == sum(1 for p, _, _ in recorder.records if p)
 
@@ -217,7 +234,7 @@ def test_controllers_hear_of_every_frame_plain_decodes_included_and_time_only_fr
 def test_without_a_draft_nothing_is_sent_ahead():
     pipeline = ScriptedPipeline(LONG)
     events = _events(6, LONG, in_flight=4, pipeline=pipeline)
-    assert [e.token for e in events if isinstance(e, Sampled)] == LONG[:6]
+    assert [e.token for e in events] == LONG[:6]
     assert pipeline.most == 1
 
 
@@ -235,13 +252,13 @@ def test_acceptance_is_frozen_and_counts_only_rounds_that_proposed():
         a.windows = 0  # type: ignore[misc]  # on purpose: the assignment must be refused
 
 
-def test_usage_from_finished_has_todays_keys_and_rounding():
-    usage = Usage.of(Finished("length", 5, 7, Acceptance(3, 9, 1), cached_tokens=2)).model_dump()
+def test_usage_from_the_account_has_todays_keys_and_rounding():
+    usage = Usage.of(Account(5, 7, 2, speculative=Acceptance(3, 9, 1), finish_reason="length")).model_dump()
     assert usage == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
                      "prompt_tokens_details": {"cached_tokens": 2},
                      "speculative": {"windows": 3, "proposed": 9, "accepted": 1, "accept_rate": 0.1111,
                                      "mean_window": 3.0}}
-    assert Usage.of(Finished("stop", 5, 0)).model_dump() == {"prompt_tokens": 5, "completion_tokens": 0,
+    assert Usage.of(Account(5, 0, finish_reason="stop")).model_dump() == {"prompt_tokens": 5, "completion_tokens": 0,
                                                              "total_tokens": 5,
                                                              "prompt_tokens_details": {"cached_tokens": 0}}
     assert SpeculativeUsage.of(Acceptance(3, 10, 10)).mean_window == 3.333
@@ -257,7 +274,7 @@ def draft_backend(byte_tokenizer) -> FakeBackend:
     return FakeBackend(byte_tokenizer, "Hello world", window=3)  # 3 proposed, 1 accepted, before each token
 
 
-def test_a_body_reports_speculative_usage_from_finished(draft_backend: FakeBackend):
+def test_a_body_reports_speculative_usage_from_the_account(draft_backend: FakeBackend):
     with TestClient(build_app(draft_backend, Metrics())) as client:
         body = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI}).json()
         metrics = client.get("/metrics").text
@@ -286,8 +303,8 @@ def test_the_stream_usage_chunk_reports_speculative_usage(draft_backend: FakeBac
 
 
 def test_a_stop_string_reports_what_was_generated_before_it(draft_backend: FakeBackend):
-    """The run closes the generation at the stop string, so no Finished comes: usage is built
-    from the tokens and the draft's record seen so far."""
+    """The run closes the generation at the stop string, before it finished by itself: usage is
+    the account of the tokens handed out so far."""
     with TestClient(build_app(draft_backend, Metrics())) as client:
         body = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "stop": "wor"}).json()
     assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == ("Hello ", "stop")

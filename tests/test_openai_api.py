@@ -7,7 +7,6 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import AsyncGenerator
 from urllib.parse import urlparse
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 from mesh_server import mesh_serve, metric
 from openai.types.chat import ChatCompletionMessageParam
 
-from mesh.backend import GenerationEvent, GenerationRequest
+from mesh.backend import Generation, GenerationRequest
 from mesh.health import Health
 from mesh.model_source import EMBEDDED_ID
 from mesh.tokenizer import Tokenizer
@@ -226,7 +225,7 @@ class _BrokenBackend:
     async def health(self) -> Health:
         return Health(ok=True, model=self.model_id, route="none", stages=(), error=None, speculative="off")
 
-    def generate(self, req: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+    def generate(self, req: GenerationRequest) -> Generation:
         raise AssertionError("unreachable: every request fails at tok() before it generates")
 
 

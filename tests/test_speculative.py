@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from chain import COPY_HEAVY, chat_prompt
 
-from mesh.backend import Acceptance, Finished, GenerationRequest, Sampled
+from mesh.backend import Acceptance, Account, GenerationRequest, Sampled
 from mesh.pipeline import Pipeline, StageFailedError
+from mesh.request_state import Live, RequestState
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.loop import generate
 from mesh.speculative.ngram import NGRAM, NgramProposer
@@ -72,15 +73,20 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
             await close_engine(e)
 
 
+async def _generated(pipeline, lease, req, draft, window, in_flight=1) -> tuple[list[Sampled], Account]:
+    """A whole generation on `lease`: its tokens and its record's account at the end."""
+    live = Live(RequestState(req, speculative=draft is not None))
+    out = [s async for s in generate(pipeline, lease, live, 512, draft, window, in_flight)]
+    return out, live.state.account()
+
+
 async def _sampled(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
     req = GenerationRequest(prompt, n, sampling, ignore_eos=True)
-    events = [e async for e in generate(pipeline, pipeline.lease(session), req, 512, draft, window)]
-    done = events[-1]
-    assert isinstance(done, Finished)
+    out, done = await _generated(pipeline, pipeline.lease(session), req, draft, window)
     assert done.finish_reason == "length"
     assert done.completion_tokens == n
     assert (done.speculative is None) == (draft is None)
-    return [e for e in events if isinstance(e, Sampled)], done
+    return out, done
 
 
 async def _run(pipeline, draft, prompt, n, sampling=GREEDY, window=None, session=1):
@@ -122,17 +128,12 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 req = GenerationRequest(prompt, 40, SamplingParams(), ignore_eos=True)
                 lease = pipeline.lease(1)
                 fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
-                events = generate(pipeline, lease, req, 512, draft, controller_for(fixed))
+                live = Live(RequestState(req, speculative=True))
+                events = generate(pipeline, lease, live, 512, draft, controller_for(fixed))
                 out: list[int] = []
-                acceptance: Acceptance | None = None
                 while len(out) < 6:  # 1 from prefill, then 5 windows
-                    event = await anext(events)
-                    if isinstance(event, Acceptance):
-                        acceptance = event
-                    else:
-                        assert isinstance(event, Sampled), event  # ignore_eos: nothing finishes this early
-                        out.append(event.token)
-                assert acceptance is not None
+                    out.append((await anext(events)).token)  # ignore_eos: nothing finishes this early
+                acceptance = live.state.acceptance
                 assert acceptance.accepted == 0
                 assert acceptance.windows == 5
                 accepted = len(prompt) + len(out) - 1  # the KV must keep all but the newest token
@@ -143,7 +144,7 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 assert final.position(lease.lane) in (accepted + 4, accepted + 5)  # it may not have run the sixth yet
                 assert draft.held[lease.lane][:accepted] == (prompt + out)[:accepted]
                 # the next frame starts at the accepted position: every stage drops the rest
-                assert isinstance(await anext(events), Acceptance)  # the record of the sixth window, verified
+                await anext(events)  # the token of the sixth window, verified
                 # the final stage ran the sixth at the accepted position (without the trim it would
                 # hold the fifth's rows too); the seventh has left stage 0 already
                 assert final.position(lease.lane) in (accepted + 5, accepted + 6)
@@ -515,10 +516,8 @@ def test_windows_in_flight_give_plain_greedy_output_on_every_split(smollm2_packa
                 busy.pause = 0.1
             fixed = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
             req = GenerationRequest(prompts[0], 48, GREEDY, ignore_eos=True)
-            events = [e async for e in generate(pipeline, pipeline.lease(1), req, 512, draft, fixed, in_flight=3)]
-            assert [e.token for e in events if isinstance(e, Sampled)] == plain[0]
-            done = events[-1]
-            assert isinstance(done, Finished)
+            events, done = await _generated(pipeline, pipeline.lease(1), req, draft, fixed, in_flight=3)
+            assert [e.token for e in events] == plain[0]
             assert done.speculative is not None
             assert done.speculative.proposed > done.speculative.accepted > 0
             assert seen.most == 3
@@ -531,8 +530,8 @@ def test_windows_in_flight_give_plain_greedy_output_on_every_split(smollm2_packa
                 async def one(i: int) -> list[int]:
                     req = GenerationRequest(prompts[i], 48, GREEDY, ignore_eos=True)
                     window = controller_for(WindowPolicy(policy="adaptive", initial=4, min=1, max=8))
-                    return [e.token async for e in generate(pipeline, pipeline.lease(20 + i), req, 512,
-                                                            draft, window, in_flight=3) if isinstance(e, Sampled)]
+                    out, _ = await _generated(pipeline, pipeline.lease(20 + i), req, draft, window, in_flight=3)
+                    return [e.token for e in out]
                 assert await asyncio.gather(*(one(i) for i in range(4))) == plain
             assert seen.out == 0
             assert pipeline.waiters == {}
@@ -563,11 +562,9 @@ def test_windows_in_flight_sample_what_plain_decoding_samples_with_penalties(smo
             seen.watch(pipeline)
             window = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
             req = GenerationRequest(prompt, 40, sp, ignore_eos=True)
-            events = [e async for e in generate(pipeline, pipeline.lease(2), req, 512, draft, window, in_flight=3)]
-            assert [e for e in events if isinstance(e, Sampled)] == plain
+            events, done = await _generated(pipeline, pipeline.lease(2), req, draft, window, in_flight=3)
+            assert events == plain
             assert seen.most == 3
-            done = events[-1]
-            assert isinstance(done, Finished)
             assert done.speculative is not None
             assert done.speculative.accepted > 0
 
@@ -590,10 +587,8 @@ def test_prompt_lookup_gives_plain_greedy_output_and_is_accepted_on_copied_text(
             lookup = NgramProposer(3, 5)
             req = GenerationRequest(prompt, 96, GREEDY, ignore_eos=True)
             windows = {NGRAM: controller_for(ngram_window())}
-            events = [e async for e in generate(pipeline, pipeline.lease(2), req, 512, lookup, windows, in_flight=3)]
-            assert [e.token for e in events if isinstance(e, Sampled)] == plain
-            done = events[-1]
-            assert isinstance(done, Finished)
+            events, done = await _generated(pipeline, pipeline.lease(2), req, lookup, windows, in_flight=3)
+            assert [e.token for e in events] == plain
             s = done.speculative
             assert s is not None
             assert s.accepted >= 24, s  # whole windows of copied code, not a lucky token

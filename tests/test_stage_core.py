@@ -16,6 +16,7 @@ from toy_engine import ToyEngine, until
 
 from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.pipeline import Pending, Pipeline, StageFailedError
+from mesh.request_state import Live, RequestState
 from mesh.speculative.loop import generate
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed
@@ -256,7 +257,7 @@ def test_windows_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames
     async def scenario() -> None:
         async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 24, ignore_eos=True)
-            plain = [e.token async for e in generate(pipeline, pipeline.lease(1), req, 64)
+            plain = [e.token async for e in generate(pipeline, pipeline.lease(1), Live(RequestState(req)), 64)
                      if isinstance(e, Sampled)]
             await pipeline.end(1)
             most, send = 0, pipeline.send
@@ -269,7 +270,7 @@ def test_windows_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames
 
             pipeline.send = counted  # type: ignore[method-assign]
             draft = ToyDraft(misses=frozenset({5, 6, 12, 19}))
-            spec = [e.token async for e in generate(pipeline, pipeline.lease(2), req, 64, draft,
+            spec = [e.token async for e in generate(pipeline, pipeline.lease(2), Live(RequestState(req)), 64, draft,
                                                     Fixed(TWO), in_flight=4) if isinstance(e, Sampled)]
             assert spec == plain == [(2 + i) % ToyEngine.n_vocab for i in range(24)]
             assert 2 < most <= 4  # several frames out, never past the cap (a loaded machine may not fill it)
@@ -283,7 +284,8 @@ def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_to
     async def scenario() -> None:
         async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 40, ignore_eos=True)
-            events = generate(pipeline, pipeline.lease(1), req, 64, ToyDraft(), Fixed(TWO), in_flight=3)
+            live = Live(RequestState(req))
+            events = generate(pipeline, pipeline.lease(1), live, 64, ToyDraft(), Fixed(TWO), in_flight=3)
             out: list[int] = []
 
             async def consume() -> None:

@@ -11,6 +11,7 @@ from test_generate_events import LONG, PROMPT, ScriptedDraft, ScriptedPipeline
 
 from mesh.backend import GenerationRequest, Sampled
 from mesh.pipeline import Lease
+from mesh.request_state import Live, RequestState
 from mesh.speculative.loop import generate
 from mesh.speculative.window import Adaptive, CostAware, Fixed
 from packages.speculative import WindowPolicy
@@ -111,7 +112,7 @@ def test_the_loop_keeps_no_more_frames_out_than_the_controller_asks():
     window = TwoDeep(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
 
     async def go() -> list[int]:
-        loop = generate(pipeline, Lease(1, 0), req, 64, ScriptedDraft(LONG), window, 4)  # type: ignore[arg-type]
+        loop = generate(pipeline, Lease(1, 0), Live(RequestState(req)), 64, ScriptedDraft(LONG), window, 4)  # type: ignore[arg-type]
         return [e.token async for e in loop if isinstance(e, Sampled)]
 
     assert asyncio.run(go()) == LONG[:20]

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mesh.backend import Acceptance, Finished
+from mesh.backend import Acceptance, Account
 
 
 def _absent(value: Any) -> bool:
@@ -67,7 +67,7 @@ class Usage(_Body):
     resumed: int | None = Field(default=None, exclude_if=_absent)  # route rebuilds the request lived through
 
     @classmethod
-    def of(cls, done: Finished) -> Usage:
+    def of(cls, done: Account) -> Usage:
         spec = SpeculativeUsage.of(done.speculative) if done.speculative is not None else None
         return cls(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
                    total_tokens=done.prompt_tokens + done.completion_tokens,

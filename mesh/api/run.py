@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -30,14 +30,11 @@ from mesh.api.responses import (
     Usage,
 )
 from mesh.backend import (
-    Acceptance,
+    Account,
     Backend,
-    Cached,
-    Finished,
-    GenerationEvent,
+    Generation,
     MeshUnavailableError,
     RequestRejectedError,
-    Resumed,
     Sampled,
 )
 from mesh.metrics import Metrics
@@ -52,15 +49,10 @@ class Run:
         self.id = ("chatcmpl-" if prepared.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.started = time.perf_counter()
-        self.events: AsyncGenerator[GenerationEvent, None] | None = None
+        self.events: Generation | None = None
+        self.account = Account(len(prepared.generation.prompt), 0)  # the generation's, as last read
         self.first: Sampled | None = None
         self.stopped = False  # by a stop string, which the backend never sees
-        # what the events said so far: usage for a run that stops before Finished comes
-        self.completion_tokens = 0
-        self.speculative: Acceptance | None = None
-        self.resumed = 0
-        self.cached = 0
-        self.finished: Finished | None = None
         self.logprobs = _Logprobs(backend) if prepared.generation.sampling.logprobs >= 0 else None
 
     async def open(self) -> None:
@@ -77,21 +69,15 @@ class Run:
         self.metrics.ttft.observe(time.perf_counter() - self.started)
 
     async def _next_token(self) -> Sampled | None:
-        """The next token, noting the other events on the way; None when the generation is over."""
+        """The next token, past any other event; None when the generation is over."""
         assert self.events is not None
-        while (event := await anext(self.events, None)) is not None:
-            if isinstance(event, Sampled):
-                self.completion_tokens += 1
-                return event
-            if isinstance(event, Acceptance):
-                self.speculative = event
-            elif isinstance(event, Resumed):
-                self.resumed += 1
-            elif isinstance(event, Cached):
-                self.cached = event.tokens
-            else:
-                self.finished = event
-        return None
+        try:
+            while (event := await anext(self.events, None)) is not None:
+                if isinstance(event, Sampled):
+                    return event
+            return None
+        finally:
+            self.account = self.events.account
 
     async def deltas(self) -> AsyncIterator[tuple[str, list[Sampled]]]:
         """Text as it becomes final, with the tokens that made it."""
@@ -181,27 +167,20 @@ class Run:
     def finish_reason(self) -> str:
         if self.stopped:
             return "stop"
-        assert self.finished is not None, "the backend's events ended without Finished"
-        return self.finished.finish_reason
-
-    def outcome(self) -> Finished:
-        """The backend's Finished; for a run that ended first (a stop string, an error, a client
-        gone), the same account from the events it saw."""
-        if self.finished is not None:
-            return self.finished
-        return Finished("stop", len(self.p.generation.prompt), self.completion_tokens, self.speculative,
-                        self.resumed, self.cached)
+        assert self.account.finish_reason is not None, "the generation ended without a reason"
+        return self.account.finish_reason
 
     def usage(self) -> Usage:
-        return Usage.of(self.outcome())
+        return Usage.of(self.account)
 
     async def _finish(self, failed: bool, refused: bool = False) -> None:
         """Always close the backend's generator: that frees the session on every stage."""
         if self.events is not None:
             events, self.events = self.events, None
             await events.aclose()
+            self.account = events.account
         self.metrics.in_flight.dec()
-        done = self.outcome()
+        done = self.account
         if not refused:  # a refused prompt was never processed
             self.metrics.record_prompt(done.prompt_tokens, done.cached_tokens)
         self.metrics.generated.inc(done.completion_tokens)

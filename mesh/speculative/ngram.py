@@ -39,27 +39,6 @@ def lookup(tokens: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[i
     return []
 
 
-class _Lane:
-    """A lane's sequence as an array, extended in place while the caller's sequence only
-    grows (the usual case: each call adds a committed token or the drafts sent)."""
-
-    def __init__(self) -> None:
-        self.held: list[int] = []
-        self.array = np.zeros(256, dtype=np.int64)
-
-    def update(self, sequence: list[int]) -> np.ndarray:
-        n = len(self.held)
-        if n > len(sequence) or sequence[:n] != self.held:  # rolled back past a rejected draft
-            n, self.held = 0, []
-        if len(sequence) > len(self.array):
-            grown = np.zeros(max(len(sequence), 2 * len(self.array)), dtype=np.int64)
-            grown[:n] = self.array[:n]
-            self.array = grown
-        self.array[n : len(sequence)] = sequence[n:]
-        self.held = list(sequence)
-        return self.array[: len(sequence)]
-
-
 class NgramProposer:
     """The prompt-lookup proposer: `Proposer` (mesh/speculative/proposer.py) with no model."""
 
@@ -67,16 +46,15 @@ class NgramProposer:
 
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
-        self.lanes: dict[int, _Lane] = {}
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
         began = time.perf_counter()
         k = budget(NGRAM)
         if k < 1:
             return Proposal([], NGRAM, 0.0)
-        tokens = self.lanes.setdefault(lane, _Lane()).update(sequence)
-        found = lookup(tokens, self.ngram_min, self.ngram_max, k)
+        # the request's record holds the sequence; an array of it costs less than the lookup
+        found = lookup(np.asarray(sequence, dtype=np.int64), self.ngram_min, self.ngram_max, k)
         return Proposal(found, NGRAM, time.perf_counter() - began)
 
     def forget(self, lane: int) -> None:
-        self.lanes.pop(lane, None)
+        pass  # it keeps nothing per lane
