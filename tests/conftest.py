@@ -12,7 +12,6 @@ from models import gemma3_path, smollm2_path, write_tiny_llama
 
 from packages.writer import write_package
 
-
 TIERS = ("mesh", "soak")  # the fast tier is every test with neither mark (pyproject.toml)
 
 
