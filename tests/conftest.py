@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +11,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 from models import gemma3_path, smollm2_path, write_tiny_llama
 
 from packages.writer import write_package
+
+TIERS = ("mesh", "soak")  # the fast tier is every test with neither mark (pyproject.toml)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tiers are disjoint, so `-m mesh` and `-m soak` each run their own tests once."""
+    both = [item.nodeid for item in items if all(item.get_closest_marker(t) for t in TIERS)]
+    if both:
+        raise pytest.UsageError(f"a test is in one tier, mesh or soak, not both: {both}")
+
+
+class _NoProcessInTheFastTier(subprocess.Popen):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("a fast-tier test started a process: mark it pytest.mark.mesh")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast tier runs in seconds because it starts nothing: a process there fails the test."""
+    if not any(request.node.get_closest_marker(t) for t in TIERS):
+        monkeypatch.setattr(subprocess, "Popen", _NoProcessInTheFastTier)
 
 
 def _quiet(_: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 CHATS = [
     [{"role": "user", "content": "Hello there, how are you?"}],

@@ -79,7 +79,7 @@ def test_serve_wants_one_cpu_list_per_local_stage_and_then_takes_no_cpu_lock(tmp
     assert serve._cpu_lock(shared, tmp_path) == tmp_path / "cpu.lock"
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
 def test_serve_pins_itself_and_each_local_stage_to_its_own_cpus(tmp_path: Path):
     gguf = write_tiny_llama(tmp_path / "tiny.gguf", byte_vocab=True)

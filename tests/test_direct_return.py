@@ -236,7 +236,7 @@ def test_load_refuses_a_wire_emulation_out_of_range(tmp_path):
         assert "wire delay and jitter" in (control._check_load(request) or "")
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 @pytest.mark.parametrize(("relay", "links"), [(False, 3), (True, 4)], ids=["direct", "relay"])
 def test_served_stages_learn_the_wire_delay_at_load(tmp_path, relay: bool, links: int):
     """Three local stages of a tiny model: each token's round trip crosses every delayed link."""

@@ -31,6 +31,7 @@ def test_an_unknown_engine_lists_the_choices():
         resolve("cuda")
 
 
+@pytest.mark.mesh  # starts `mesh serve`, which refuses the flags and exits
 def test_serve_wants_one_engine_or_one_per_local_stage():
     run = subprocess.run([sys.executable, "-m", "mesh.cli", "serve", "--local-stages", "3", "--engine", "llama", "mlx"],
                          capture_output=True, text=True, timeout=60)

@@ -36,7 +36,8 @@ from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION
 from stage.transport import connect
 
-pytestmark = pytest.mark.slow
+# Every test here runs real processes (the mesh tier) but the chaos soak, whose chaos alone
+# runs 91-117 s (the soak tier); tiers are disjoint, so each test carries its own mark.
 
 TOKEN = "heal-test-token"
 PROMPT = "Tell me a long story about a dragon."
@@ -77,6 +78,7 @@ def _health(url: str) -> tuple[int, Health]:
     return r.status_code, Health.model_validate_json(r.content)
 
 
+@pytest.mark.mesh
 @pytest.mark.parametrize("victim", [0, 1], ids=["middle-stage", "final-stage"])
 def test_a_stage_killed_mid_stream_is_replaced_and_the_stream_goes_on(tmp_path, victim):
     with _mesh(tmp_path) as (url, pid):
@@ -101,6 +103,7 @@ def test_a_stage_killed_mid_stream_is_replaced_and_the_stream_goes_on(tmp_path, 
         assert not set(stage_pids(pid)) & {stages[victim]}
 
 
+@pytest.mark.mesh
 def test_a_frozen_stage_is_found_within_seconds_and_the_stream_goes_on(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         reference, _, _ = _stream(url)
@@ -140,6 +143,7 @@ def test_a_frozen_stage_is_found_within_seconds_and_the_stream_goes_on(tmp_path)
         assert health.last_recovery.detect_s < 5.0
 
 
+@pytest.mark.mesh
 def test_a_stage_slowed_by_less_than_its_deadline_is_not_declared_dead(tmp_path):
     with _mesh(tmp_path, "--wire-delay-ms", "150") as (url, pid):
         reference, _, _ = _stream(url)
@@ -157,6 +161,7 @@ def test_a_stage_slowed_by_less_than_its_deadline_is_not_declared_dead(tmp_path)
         assert _health(url)[1].recoveries == 0
 
 
+@pytest.mark.mesh
 def test_a_stage_killed_while_idle_heals_with_only_health_polled(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         final = stage_pids(pid)[1]
@@ -170,6 +175,7 @@ def test_a_stage_killed_while_idle_heals_with_only_health_polled(tmp_path):
         assert _stream(url)[2]["completion_tokens"] == TOKENS
 
 
+@pytest.mark.mesh
 def test_a_request_sent_during_a_rebuild_waits_for_the_new_route(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         reference, _, _ = _stream(url)
@@ -184,6 +190,7 @@ def test_a_request_sent_during_a_rebuild_waits_for_the_new_route(tmp_path):
         assert _health(url)[1].recoveries == 1
 
 
+@pytest.mark.mesh
 def test_a_second_activation_link_leaves_the_route_alone(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         reference, _, _ = _stream(url)
@@ -202,6 +209,7 @@ def test_a_second_activation_link_leaves_the_route_alone(tmp_path):
         assert _health(url)[1].recoveries == 0
 
 
+@pytest.mark.mesh
 def test_four_streams_through_one_kill_all_complete(tmp_path):
     prompts = [PROMPT, "Describe a city at night.", "Explain how a bicycle works.", "Write about autumn."]
     with _mesh(tmp_path) as (url, pid):
@@ -221,6 +229,7 @@ def test_four_streams_through_one_kill_all_complete(tmp_path):
         assert _health(url)[1].sessions_resumed == 4
 
 
+@pytest.mark.mesh
 def test_junk_on_both_ports_is_refused_and_the_route_serves_on(tmp_path):
     with _mesh(tmp_path) as (url, pid):
         reference, _, _ = _stream(url)
@@ -267,6 +276,7 @@ SOAK_PROMPTS = ["Tell me about the moon.", "List five rivers.", "Describe a fore
                 "Write about rain.", "Explain gravity simply.", "Name three painters.", "Describe the sea."]
 
 
+@pytest.mark.soak
 def test_chaos_soak_every_request_completes_through_repeated_kills(tmp_path):
     """100 requests, 8 at a time, a random stage killed every ~20 s: every one completes with
     the undisturbed output, no lane leaks (8 at once still run), and stage 0's RSS stays flat."""
@@ -324,6 +334,7 @@ def _stage_daemon(cache: Path, listen: str = "127.0.0.1:0") -> tuple[subprocess.
     return proc, line.split()[1]
 
 
+@pytest.mark.mesh
 def test_a_spare_takes_over_a_dead_peer_and_the_stream_goes_on(tmp_path):
     (peer, peer_at), (spare, spare_at) = _stage_daemon(tmp_path / "peer"), _stage_daemon(tmp_path / "spare")
     try:

@@ -20,7 +20,7 @@ from packages.publish import plan_publish, publish
 from packages.speculative import DraftStrategy, declared
 from packages.writer import write_package
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 
 @pytest.fixture

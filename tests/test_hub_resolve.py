@@ -28,7 +28,7 @@ from packages.speculative import DraftStrategy, declared, verify_draft
 from packages.writer import write_package
 from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 
 @pytest.fixture

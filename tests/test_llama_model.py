@@ -52,7 +52,7 @@ LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=1, ctx_per_lan
 """
 
 
-@pytest.mark.slow  # loads the draft model in a subprocess; the tests above are unit-level
+@pytest.mark.mesh  # loads the draft model in a subprocess; the tests above are unit-level
 @pytest.mark.parametrize(("host", "env", "repacked"), [("amx", "auto", False), ("plain", "auto", True),
                                                          ("plain", "off", False), ("amx", "on", True)])
 def test_the_choice_reaches_every_loader(draft_gguf: Path, host, env, repacked):

@@ -18,7 +18,7 @@ from mesh.coordinator import STATUS_TTL
 from mesh.health import Health
 from mesh.model_source import EMBEDDED_ID
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 
 @pytest.mark.parametrize("stages", [2, 3])

@@ -17,7 +17,7 @@ from chat_reference import PROMPTS, chat
 from mesh_server import mesh_serve
 from netns import Host, hosts, unavailable
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.mesh,
               pytest.mark.skipif(bool(unavailable()), reason=f"{unavailable()}")]
 TOKEN = "netns-test-token"
 

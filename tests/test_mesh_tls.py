@@ -21,7 +21,7 @@ from proto.version import PROTOCOL_VERSION
 from stage.grpc_auth import token_metadata
 from stage.tls import MeshTls, channel
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 
 @contextlib.contextmanager

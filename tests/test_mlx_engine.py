@@ -242,7 +242,7 @@ def smol_reference(smollm2_gguf, smollm2_package, stage_cache, smol_prompts):
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 def test_smollm2_range_hidden_within_tolerance(smollm2_package, stage_cache, smol_prompts):
     """Range [0, 15): the hidden states MLX sends downstream against llama.cpp's."""
     prompt = smol_prompts[0]
@@ -257,7 +257,7 @@ def test_smollm2_range_hidden_within_tolerance(smollm2_package, stage_cache, smo
     assert max(errors) < HIDDEN_TOL, errors
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 def test_smollm2_whole_model_greedy_equals_llama_but_near_ties(smollm2_package, stage_cache, smol_prompts,
                                                                 smol_reference):
     engine = make_engine("mlx", smollm2_package, stage_cache, 0, 30)
@@ -267,7 +267,7 @@ def test_smollm2_whole_model_greedy_equals_llama_but_near_ties(smollm2_package, 
         engine.close()
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 def test_smollm2_trim_after_rejected_window(smollm2_package, stage_cache, smol_prompts):
     """Decode a window, reject it, decode on: equal to a lane that never saw the window."""
     prompt = np.asarray(smol_prompts[1], np.int32)
@@ -295,7 +295,7 @@ def greedy_from(engine: RangeEngine, start: int, token: int, n: int) -> list[tup
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # about a minute per chain here
 @pytest.mark.parametrize(("cuts", "kinds", "free_running"), [
     ([15], ["llama", "mlx"], True),
     ([15], ["mlx", "llama"], False),  # teacher-forced only: each costs about a minute here
@@ -335,7 +335,7 @@ def teacher_forced(engines: list[RangeEngine], seq: np.ndarray) -> np.ndarray:
     return x
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 def test_k_quant_refused_by_name(gemma3_gguf):
     cfg = EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=64)
     # Gemma-3's Q4_K_M file holds Q5_0, Q4_K and Q6_K tensors beside F32 and Q8_0; mx.load reads none of the three
@@ -354,7 +354,7 @@ def test_forward_batch_shapes(tiny_package, stage_cache):
     engine.close()
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 def test_smollm2_rows_are_batch_invariant(smollm2_package, stage_cache, smol_prompts):
     """A k-row verify window equals k single-row decodes, and a prefill equals the prompt
     decoded row by row, bit for bit: speculation and the prefix cache cannot change MLX's output."""
@@ -379,7 +379,7 @@ def test_passes_group_equal_row_counts_one_step_per_lane():
     assert passes(steps) == [[0, 2, 4], [1], [3]]  # lane 0's second row waits for its first
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 @pytest.mark.parametrize("first", [True, False], ids=["first-stage", "later-stage"])
 def test_smollm2_sessions_batched_in_one_pass_equal_each_alone(smollm2_package, stage_cache, smol_prompts, first):
     """Three sessions at different positions decode in one pass (two at once verify 3-row

@@ -20,7 +20,7 @@ from mesh.health import Health
 from mesh.model_source import EMBEDDED_ID
 from mesh.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 CTX = 1024
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]

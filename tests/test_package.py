@@ -22,7 +22,7 @@ from packages.writer import write_package
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 
 def _quiet(_: str) -> None:

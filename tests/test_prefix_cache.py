@@ -120,7 +120,7 @@ def _chat(url: str) -> list[tuple[str, int, int]]:
     return turns
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 def test_a_row_is_computed_alike_prefilled_in_any_pieces_or_decoded(smollm2_gguf):
     """What makes a reused prefix exact: llama.cpp's CPU kernels for graphs of 64 rows or
     more differ from a decode's, and the engine keeps every graph under that (INVARIANT_ROWS)."""
@@ -165,7 +165,7 @@ def _cached_server(cache: Path, stages: int) -> contextlib.AbstractContextManage
     return mesh_serve(cache, "--local-stages", str(stages), "--lanes", "2", "--windows-in-flight", "3")
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 @pytest.mark.parametrize("stages", [1, 2, 3])
 def test_cached_output_equals_uncached_and_the_reuse_is_reported(serve_cache, prompts, uncached, stages):
     p, q, head = prompts["p"], prompts["q"], prompts["head"]
@@ -191,7 +191,7 @@ def test_cached_output_equals_uncached_and_the_reuse_is_reported(serve_cache, pr
         assert reused > asked + 8  # more than the first turn's prompt: its reply too
 
 
-@pytest.mark.slow
+@pytest.mark.mesh
 def test_concurrent_sessions_sharing_a_prefix_each_get_their_own_lane(serve_cache, prompts, uncached):
     p = prompts["p"]
     with _cached_server(serve_cache, 3) as (url, _):

@@ -26,7 +26,7 @@ from mesh.bench.local_server import LocalServer, stage_pids, stop, wait_healthy
 from mesh.health import Health, StageHealth
 from packages.writer import write_package
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 GRACE = 4.0
 

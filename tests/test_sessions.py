@@ -9,7 +9,7 @@ from chain import build_chain, chat_prompt, close, forward, greedy
 from stage.engine import Step
 from stage.llama_engine import EngineError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 PROMPTS = ["Write a haiku about rain.", "List three prime numbers.", "What is the capital of France?"]
 

@@ -16,7 +16,7 @@ from mesh_server import mesh_serve, metric
 from mesh.bench.run import PROMPTS
 from mesh.model_source import EMBEDDED_ID
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 TOKENS = 128
 

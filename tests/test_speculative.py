@@ -38,7 +38,7 @@ from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.sampling import SamplingParams
 from stage.transport import connect, serve
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 CUT = 15
 GREEDY = SamplingParams()

@@ -9,7 +9,7 @@ from packages.errors import PackageError
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 N_TOKENS = 64
 

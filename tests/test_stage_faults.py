@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from mesh.bench.local_server import stage_pids
 from mesh.model_source import EMBEDDED_ID
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 

@@ -16,7 +16,7 @@ from mesh.planner import StageRange
 from mesh.stage_fit import KV_BYTES, OVERHEAD, StageNeed, footprint, misfits, package_sizes
 from packages.manifest import load_manifest
 
-pytestmark = pytest.mark.slow  # the packages are built from real GGUFs
+pytestmark = pytest.mark.mesh  # the packages are built from real GGUFs
 MIB = 1 << 20
 
 

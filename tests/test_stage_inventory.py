@@ -14,7 +14,7 @@ from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION as V
 from stage.control import StageControl, StageOptions
 
-pytestmark = pytest.mark.slow  # prepares a real SmolLM2 range
+pytestmark = pytest.mark.mesh  # prepares a real SmolLM2 range
 
 
 def test_inventory_polled_every_loop_turn_never_sees_a_silent_failure(smollm2_package, tmp_path):

@@ -19,7 +19,7 @@ from proto.version import PROTOCOL_VERSION as V
 from stage.grpc_auth import token_metadata
 from stage.transport import Link, TransportRefusedError, connect, serve
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mesh
 
 TOKEN = "s3cret-mesh-token"
 

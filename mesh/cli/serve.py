@@ -14,6 +14,7 @@ from config.paths import cache_dir
 from config.settings import Config, Speculative, UsageError, load_config
 from mesh.api.app import build_app
 from mesh.api.server import bind, kill_children, serve
+from mesh.cli.bench_args import add_bench_arguments
 from mesh.cli.tls_args import add_tls_arguments, tls_of
 from mesh.coordinator import Coordinator, Topology
 from mesh.metrics import Metrics
@@ -74,15 +75,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="speculative strategy: auto (the package's default), disabled, ngram (prompt lookup, "
                    "no draft model), ngram+draft (prompt lookup first, the draft where it finds no match), or "
                    "a strategy the package declares (overrides config; --no-draft still turns all off)")
-    p.add_argument("--wire-delay-ms", type=float, default=0.0, metavar="MS",
-                   help="benchmark only: emulate this one-way latency on every hop between stages, both "
-                   "ways (each stage learns it at Load and holds every frame it sends this long)")
-    p.add_argument("--wire-jitter-ms", type=float, default=0.0, metavar="MS",
-                   help="benchmark only: add a uniform draw in [-MS, +MS] to each frame's emulated "
-                   "delay (seeded per link, so runs repeat); frames never overtake each other")
-    p.add_argument("--relay-replies", action="store_true",
-                   help="benchmark only: the final stage's replies climb back through every stage, as "
-                   "before direct return, instead of going straight to this coordinator")
     p.add_argument("--micro-batches", type=int, default=None, metavar="N",
                    help="groups of sessions kept in flight at once, so every stage has work while the "
                    "others compute (default: one per stage; 1 when local stages share cores through the "
@@ -99,12 +91,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx-size", type=int, default=2048, help="context tokens per session")
     p.add_argument("--batch", type=int, default=256, help="rows per engine decode")
     p.add_argument("--threads", type=int, default=None,
-                   help="engine threads per stage (default: all cores; with --stage-cpus, one per CPU of "
-                   "each stage's set)")
-    p.add_argument("--stage-cpus", nargs="+", default=None, metavar="LIST",
-                   help="benchmark only: pin each local stage, this process first, to its own CPU set "
-                   "(one LIST such as 0 or 2-3 per --local-stages), to emulate separate machines on one "
-                   "host; pinned stages take no CPU lock unless --cpu-lock names one")
+                   help="engine threads per stage (default: all cores)")
     p.add_argument("--cpu-lock", default=None, help=CPU_LOCK_HELP + "; 'off' to never take turns "
                    "(default: CACHE/cpu.lock when --local-stages times --threads exceeds the cores)")
     p.add_argument("--engine", nargs="+", default=["auto"], choices=ENGINE_CHOICES, metavar="ENGINE",
@@ -119,6 +106,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="address stages use to reach this coordinator (default: auto)")
     p.add_argument("--cache-dir", type=Path, default=None)
     add_tls_arguments(p)
+    add_bench_arguments(p)
     p.set_defaults(func=_run)
 
 
