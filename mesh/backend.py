@@ -17,7 +17,7 @@ from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 
 # both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
-from stage.sampling import Sampled, SamplingParams
+from common.sampling import Sampled, SamplingParams
 
 __all__ = ["Acceptance", "Backend", "Cached", "Finished", "GenerationEvent", "GenerationRequest",
            "MeshUnavailableError", "RequestRejectedError", "Resumed", "Sampled", "SamplingParams"]

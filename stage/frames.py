@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proto import meshpipe_pb2 as pb
-from stage.sampling import Sampled, SamplingParams
+from common.sampling import Sampled, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 
-from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest, Sampled
+from common.sampling import Sampled
+from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest
 from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 

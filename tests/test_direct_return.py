@@ -30,7 +30,7 @@ from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.control import StageControl, StageOptions
 from stage.engine import Step
-from stage.sampling import SamplingParams
+from common.sampling import SamplingParams
 from stage.transport import NO_EMULATION, REPLIES_ROLE, Link, WireEmulation, connect, serve
 
 GREEDY = SamplingParams()

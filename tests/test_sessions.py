@@ -7,7 +7,7 @@ import pytest
 from chain import build_chain, chat_prompt, close, forward, greedy
 
 from stage.engine import Step
-from stage.llama_engine import EngineError
+from common.errors import EngineError
 
 pytestmark = pytest.mark.slow
 

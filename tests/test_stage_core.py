@@ -24,7 +24,7 @@ from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.engine import Step
 from stage.frames import FrameSampling, sampling_of
-from stage.sampling import Sampled, SamplingParams
+from common.sampling import Sampled, SamplingParams
 from stage.transport import connect, serve
 
 GREEDY = SamplingParams()

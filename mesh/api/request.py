@@ -19,7 +19,7 @@ from mesh.api.error import ApiError, bad_request
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
-from stage.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 INT32_MAX = 2**31 - 1
 MAX_STOPS = 16

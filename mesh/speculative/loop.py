@@ -35,7 +35,7 @@ from mesh.speculative.draft import common_prefix
 from mesh.speculative.proposer import Proposal, Proposer
 from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
-from stage.sampling import Sampled
+from common.sampling import Sampled
 
 
 @dataclass(frozen=True)
