@@ -29,7 +29,8 @@ from mesh.bench.prompt_lookup import (
     ngram_goal,
     proposer_totals,
 )
-from mesh.bench.run import Row, add_parser, fill_defaults
+from mesh.bench.harness import Row
+from mesh.bench.run import add_parser, fill_defaults
 
 
 def _words(text: str) -> int:
