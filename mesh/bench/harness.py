@@ -24,6 +24,8 @@ from packages.manifest import Manifest
 
 @dataclass
 class Row:
+    """One line of the results table; `ratio` is against `baseline` when there is one."""
+
     scenario: str
     metric: str
     value: float
@@ -38,6 +40,8 @@ class Row:
 
 @dataclass(frozen=True)
 class Setup:
+    """What every scenario of one run shares: the model, its stage GGUF and the run's options."""
+
     model: str | None
     model_id: str
     quant: str
@@ -52,6 +56,8 @@ class Setup:
 
 
 class Baseline:
+    """The single-node llama.cpp process (`mesh.bench.baseline`): one JSON line asked, one answered."""
+
     def __init__(self, proc: subprocess.Popen[str], tokenizer: Tokenizer) -> None:
         self.proc, self.tokenizer = proc, tokenizer
 
