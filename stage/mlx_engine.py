@@ -25,9 +25,9 @@ import numpy as np
 from common.errors import EngineError
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step
-from stage.mlx_tensors import MLX_GGUF_TYPES, unsupported_tensor
 from stage.mlx_models import RangeModel, builder
 from stage.mlx_models.cache import KVCache
+from stage.mlx_tensors import MLX_GGUF_TYPES, unsupported_tensor
 
 
 class MlxRangeEngine:

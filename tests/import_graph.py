@@ -101,7 +101,7 @@ def _groups(edges: dict[str, set[str]]) -> list[set[str]]:
             elif w in stack:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            group = set()
+            group: set[str] = set()
             while not group or v not in group:
                 group.add(stack.pop())
             groups.append(group)

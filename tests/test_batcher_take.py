@@ -108,8 +108,8 @@ def test_a_batch_dropped_unrun_by_a_stop_fails_its_steps():
     a stop then drops it unrun. Its steps must fail, not wait forever (seen in the chaos soak)."""
     from concurrent.futures import Future
 
-    from stage import batcher as module
     from common.errors import EngineError
+    from stage import batcher as module
 
     class Blocked:
         def submit(self, *_: object) -> Future[None]:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from chain import COPY_HEAVY, chat_prompt
 
-from common.sampling import Sampled
+from common.sampling import Sampled, SamplingParams
 from mesh.backend import Acceptance, Finished, GenerationRequest
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.speculative.draft import Draft, common_prefix
@@ -35,7 +35,6 @@ from stage.activations import ActivationStage
 from stage.batcher import Batcher, _Job, close_engine
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
-from common.sampling import SamplingParams
 from stage.transport import connect, serve
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ def _allowed() -> set[str]:
 
 
 def _mesh_imports_of_stage() -> list[Import]:
-    modules = project_modules()
-    return [i for i in project_imports(modules) if i.source.split(".")[0] == "mesh" and i.target.split(".")[0] == "stage"]
+    return [i for i in project_imports(project_modules())
+            if i.source.split(".")[0] == "mesh" and i.target.split(".")[0] == "stage"]
 
 
 def test_design_lists_stage_modules_that_exist() -> None:

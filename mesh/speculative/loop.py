@@ -29,13 +29,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
+from common.sampling import Sampled
 from mesh.backend import Acceptance, Finished, GenerationEvent, GenerationRequest
 from mesh.pipeline import Lease, Pending, Pipeline
 from mesh.speculative.draft import common_prefix
 from mesh.speculative.proposer import Proposal, Proposer
 from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
-from common.sampling import Sampled
 
 
 @dataclass(frozen=True)
