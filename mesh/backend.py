@@ -13,15 +13,13 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, TypeAlias
 
+from common.sampling import Sampled, SamplingParams
 from config.errors import MeshpipeError
 from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 
-# both live with the sampler, which builds Sampled at the final stage or at stage 0 alone
-from stage.sampling import Sampled, SamplingParams
-
 __all__ = ["Acceptance", "Account", "Backend", "Generation", "GenerationEvent", "GenerationRequest",
-           "MeshUnavailableError", "RequestRejectedError", "Resumed", "Sampled", "SamplingParams"]
+           "MeshUnavailableError", "RequestRejectedError", "Resumed"]
 
 
 class MeshUnavailableError(MeshpipeError):

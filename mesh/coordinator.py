@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 import psutil
 
+from common.sampling import Sampled
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
     Account,
@@ -33,7 +34,6 @@ from mesh.backend import (
     MeshUnavailableError,
     RequestRejectedError,
     Resumed,
-    Sampled,
 )
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals

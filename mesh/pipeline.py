@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.errors import EngineError
+from common.sampling import Sampled, SamplingParams
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.hop_timing import HopTotals
@@ -34,8 +36,6 @@ from proto import meshpipe_pb2 as pb
 from stage.core import CannotSampleError, StageCore, Work
 from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, sampled_of
-from stage.llama_engine import EngineError
-from stage.sampling import Sampled, SamplingParams
 from stage.transport import FrameError, Link, LinkClosedError
 
 log = logging.getLogger("meshpipe.pipeline")

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from common.ids import LaneId
+from common.sampling import Sampled
 from mesh.backend import Acceptance, Account, GenerationRequest
 from mesh.speculative.draft import common_prefix
-from stage.sampling import Sampled
 
 FinishReason = Literal["stop", "length"]
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from mesh.planner import StageRange
 from packages.gguf_files import open_gguf
 from packages.manifest import Manifest
-from stage.engine_choice import MLX_GGUF_TYPES, Engine, mlx_unreadable
+from stage.engine_choice import Engine
+from stage.mlx_tensors import MLX_GGUF_TYPES, mlx_unreadable
 
 KV_BYTES = {"llama": 2, "mlx": 4}  # per element: llama.cpp's f16 cache, MLX's f32
 # The engine's own: library, compute buffers, MLX's buffer cache. RSS growth past weights + KV,

@@ -22,7 +22,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from stage.engine import EngineError, RangeEngine, Step
+from common.errors import EngineError
+from stage.engine import RangeEngine, Step
 
 T = TypeVar("T")
 

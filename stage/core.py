@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.sampling import Sampled
 from config.errors import MeshpipeError
 from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, input_rows, sampling_of
 from stage.lanes import LanePool
-from stage.sampling import Sampled, sample_rows
+from stage.sampling import sample_rows
 from stage.transport import decode_tensor, encode_tensor
 
 

@@ -13,11 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from config.errors import MeshpipeError
-
-
-class EngineError(MeshpipeError):
-    """A request the engine cannot run (bad lane, position, shape, or a decode failure)."""
+from common.errors import EngineError
 
 
 @dataclass(frozen=True)

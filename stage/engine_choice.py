@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import platform
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -21,10 +20,6 @@ from stage.engine import EngineConfig, RangeEngine
 Engine = Literal["llama", "mlx"]
 ENGINE_CHOICES = ("auto", "llama", "mlx")
 MLX_INSTALL = "pip install 'meshpipe[mlx]'"
-# The GGUF tensor types `mx.load` reads: Q4_0, Q4_1 and Q8_0 stay quantized, the floats are
-# read as they are. K-quants and the rest fail inside `mx.load` with a message that names
-# neither tensor nor type, so they are refused first, by name.
-MLX_GGUF_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 
 
 class EngineChoiceError(MeshpipeError):
@@ -51,18 +46,6 @@ def resolve(choice: str) -> Engine:
             raise EngineChoiceError(f"--engine mlx needs the mlx package: {MLX_INSTALL}")
         return "mlx"
     raise EngineChoiceError(f"unknown engine {choice!r}: choose one of {', '.join(ENGINE_CHOICES)}")
-
-
-def mlx_unreadable(tensors: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
-    """The first (tensor, GGUF type) that `mx.load` cannot read, if any."""
-    return next(((name, kind) for name, kind in tensors if kind not in MLX_GGUF_TYPES), None)
-
-
-def unsupported_tensor(gguf: Path) -> tuple[str, str] | None:
-    """The first tensor (name, type) of the GGUF that `mx.load` cannot read, if any."""
-    from gguf import GGUFReader
-
-    return mlx_unreadable((t.name, t.tensor_type.name) for t in GGUFReader(gguf).tensors)
 
 
 def open_engine(engine: Engine, gguf: Path, cfg: EngineConfig) -> RangeEngine:

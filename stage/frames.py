@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.sampling import Sampled, SamplingParams
 from proto import meshpipe_pb2 as pb
-from stage.sampling import Sampled, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 from llama_cpp import llama_cpp as L
 
+from common.errors import EngineError
 from stage.cpu_lock import CpuLock
-from stage.engine import EngineConfig, EngineError, Step, check_step  # Engine* re-exported for callers
+from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
 from stage.hidden_tap import HiddenTap
 from stage.llama_model import INVARIANT_ROWS, flash_attn_type, load_model
 

@@ -22,11 +22,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from common.errors import EngineError
 from stage.cpu_lock import CpuLock
-from stage.engine import EngineConfig, EngineError, Step, check_step
-from stage.engine_choice import MLX_GGUF_TYPES, unsupported_tensor
+from stage.engine import EngineConfig, Step, check_step
 from stage.mlx_models import RangeModel, builder
 from stage.mlx_models.cache import KVCache
+from stage.mlx_tensors import MLX_GGUF_TYPES, unsupported_tensor
 
 
 class MlxRangeEngine:

@@ -13,59 +13,11 @@ committed + drafts[:i], exactly what plain decoding would have counted at that p
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs; bounds the reply a stage builds
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # <= 0 (or >= vocab) means no limit
-    seed: int = 0  # any uint64
-    presence_penalty: float = 0.0  # OpenAI semantics, over the tokens generated so far
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logits
-    logprobs: int = -1  # -1: none; n >= 0: the sampled token's logprob and the top n
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
-
-    @property
-    def penalised(self) -> bool:
-        """Whether rows need the completion history (only then does it travel)."""
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-    def problem(self, vocab: int) -> str | None:
-        """None when these can be sampled from a vocabulary of `vocab`, else why not."""
-        numbers = (self.temperature, self.top_p, self.presence_penalty, self.frequency_penalty)
-        if not all(math.isfinite(x) for x in numbers):
-            return "temperature, top_p and penalties must be finite"
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            return f"temperature {self.temperature} must be >= 0 and top_p {self.top_p} in (0, 1]"
-        if not 0 <= self.seed < 1 << 64:
-            return f"seed {self.seed} does not fit in 64 unsigned bits"
-        if not -1 <= self.logprobs <= MAX_LOGPROBS:
-            return f"logprobs {self.logprobs} outside [-1, {MAX_LOGPROBS}]"
-        for token, bias in self.logit_bias:
-            if not 0 <= token < vocab or not math.isfinite(bias):
-                return f"logit_bias {token}: {bias} needs a token below {vocab} and a finite bias"
-        return None
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """One generated token, with the target's log-probabilities when the request asked."""
-
-    token: int
-    logprob: float | None = None  # of `token`: log_softmax after logit_bias and penalties
-    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens, best first
+from common.sampling import Sampled, SamplingParams
 
 
 def sample_rows(logits: np.ndarray, params: SamplingParams, start: int, rows: int,

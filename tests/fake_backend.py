@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 
-from mesh.backend import Acceptance, Account, Generation, GenerationEvent, GenerationRequest, Sampled
+from common.sampling import Sampled
+from mesh.backend import Acceptance, Account, Generation, GenerationEvent, GenerationRequest
 from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 

@@ -82,7 +82,7 @@ def test_take_removes_exactly_what_it_returns(loop: asyncio.AbstractEventLoop):
 def test_work_queued_after_stop_fails_at_once_instead_of_waiting_forever(loop: asyncio.AbstractEventLoop):
     from types import SimpleNamespace
 
-    from stage.llama_engine import EngineError
+    from common.errors import EngineError
 
     async def scenario() -> None:
         never = SimpleNamespace(graph_rows=48, trim=lambda lane, position: pytest.fail("a stopped batcher ran a job"))
@@ -108,8 +108,8 @@ def test_a_batch_dropped_unrun_by_a_stop_fails_its_steps():
     a stop then drops it unrun. Its steps must fail, not wait forever (seen in the chaos soak)."""
     from concurrent.futures import Future
 
+    from common.errors import EngineError
     from stage import batcher as module
-    from stage.llama_engine import EngineError
 
     class Blocked:
         def submit(self, *_: object) -> Future[None]:

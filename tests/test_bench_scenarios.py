@@ -10,6 +10,7 @@ from mesh.api.responses import Usage
 from mesh.bench import multiturn, prompt_lookup
 from mesh.bench.client import StreamTiming
 from mesh.bench.engines import SKIPPED, Measured, engine_table, first_parting, parting_token, runnable, verdict
+from mesh.bench.harness import Row
 from mesh.bench.multiturn import (
     ChatRecord,
     chat_ctx,
@@ -29,7 +30,7 @@ from mesh.bench.prompt_lookup import (
     ngram_goal,
     proposer_totals,
 )
-from mesh.bench.run import Row, add_parser, fill_defaults
+from mesh.bench.run import add_parser, fill_defaults
 
 
 def _words(text: str) -> int:

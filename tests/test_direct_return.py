@@ -23,6 +23,7 @@ from mesh_server import mesh_serve
 from models import write_tiny_llama
 from toy_engine import ToyEngine, until
 
+from common.sampling import SamplingParams
 from mesh.backend import MeshUnavailableError
 from mesh.pipeline import Pipeline
 from packages.writer import write_package
@@ -30,7 +31,6 @@ from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.control import StageControl, StageOptions
 from stage.engine import Step
-from stage.sampling import SamplingParams
 from stage.transport import NO_EMULATION, REPLIES_ROLE, Link, WireEmulation, connect, serve
 
 GREEDY = SamplingParams()

@@ -13,9 +13,10 @@ import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
 
+from common.sampling import Sampled, SamplingParams
 from mesh.api.app import build_app
 from mesh.api.responses import SpeculativeUsage, Usage
-from mesh.backend import Acceptance, Account, GenerationRequest, Sampled, SamplingParams
+from mesh.backend import Acceptance, Account, GenerationRequest
 from mesh.metrics import Metrics
 from mesh.pipeline import Lease, Pending
 from mesh.request_state import Live, RequestState

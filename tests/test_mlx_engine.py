@@ -24,10 +24,11 @@ pytest.importorskip("mlx.core", reason="mlx is not installed: pip install 'meshp
 
 from chain import chat_prompt, close, forward, greedy, reference_greedy
 
+from common.errors import EngineError
 from packages.manifest import load_manifest
 from packages.materialize import materialize_stage
 from stage.batcher import Batcher, close_engine, on_engine_thread
-from stage.engine import EngineConfig, EngineError, RangeEngine, Step
+from stage.engine import EngineConfig, RangeEngine, Step
 from stage.llama_engine import LlamaRangeEngine
 from stage.mlx_engine import MlxRangeEngine, passes
 

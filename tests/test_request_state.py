@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.ids import LaneId
+from common.sampling import Sampled, SamplingParams
 from mesh.backend import Account, GenerationRequest
 from mesh.request_state import Outgoing, RequestState
-from stage.sampling import Sampled, SamplingParams
 
 PROMPT = (5, 6, 7, 8)
 VOCAB = 50

@@ -7,7 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from stage.sampling import MAX_LOGPROBS, SamplingParams, sample_rows
+from common.sampling import MAX_LOGPROBS, SamplingParams
+from stage.sampling import sample_rows
 
 RNG = np.random.default_rng(7)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stage.sampling import SamplingParams, sample_rows
+from common.sampling import SamplingParams
+from stage.sampling import sample_rows
 
 
 def _draws(logits: np.ndarray, params: SamplingParams, n: int = 300) -> list[int]:

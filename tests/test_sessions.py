@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from chain import build_chain, chat_prompt, close, forward, greedy
 
+from common.errors import EngineError
 from stage.engine import Step
-from stage.llama_engine import EngineError
 
 pytestmark = pytest.mark.mesh
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from chain import COPY_HEAVY, chat_prompt
 
-from mesh.backend import Acceptance, Account, GenerationRequest, Sampled
+from common.sampling import Sampled, SamplingParams
+from mesh.backend import Acceptance, Account, GenerationRequest
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.request_state import Live, RequestState
 from mesh.speculative.draft import Draft, common_prefix
@@ -35,7 +36,6 @@ from stage.activations import ActivationStage
 from stage.batcher import Batcher, _Job, close_engine
 from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
-from stage.sampling import SamplingParams
 from stage.transport import connect, serve
 
 pytestmark = pytest.mark.mesh

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from toy_engine import ToyEngine, until
 
+from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.pipeline import Pending, Pipeline, StageFailedError
 from mesh.request_state import Live, RequestState
@@ -25,7 +26,6 @@ from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.engine import Step
 from stage.frames import FrameSampling, sampling_of
-from stage.sampling import Sampled, SamplingParams
 from stage.transport import connect, serve
 
 GREEDY = SamplingParams()

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 from test_generate_events import LONG, PROMPT, ScriptedDraft, ScriptedPipeline
 
-from mesh.backend import GenerationRequest, Sampled
+from common.sampling import Sampled
+from mesh.backend import GenerationRequest
 from mesh.pipeline import Lease
 from mesh.request_state import Live, RequestState
 from mesh.speculative.loop import generate

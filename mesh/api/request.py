@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from common.sampling import SamplingParams
 from mesh.api.error import ApiError, bad_request
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
-from stage.sampling import SamplingParams
 
 INT32_MAX = 2**31 - 1
 MAX_STOPS = 16

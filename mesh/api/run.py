@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from common.sampling import Sampled
 from mesh.api.error import ApiError
 from mesh.api.request import Prepared
 from mesh.api.responses import (
@@ -35,7 +36,6 @@ from mesh.backend import (
     Generation,
     MeshUnavailableError,
     RequestRejectedError,
-    Sampled,
 )
 from mesh.metrics import Metrics
 from mesh.tokenizer import TextStream

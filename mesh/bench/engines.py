@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mesh.bench.client import stream_chat
-from mesh.bench.run import Baseline, Row, Setup, baseline_worker, serve
+from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve
 from stage.engine_choice import MLX_INSTALL, mlx_installed
 
 # name -> the engine of each stage, stage 0 first

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mesh.bench.client import stream_messages
-from mesh.bench.run import Row, Setup, serve
+from mesh.bench.harness import Row, Setup, serve
 from mesh.tokenizer import Tokenizer
 
 TURNS = 4

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from mesh.bench.client import StreamTiming, stream_messages
-from mesh.bench.run import Row, Setup, serve
+from mesh.bench.harness import Row, Setup, serve
 from mesh.speculative.ngram import lookup
 from mesh.tokenizer import Tokenizer
 

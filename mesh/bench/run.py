@@ -14,13 +14,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,12 @@ from mesh.bench import numerics
 from mesh.bench.breakdown import measure
 from mesh.bench.busy import Busy, busy_during
 from mesh.bench.client import StreamTiming, stream_chat
-from mesh.bench.local_server import LocalServer, local_serve, stage_pids
+from mesh.bench.engines import engine_rows
+from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve
+from mesh.bench.local_server import LocalServer, stage_pids
 from mesh.bench.machines import Machines
+from mesh.bench.multiturn import chat_rows
+from mesh.bench.prompt_lookup import ngram_rows
 from mesh.health import Health
 from mesh.model_source import resolve_model
 from mesh.proc_memory import peak_rss
@@ -60,35 +63,6 @@ ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines"}  # each starts what i
 # decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
 ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
-
-
-@dataclass
-class Row:
-    scenario: str
-    metric: str
-    value: float
-    baseline: float | None = None
-    goal: str = ""
-    samples: list[float] = field(default_factory=list)
-
-    @property
-    def ratio(self) -> float | None:
-        return self.value / self.baseline if self.baseline else None
-
-
-@dataclass(frozen=True)
-class Setup:
-    model: str | None
-    model_id: str
-    quant: str
-    package: Path
-    gguf: Path
-    manifest: Manifest
-    tokens: int
-    threads: int
-    ctx: int
-    cache: Path
-    machines: Machines | None = None  # --machines: each stage pinned to its own CPU set
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -143,15 +117,11 @@ def _run(args: argparse.Namespace) -> int:
         rows += _numerics_rows(setup, args.numerics_gguf)
     if scenarios & MESH_SCENARIOS:
         rows += _mesh_rows(setup, args, scenarios, delays)
-    # Imported here: these scenario modules build on this one's Row, Setup and serve().
     if "chat" in scenarios:
-        from mesh.bench.multiturn import chat_rows
         rows += chat_rows(setup, args.repeats)
     if "ngram" in scenarios:
-        from mesh.bench.prompt_lookup import ngram_rows
         rows += ngram_rows(setup, delays, args.repeats)
     if "engines" in scenarios:
-        from mesh.bench.engines import engine_rows
         rows += engine_rows(setup, PROMPTS[: args.prompts], args.repeats)
     header = _header(setup, args)
     print(format_table(header, rows))
@@ -230,70 +200,6 @@ def _numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
             rows += [Row(f"numerics {name}", f"{fa}: ms per decode of {k} rows at position "
                                              f"{numerics.POSITION}", ms) for k, ms in n.decode_ms.items()]
     return rows
-
-
-# -- the single-node baseline -----------------------------------------------------------------
-
-class Baseline:
-    def __init__(self, proc: subprocess.Popen[str], tokenizer: Tokenizer) -> None:
-        self.proc, self.tokenizer = proc, tokenizer
-
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the baseline process died")
-        return dict(json.loads(line))
-
-    def chat(self, prompt: str, n: int, fresh: bool = False) -> dict[str, Any]:
-        """Timings and the reply's token ids; `fresh` prefills all of the prompt, as a mesh
-        without the prefix cache does, where llama-cpp-python would keep what the last one shares."""
-        text = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
-        return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n, "fresh": fresh})
-
-
-@contextlib.contextmanager
-def baseline_worker(setup: Setup) -> Iterator[Baseline]:
-    cmd = [sys.executable, "-m", "mesh.bench.baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
-    cmd += [setup.machines.sets[0]] if setup.machines else []
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        baseline = Baseline(proc, Tokenizer(setup.gguf, setup.model_id))
-        assert proc.stdout is not None
-        if not proc.stdout.readline():
-            raise RuntimeError("the baseline process failed to load the model")
-        yield baseline
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
-          lanes: int = 8, relay: bool = False, in_flight: int | None = None, strategy: str | None = None,
-          prefix_cache: bool = True, engines: tuple[str, ...] = ()) -> contextlib.AbstractContextManager[LocalServer]:
-    """`mesh serve --local-stages N`; without speculation unless a draft or a `--strategy` is asked
-    for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it.
-    `engines`: `--engine`, one for all stages or one per stage (default: mesh serve's)."""
-    args = ["--local-stages", str(stages), "--lanes", str(lanes),
-            "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
-    if setup.machines:
-        args += ["--stage-cpus", *setup.machines.for_stages(stages)]
-    else:
-        args += ["--threads", str(setup.threads)]
-    if strategy:
-        args += ["--strategy", strategy]
-    elif not draft:
-        args += ["--no-draft"]
-    args += [] if prefix_cache else ["--no-prefix-cache"]
-    args += ["--relay-replies"] if relay else []
-    args += ["--windows-in-flight", str(in_flight)] if in_flight is not None else []
-    args += ["--engine", *engines] if engines else []
-    if setup.model:
-        args += ["--model", setup.model]
-    return local_serve(args, tmp)
 
 
 # -- scenarios ------------------------------------------------------------------------------

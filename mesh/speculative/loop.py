@@ -15,12 +15,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 
 from common.ids import LaneId
+from common.sampling import Sampled
 from mesh.pipeline import Lease, Pending, Pipeline
 from mesh.request_state import Frame, Live, RequestState
 from mesh.speculative.proposer import Proposal, Proposer
 from mesh.speculative.window import Controller
 from proto import meshpipe_pb2 as pb
-from stage.sampling import Sampled
 
 # One window controller for every proposer, or one per proposer name: prompt lookup and the
 # draft model differ in what a proposal costs and in how often it is accepted.

@@ -1,0 +1,119 @@
+"""What every `mesh bench` scenario builds on: the run's setup, a result row, the single-node
+llama.cpp baseline and `mesh serve --local-stages N`.
+
+The scenarios (`run.py`'s and `multiturn`, `prompt_lookup`, `engines`) import it; `run.py`
+imports the scenarios. So nothing here knows a scenario, and no scenario imports `run.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mesh.bench.local_server import LocalServer, local_serve
+from mesh.bench.machines import Machines
+from mesh.tokenizer import Tokenizer
+from packages.manifest import Manifest
+
+
+@dataclass
+class Row:
+    """One line of the results table; `ratio` is against `baseline` when there is one."""
+
+    scenario: str
+    metric: str
+    value: float
+    baseline: float | None = None
+    goal: str = ""
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.baseline if self.baseline else None
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every scenario of one run shares: the model, its stage GGUF and the run's options."""
+
+    model: str | None
+    model_id: str
+    quant: str
+    package: Path
+    gguf: Path
+    manifest: Manifest
+    tokens: int
+    threads: int
+    ctx: int
+    cache: Path
+    machines: Machines | None = None  # --machines: each stage pinned to its own CPU set
+
+
+class Baseline:
+    """The single-node llama.cpp process (`mesh.bench.baseline`): one JSON line asked, one answered."""
+
+    def __init__(self, proc: subprocess.Popen[str], tokenizer: Tokenizer) -> None:
+        self.proc, self.tokenizer = proc, tokenizer
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the baseline process died")
+        return dict(json.loads(line))
+
+    def chat(self, prompt: str, n: int, fresh: bool = False) -> dict[str, Any]:
+        """Timings and the reply's token ids; `fresh` prefills all of the prompt, as a mesh
+        without the prefix cache does, where llama-cpp-python would keep what the last one shares."""
+        text = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
+        return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n, "fresh": fresh})
+
+
+@contextlib.contextmanager
+def baseline_worker(setup: Setup) -> Iterator[Baseline]:
+    cmd = [sys.executable, "-m", "mesh.bench.baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
+    cmd += [setup.machines.sets[0]] if setup.machines else []
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        baseline = Baseline(proc, Tokenizer(setup.gguf, setup.model_id))
+        assert proc.stdout is not None
+        if not proc.stdout.readline():
+            raise RuntimeError("the baseline process failed to load the model")
+        yield baseline
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
+          lanes: int = 8, relay: bool = False, in_flight: int | None = None, strategy: str | None = None,
+          prefix_cache: bool = True, engines: tuple[str, ...] = ()) -> contextlib.AbstractContextManager[LocalServer]:
+    """`mesh serve --local-stages N`; without speculation unless a draft or a `--strategy` is asked
+    for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it.
+    `engines`: `--engine`, one for all stages or one per stage (default: mesh serve's)."""
+    args = ["--local-stages", str(stages), "--lanes", str(lanes),
+            "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
+    if setup.machines:
+        args += ["--stage-cpus", *setup.machines.for_stages(stages)]
+    else:
+        args += ["--threads", str(setup.threads)]
+    if strategy:
+        args += ["--strategy", strategy]
+    elif not draft:
+        args += ["--no-draft"]
+    args += [] if prefix_cache else ["--no-prefix-cache"]
+    args += ["--relay-replies"] if relay else []
+    args += ["--windows-in-flight", str(in_flight)] if in_flight is not None else []
+    args += ["--engine", *engines] if engines else []
+    if setup.model:
+        args += ["--model", setup.model]
+    return local_serve(args, tmp)
