@@ -6,6 +6,7 @@ key is an error naming its full path, e.g. `models[0].speculative.max_windw`.
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from config.errors import MeshpipeError
 from packages.speculative import problem
 
 CONFIG_VERSION = 1
+OLD_FRAMES_KEY = "windows_in_flight"  # accepted for frames_in_flight, with a warning
+log = logging.getLogger("meshpipe.config")
 
 
 class ConfigError(MeshpipeError, ValueError):
@@ -49,12 +52,12 @@ class Speculative(BaseModel):
     min_window: int | None = None
     max_window: int | None = None
     # verify frames a session may have in flight at once (DESIGN.md §6); 1 waits for each reply
-    windows_in_flight: int | None = Field(default=None, ge=1, le=16)
+    frames_in_flight: int | None = Field(default=None, ge=1, le=16)
 
     def window_changes(self) -> dict[str, object]:
         """The window keys set at this level, named as WindowPolicy.overridden wants them."""
         return self.model_dump(by_alias=True, exclude_none=True,
-                               exclude={"strategy", "draft_model", "windows_in_flight", "ngram_min", "ngram_max"})
+                               exclude={"strategy", "draft_model", "frames_in_flight", "ngram_min", "ngram_max"})
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,11 @@ def _model(raw: Any, where: str) -> ModelEntry:
 
 def _speculative(raw: Any, where: str) -> Speculative:
     table = _table(raw, where)
+    if OLD_FRAMES_KEY in table:  # its name before a window meant only the number of drafts
+        if "frames_in_flight" in table:
+            raise ConfigError(f"{where}.{OLD_FRAMES_KEY}: the old name of frames_in_flight; set only that")
+        log.warning("%s.%s is now frames_in_flight; the old name still works", where, OLD_FRAMES_KEY)
+        table = {("frames_in_flight" if k == OLD_FRAMES_KEY else k): v for k, v in table.items()}
     _only(table, set(Speculative.model_fields), where)
     try:
         return Speculative.model_validate(table)

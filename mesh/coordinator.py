@@ -53,7 +53,7 @@ from mesh.route import (
 from mesh.speculative.draft import DRAFT, Draft, draft_path, vocab_mismatch
 from mesh.speculative.loop import Windows, generate
 from mesh.speculative.ngram import NGRAM, NgramProposer
-from mesh.speculative.plan import WINDOWS_IN_FLIGHT, SpecPlan
+from mesh.speculative.plan import FRAMES_IN_FLIGHT, SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
 from mesh.speculative.window import Controller, controller_for
 from mesh.tokenizer import Tokenizer
@@ -399,7 +399,7 @@ class Coordinator:
         what every stage's KV holds of it stays in the lane (the prefix cache)."""
         lease = pipeline.lease(session, live.state.tokens, live.state.lane)
         try:
-            in_flight = windows_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
+            in_flight = frames_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
             draft = self.proposer if self.spec is not None else None
             async for sampled in generate(pipeline, lease, live, self.ctx_per_session, draft, self._window(),
                                           in_flight):
@@ -453,15 +453,15 @@ class Coordinator:
         return await self._next_pipeline(reason)
 
 
-def windows_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
+def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
     """The verify frames a session may keep out: the configured number, else (auto) 1 where
     frames sent ahead cannot overlap, with no stage past stage 0 or with stages taking turns
-    on shared cores, and WINDOWS_IN_FLIGHT elsewhere, for the cost-aware window to price."""
+    on shared cores, and FRAMES_IN_FLIGHT elsewhere, for the cost-aware window to price."""
     if spec is None:
         return 1
     if spec.in_flight is not None:
         return spec.in_flight
-    return WINDOWS_IN_FLIGHT if downstream and cpu_lock is None else 1
+    return FRAMES_IN_FLIGHT if downstream and cpu_lock is None else 1
 
 
 async def _ping(route: Route) -> str | None:

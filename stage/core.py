@@ -68,7 +68,7 @@ class StageCore:
         self.micro_batches = micro_batches
         if micro_batches > 1:
             self.batcher.max_steps = self.group_size
-        # windows in flight (DESIGN.md §6): each session's newest epoch
+        # frames in flight (DESIGN.md §6): each session's newest epoch
         self.epochs: dict[int, int] = {}
         self.skipped = 0  # frames of a void epoch dropped before they ran
 

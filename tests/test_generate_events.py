@@ -157,7 +157,7 @@ def test_a_stop_token_inside_an_accepted_window_ends_it_there():
 LONG = list(range(10, 50))
 
 
-def test_windows_in_flight_with_a_perfect_draft_send_ahead_and_count_every_checked_draft():
+def test_frames_in_flight_with_a_perfect_draft_send_ahead_and_count_every_checked_draft():
     pipeline = ScriptedPipeline(LONG)
     events = _events(20, LONG, ScriptedDraft(LONG), in_flight=3, pipeline=pipeline)
     assert [e.token for e in events] == LONG[:20]
@@ -171,7 +171,7 @@ def test_windows_in_flight_with_a_perfect_draft_send_ahead_and_count_every_check
     assert done.speculative.proposed >= 19 - done.speculative.windows
 
 
-def test_windows_in_flight_void_what_follows_a_miss_and_give_what_one_at_a_time_gives():
+def test_frames_in_flight_void_what_follows_a_miss_and_give_what_one_at_a_time_gives():
     misses = frozenset({4, 9, 10, 15})
     one = _events(24, LONG, ScriptedDraft(LONG, misses=misses))
     pipeline = ScriptedPipeline(LONG)

@@ -162,7 +162,7 @@ def uncached(serve_cache: Path, prompts: dict[str, list[int]]) -> dict[str, str]
 def _cached_server(cache: Path, stages: int) -> contextlib.AbstractContextManager[tuple[str, object]]:
     # two lanes, so a third unrelated prompt evicts; the package's draft with windows in
     # flight, so its KV and frames sent ahead are reused and trimmed too
-    return mesh_serve(cache, "--local-stages", str(stages), "--lanes", "2", "--windows-in-flight", "3")
+    return mesh_serve(cache, "--local-stages", str(stages), "--lanes", "2", "--frames-in-flight", "3")
 
 
 @pytest.mark.mesh

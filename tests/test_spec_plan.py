@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 from pydantic import ValidationError
 
-from config.settings import Config, ConfigError, ModelEntry, Speculative, UsageError, parse_config
+from config.settings import Config, ConfigError, ModelEntry, Speculative, UsageError, load_config, parse_config
 from mesh.cli.serve import _cli_speculative
-from mesh.coordinator import windows_in_flight
-from mesh.speculative.plan import WINDOWS_IN_FLIGHT, NgramPlan, resolve_plan
+from mesh.coordinator import frames_in_flight
+from mesh.speculative.plan import FRAMES_IN_FLIGHT, NgramPlan, resolve_plan
 from packages.errors import PackageError
 from packages.manifest import load_manifest
 from packages.speculative import DraftStrategy, NgramStrategy, WindowPolicy, block_for, declared, ngram_window
@@ -33,7 +33,7 @@ def test_package_default_when_nothing_else_says(manifest):
     assert plan is not None
     assert plan.draft_model == "org/draft:Q4_0"
     assert plan.source == "package default"
-    assert plan.describe() == "draft pkg-draft (package default), windows in flight: auto, adaptive 4 [1,16]"
+    assert plan.describe() == "draft pkg-draft (package default), frames in flight: auto, adaptive 4 [1,16]"
 
 
 def test_each_level_overrides_the_ones_below(manifest):
@@ -59,35 +59,35 @@ def test_each_level_overrides_the_ones_below(manifest):
     assert plan.window.initial == 2
 
 
-def test_windows_in_flight_take_the_highest_level_that_sets_them(manifest):
+def test_frames_in_flight_take_the_highest_level_that_sets_them(manifest):
     plan, _ = resolve_plan(Speculative(), False, Config(), NAMES, manifest)
     assert plan
     assert plan.in_flight is None  # auto: the coordinator decides
-    config = Config(defaults=Speculative(windows_in_flight=5))
+    config = Config(defaults=Speculative(frames_in_flight=5))
     plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
     assert plan
     assert plan.in_flight == 5
-    assert plan.describe() == "draft pkg-draft (package default), windows in flight: 5, adaptive 4 [1,16]"
+    assert plan.describe() == "draft pkg-draft (package default), frames in flight: 5, adaptive 4 [1,16]"
     assert plan.window == WindowPolicy(policy="adaptive", initial=4, min=1, max=16)  # not a window key
-    plan, _ = resolve_plan(Speculative(windows_in_flight=1), False, config, NAMES, manifest)
+    plan, _ = resolve_plan(Speculative(frames_in_flight=1), False, config, NAMES, manifest)
     assert plan
     assert plan.in_flight == 1
-    assert plan.describe() == "draft pkg-draft (package default), windows in flight: 1, adaptive 4 [1,16]"
+    assert plan.describe() == "draft pkg-draft (package default), frames in flight: 1, adaptive 4 [1,16]"
     with pytest.raises(ValidationError):
-        Speculative(windows_in_flight=0)
+        Speculative(frames_in_flight=0)
 
 
-def test_auto_windows_in_flight_are_one_where_frames_sent_ahead_cannot_overlap(manifest, tmp_path):
+def test_auto_frames_in_flight_are_one_where_frames_sent_ahead_cannot_overlap(manifest, tmp_path):
     auto, _ = resolve_plan(Speculative(), False, Config(), NAMES, manifest)
     lock = tmp_path / "cpu.lock"
-    assert windows_in_flight(auto, downstream=True, cpu_lock=None) == WINDOWS_IN_FLIGHT > 1
-    assert windows_in_flight(auto, downstream=False, cpu_lock=None) == 1  # stage 0 is the whole route
-    assert windows_in_flight(auto, downstream=True, cpu_lock=lock) == 1  # stages take turns on the cores
-    assert windows_in_flight(None, downstream=True, cpu_lock=None) == 1  # no draft
+    assert frames_in_flight(auto, downstream=True, cpu_lock=None) == FRAMES_IN_FLIGHT > 1
+    assert frames_in_flight(auto, downstream=False, cpu_lock=None) == 1  # stage 0 is the whole route
+    assert frames_in_flight(auto, downstream=True, cpu_lock=lock) == 1  # stages take turns on the cores
+    assert frames_in_flight(None, downstream=True, cpu_lock=None) == 1  # no draft
     for n in (1, 5):  # a number set anywhere is honoured, lock or not
-        chosen, _ = resolve_plan(Speculative(windows_in_flight=n), False, Config(), NAMES, manifest)
-        assert windows_in_flight(chosen, downstream=True, cpu_lock=lock) == n
-        assert windows_in_flight(chosen, downstream=False, cpu_lock=None) == n
+        chosen, _ = resolve_plan(Speculative(frames_in_flight=n), False, Config(), NAMES, manifest)
+        assert frames_in_flight(chosen, downstream=True, cpu_lock=lock) == n
+        assert frames_in_flight(chosen, downstream=False, cpu_lock=None) == n
 
 
 def test_off_switches(manifest, tiny_package):
@@ -143,7 +143,7 @@ def test_ngram_is_built_in_and_loads_no_draft(manifest, tiny_package):
         assert plan.draft_model is None  # nothing to load or download
         assert plan.ngram == NgramPlan(3, 5, ngram_window(), "built-in")
         assert plan.window == ngram_window()
-        assert plan.describe() == "ngram 3-5 (built-in), adaptive 2 [1,16], windows in flight: auto"
+        assert plan.describe() == "ngram 3-5 (built-in), adaptive 2 [1,16], frames in flight: auto"
     config = Config(defaults=Speculative(draft_model="org/other:Q8_0", ngram_max=8, max_window=32))
     plan, _ = resolve_plan(Speculative(strategy="ngram"), False, config, NAMES, manifest)
     assert plan
@@ -159,7 +159,7 @@ def test_ngram_plus_draft_takes_the_draft_the_plan_would_otherwise_use(manifest,
     assert plan.window == WindowPolicy(policy="adaptive", initial=4, min=1, max=16)  # the draft's own
     assert plan.ngram is not None
     assert plan.describe() == ("ngram 3-5 (built-in), adaptive 2 [1,16], then draft pkg-draft (package default), "
-                               "windows in flight: auto, adaptive 4 [1,16]")
+                               "frames in flight: auto, adaptive 4 [1,16]")
     config = Config(models=(ModelEntry("tiny", Speculative(strategy="ngram+draft", draft_model="/d.gguf")),))
     plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
     assert plan
@@ -232,9 +232,19 @@ def test_a_manifest_ngram_strategy_round_trips():
 
 
 def test_serve_flags_strategy_and_its_conflicts():
-    flags = argparse.Namespace(draft=None, draft_window=None, windows_in_flight=None, strategy="ngram+draft")
+    flags = argparse.Namespace(draft=None, draft_window=None, frames_in_flight=None, strategy="ngram+draft")
     assert _cli_speculative(flags).strategy == "ngram+draft"
     for strategy in ("ngram", "disabled"):
-        flags = argparse.Namespace(draft="/d.gguf", draft_window=None, windows_in_flight=None, strategy=strategy)
+        flags = argparse.Namespace(draft="/d.gguf", draft_window=None, frames_in_flight=None, strategy=strategy)
         with pytest.raises(UsageError, match=f"--draft with --strategy {strategy} loads no draft"):
             _cli_speculative(flags)
+
+
+def test_the_old_name_of_frames_in_flight_still_configures_them(tmp_path, caplog):
+    path = tmp_path / "config.toml"
+    path.write_text("version = 1\n[defaults.speculative]\nwindows_in_flight = 2\n")
+    assert load_config(path).defaults.frames_in_flight == 2
+    assert "is now frames_in_flight" in caplog.text
+    path.write_text("version = 1\n[defaults.speculative]\nwindows_in_flight = 2\nframes_in_flight = 3\n")
+    with pytest.raises(ConfigError, match="old name of frames_in_flight"):
+        load_config(path)

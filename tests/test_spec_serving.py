@@ -78,7 +78,7 @@ def test_logprobs_penalties_and_bias_with_the_draft_equal_no_draft(serve_cache, 
 @pytest.mark.parametrize("stages", [1, 2, 3])
 def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_texts, stages):
     # three verify frames in flight per session: the serving path with the pipeline kept full
-    with mesh_serve(serve_cache, "--local-stages", str(stages), "--windows-in-flight", "3") as (url, _):
+    with mesh_serve(serve_cache, "--local-stages", str(stages), "--frames-in-flight", "3") as (url, _):
         assert "package default" in httpx.get(f"{url}/health").json()["speculative"]
         proposed = accepted = 0
         for p in PROMPTS:
@@ -154,7 +154,7 @@ def test_strategy_ngram_serves_plain_output_and_usage_says_prompt_lookup_did_it(
     # lossless: SmolLM2 Q4_1 with flash attention is batch-invariant (README, "Numerics")
     with mesh_serve(serve_cache, "--strategy", "ngram", "--local-stages", "2") as (url, _):
         assert httpx.get(f"{url}/health").json()["speculative"] == \
-            "ngram 3-5 (built-in), adaptive 2 [1,16], windows in flight: auto"
+            "ngram 3-5 (built-in), adaptive 2 [1,16], frames in flight: auto"
         text, usage = _copy(url)
         assert text == no_draft_copy
         spec = usage["speculative"]

@@ -494,7 +494,7 @@ class InFlight:
 
 
 @pytest.mark.parametrize("cuts", [[], [CUT], [10, 20]], ids=["1-stage", "2-stage", "3-stage"])
-def test_windows_in_flight_give_plain_greedy_output_on_every_split(smollm2_package, smollm2_gguf, stage_cache,
+def test_frames_in_flight_give_plain_greedy_output_on_every_split(smollm2_package, smollm2_gguf, stage_cache,
                                                                    draft_gguf, cuts):
     """Three verify frames in flight, the Q4_0 draft missing often: frames past a miss are void,
     the final stage (the slowest machine here) drops those queued there unrun, and every token
@@ -547,7 +547,7 @@ def test_windows_in_flight_give_plain_greedy_output_on_every_split(smollm2_packa
     asyncio.run(with_draft())
 
 
-def test_windows_in_flight_sample_what_plain_decoding_samples_with_penalties(smollm2_package, smollm2_gguf,
+def test_frames_in_flight_sample_what_plain_decoding_samples_with_penalties(smollm2_package, smollm2_gguf,
                                                                            stage_cache, draft_gguf):
     """Temperature 1, penalties, logit_bias and logprobs: a frame sent ahead counts the drafts
     before it in its penalty history, so tokens and logprobs stay bit for bit."""

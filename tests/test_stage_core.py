@@ -253,7 +253,7 @@ class SlowToyEngine(ToyEngine):
 TWO = WindowPolicy(policy="fixed", initial=2, min=1, max=2)
 
 
-def test_windows_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames():
+def test_frames_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames():
     async def scenario() -> None:
         async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 24, ignore_eos=True)

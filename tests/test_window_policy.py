@@ -142,10 +142,10 @@ def test_window_fields_merge_one_by_one(manifest):
 
 def test_draft_window_flag_beats_every_level(manifest):
     config = Config(defaults=Speculative(window_policy="adaptive", initial_window=2, max_window=4))
-    flags = argparse.Namespace(draft=None, draft_window=5, windows_in_flight=None, strategy=None)
+    flags = argparse.Namespace(draft=None, draft_window=5, frames_in_flight=None, strategy=None)
     assert _window(_cli_speculative(flags), config, manifest) == WindowPolicy(policy="fixed", initial=5, min=1,
                                                                                max=16)
-    flags = argparse.Namespace(draft=None, draft_window=20, windows_in_flight=None, strategy=None)
+    flags = argparse.Namespace(draft=None, draft_window=20, frames_in_flight=None, strategy=None)
     assert _window(_cli_speculative(flags), config, manifest).max == 20
 
 
@@ -156,6 +156,6 @@ def test_a_merged_window_that_breaks_the_rules_is_a_config_error(manifest):
         _window(Speculative(), config, manifest)
     with pytest.raises(ConfigError, match=r"^speculative window: window policy must be one of"):
         _window(Speculative(window_policy="greedy"), Config(), manifest)
-    flags = argparse.Namespace(draft=None, draft_window=65, windows_in_flight=None, strategy=None)
+    flags = argparse.Namespace(draft=None, draft_window=65, frames_in_flight=None, strategy=None)
     with pytest.raises(ConfigError, match=r"max_window \(65\) <= 64"):
         _window(_cli_speculative(flags), Config(), manifest)

@@ -112,7 +112,7 @@ def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: f
         args += ["--no-draft"]
     args += [] if prefix_cache else ["--no-prefix-cache"]
     args += ["--relay-replies"] if relay else []
-    args += ["--windows-in-flight", str(in_flight)] if in_flight is not None else []
+    args += ["--frames-in-flight", str(in_flight)] if in_flight is not None else []
     args += ["--engine", *engines] if engines else []
     if setup.model:
         args += ["--model", setup.model]

@@ -265,7 +265,7 @@ SPEC_MODES: dict[str, tuple[bool, int | None]] = {"plain": (False, None), "one":
 def _spec_rows(setup: Setup, tmp: Path, prompts: list[str], stages: list[int], delays: list[float],
                repeats: int, breakdown: bool) -> list[Row]:
     """At each split and per-hop delay, three servers interleaved: --no-draft, the package's draft
-    one window at a time, and the draft with the default windows in flight. One split and
+    one window at a time, and the draft with the default frames in flight. One split and
     delay at a time: loading every combination at once would not fit in memory."""
     rows = []
     for n in stages:
@@ -302,9 +302,9 @@ def _spec_group(setup: Setup, scenario: str, servers: dict[str, LocalServer], pr
         servers["default"].url, setup.model_id, prompts[0], setup.tokens))
     return [Row(scenario, "no-draft decode tok/s", plain, samples=tps["plain"]),
             Row(scenario, "draft, 1 window in flight tok/s (vs no-draft)", one, plain, samples=tps["one"]),
-            Row(scenario, "draft, default windows in flight tok/s (vs no-draft)", default, plain, goal,
+            Row(scenario, "draft, default frames in flight tok/s (vs no-draft)", default, plain, goal,
                 tps["default"]),
-            Row(scenario, "draft, default windows in flight (vs 1 in flight)", default, one, deep_goal),
+            Row(scenario, "draft, default frames in flight (vs 1 in flight)", default, one, deep_goal),
             Row(scenario, "accept rate", sum(s.accepted for s in stats) / proposed if proposed else 0.0),
             Row(scenario, "mean window", proposed / windows if windows else 0.0),
             *_busy_of(scenario, "draft, default in flight", busy)]

@@ -20,7 +20,7 @@ from mesh.coordinator import Coordinator, Topology
 from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
 from mesh.route import RouteSettings
-from mesh.speculative.plan import WINDOWS_IN_FLIGHT, resolve_plan
+from mesh.speculative.plan import FRAMES_IN_FLIGHT, resolve_plan
 from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
@@ -38,6 +38,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="package directory or GGUF file (default: the embedded SmolLM2)")
     p.add_argument("--config", type=Path, default=None,
                    help="TOML config (default: ~/.config/meshpipe/config.toml, if present)")
+    _http_arguments(p)
+    _mesh_arguments(p)
+    _speculation_arguments(p)
+    _engine_arguments(p)
+    add_tls_arguments(p)
+    add_bench_arguments(p)
+    p.set_defaults(func=_run)
+
+
+def _http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, metavar="HOST:PORT",
                    help="HTTP API address; a bare PORT binds loopback 127.0.0.1 "
                    "(default: [mesh] listen, else 127.0.0.1:9337)")
@@ -50,6 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "cancelled; a second signal exits at once (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="N",
                    help="largest request body accepted (default: %(default)s)")
+
+def _mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-stages", type=int, default=1,
                    help="split across N stages on this machine: this process is stage 0 and "
                    "N-1 `mesh stage` processes are spawned on loopback")
@@ -59,16 +71,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spare", action="append", default=[], metavar="HOST:PORT",
                    help="a standby `mesh stage` (repeatable; default: [mesh] spares): claimed at start and "
                    "sent the artifacts a takeover needs, it replaces a peer that stops answering")
+
+def _speculation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, metavar="REF",
                    help="draft model for speculative decoding: a GGUF path, hf://org/repo@rev/file.gguf "
                    "or org/repo:QUANT (overrides config and package)")
     p.add_argument("--draft-window", type=int, default=None, metavar="N",
                    help="fixed speculative window of N draft tokens")
-    p.add_argument("--windows-in-flight", type=int, default=None, metavar="N",
+    p.add_argument("--frames-in-flight", type=int, default=None, metavar="N",
                    help="the most verify frames a session may have in flight while the draft goes on "
                    "(1: wait for each reply). Default auto: 1 with no stage past stage 0 or under a CPU "
-                   f"lock, else {WINDOWS_IN_FLIGHT}, and the cost-aware window keeps fewer where more does not pay "
+                   f"lock, else {FRAMES_IN_FLIGHT}, and the cost-aware window keeps fewer where more does not pay "
                    "(DESIGN.md §6)")
+    p.add_argument("--windows-in-flight", type=int, dest="frames_in_flight", help=argparse.SUPPRESS)  # its old name
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
     p.add_argument("--strategy", default=None, metavar="NAME",
@@ -79,6 +94,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="groups of sessions kept in flight at once, so every stage has work while the "
                    "others compute (default: one per stage; 1 when local stages share cores through the "
                    "CPU lock, where they cannot compute at once)")
+
+def _engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="drop every finished request's KV: by default it stays in its lane on every stage, "
                    "and a later request whose prompt starts the same way (a chat's next turn) prefills "
@@ -105,9 +122,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--advertise", default=None,
                    help="address stages use to reach this coordinator (default: auto)")
     p.add_argument("--cache-dir", type=Path, default=None)
-    add_tls_arguments(p)
-    add_bench_arguments(p)
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -228,8 +242,8 @@ def _cpu_lock(args: argparse.Namespace, cache: Path) -> Path | None:
 def _cli_speculative(args: argparse.Namespace) -> Speculative:
     if args.draft_window is not None and args.draft_window < 1:
         raise UsageError("--draft-window must be at least 1")
-    if args.windows_in_flight is not None and not 1 <= args.windows_in_flight <= 16:
-        raise UsageError("--windows-in-flight must be between 1 and 16")
+    if args.frames_in_flight is not None and not 1 <= args.frames_in_flight <= 16:
+        raise UsageError("--frames-in-flight must be between 1 and 16")
     if args.strategy is not None and not args.strategy:
         raise UsageError("--strategy wants a name: auto, disabled, ngram, ngram+draft or a package strategy")
     if args.draft and args.strategy in ("ngram", "disabled"):
@@ -238,7 +252,7 @@ def _cli_speculative(args: argparse.Namespace) -> Speculative:
     return Speculative(strategy=args.strategy, draft_model=args.draft, window_policy="fixed" if window else None,
                        initial_window=window, min_window=1 if window else None,
                        max_window=max(window, 16) if window else None,
-                       windows_in_flight=args.windows_in_flight)
+                       frames_in_flight=args.frames_in_flight)
 
 
 def _say(message: str) -> None:

@@ -25,10 +25,10 @@ from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, NgramStrategy, Strategy, WindowPolicy, declared, parse, problem
 
-# The bound when `windows_in_flight` is unset and stages can compute at once (the coordinator's
-# `windows_in_flight`): the cost-aware controller prices depth and keeps 1 where more does not
+# The bound when `frames_in_flight` is unset and stages can compute at once (the coordinator's
+# `frames_in_flight`): the cost-aware controller prices depth and keeps 1 where more does not
 # pay. Under a CPU lock stages take turns, so frames ahead cannot overlap: there it is 1.
-WINDOWS_IN_FLIGHT = 3
+FRAMES_IN_FLIGHT = 3
 NGRAM, NGRAM_DRAFT = "ngram", "ngram+draft"  # the built-in strategy names besides auto and disabled
 BUILT_IN = ("auto", "disabled", NGRAM, NGRAM_DRAFT)
 _Kind = TypeVar("_Kind", DraftStrategy, NgramStrategy)
@@ -57,7 +57,7 @@ class SpecPlan:
     ngram: NgramPlan | None = None  # prompt lookup, first when there is a draft model too
 
     def describe(self) -> str:
-        flight = f"windows in flight: {'auto' if self.in_flight is None else self.in_flight}"
+        flight = f"frames in flight: {'auto' if self.in_flight is None else self.in_flight}"
         if self.draft_model is None:
             assert self.ngram is not None
             return f"{self.ngram.describe()}, {flight}"
@@ -142,7 +142,7 @@ def _ngram(levels: list[tuple[str, Speculative]], package: NgramStrategy | None)
 
 
 def _in_flight(levels: list[tuple[str, Speculative]]) -> int | None:
-    found = _first(levels, "windows_in_flight")
+    found = _first(levels, "frames_in_flight")
     return found[0] if found else None
 
 
