@@ -90,7 +90,7 @@ def _drafted(windows: int, proposed: int, accepted: int) -> Acceptance:
     return Acceptance(windows, proposed, accepted, (("draft", Acceptance(windows, proposed, accepted)),))
 
 
-class Run(list[Sampled]):
+class Generated(list[Sampled]):
     """A generation's tokens; `records` is the acceptance record as each token left, and
     `account` the record's account at the end."""
 
@@ -100,12 +100,12 @@ class Run(list[Sampled]):
 
 def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | None = None,
             stop: frozenset[int] = frozenset(), in_flight: int = 1, pipeline: ScriptedPipeline | None = None,
-            sampling: SamplingParams | None = None) -> Run:
+            sampling: SamplingParams | None = None) -> Generated:
     req = GenerationRequest(PROMPT, max_tokens, sampling or SamplingParams(), stop_tokens=stop)
     window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2)) if draft else None
     scripted = pipeline or ScriptedPipeline(target)
     live = Live(RequestState(req, speculative=draft is not None))
-    run = Run()
+    run = Generated()
     run.records = []
 
     async def go() -> None:

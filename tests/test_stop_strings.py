@@ -1,4 +1,4 @@
-"""Stop strings: `_find_stop`, and `Run.deltas` holding back text that may begin a stop string."""
+"""Stop strings: `_find_stop`, and `Responder.deltas` holding back text that may begin a stop string."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from fake_backend import EOS, FakeBackend
 
 from mesh.api.request import Prepared
-from mesh.api.run import Run, _find_stop
+from mesh.api.responder import Responder, _find_stop
 from mesh.backend import GenerationRequest
 from mesh.metrics import Metrics
 
@@ -22,13 +22,15 @@ def test_find_stop_returns_the_earliest_hit_of_any_stop():
     assert _find_stop("aaa", ("a",)) == 0
 
 
-def _run(backend: FakeBackend, stops: tuple[str, ...], max_tokens: int = 100) -> Run:
+def _run(backend: FakeBackend, stops: tuple[str, ...], max_tokens: int = 100) -> Responder:
     req = GenerationRequest([5, 6], max_tokens, stop_tokens=frozenset({EOS}))
-    return Run(backend, Metrics(), Prepared(req, stops, chat=False, stream=False, include_usage=False), "completions")
+    prepared = Prepared(req, stops, chat=False, stream=False, include_usage=False)
+    return Responder(backend, Metrics(), prepared, "completions")
 
 
-def _deltas(backend: FakeBackend, stops: tuple[str, ...], max_tokens: int = 100) -> tuple[Run, list[tuple[str, int]]]:
-    async def go() -> tuple[Run, list[tuple[str, int]]]:
+def _deltas(backend: FakeBackend, stops: tuple[str, ...],
+            max_tokens: int = 100) -> tuple[Responder, list[tuple[str, int]]]:
+    async def go() -> tuple[Responder, list[tuple[str, int]]]:
         run = _run(backend, stops, max_tokens)
         await run.open()
         out = [(text, len(made)) async for text, made in run.deltas()]

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mesh.api.body import parse_json, read_body
 from mesh.api.error import ApiError
 from mesh.api.request import Prepared, prepare
-from mesh.api.run import Run, as_api_error
+from mesh.api.responder import Responder, as_api_error
 from mesh.backend import Backend
 from mesh.metrics import Metrics
 
@@ -61,7 +61,7 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
             raw = await read_body(request, max_body)
             loop = asyncio.get_running_loop()
             prepared = await loop.run_in_executor(prompts, _prepare, backend, raw, chat)
-            return await _respond(request, Run(backend, metrics, prepared, endpoint), prepared)
+            return await _respond(request, Responder(backend, metrics, prepared, endpoint), prepared)
         except ApiError as err:
             return JSONResponse(err.body(), status_code=err.status)
         except Exception as exc:  # noqa: BLE001 -- a bug: one line in the log, a 500 to the client, server on
@@ -83,7 +83,7 @@ def _prepare(backend: Backend, raw: bytes, chat: bool) -> Prepared:
     return prepare(backend.tok(), backend.model_id, backend.ctx_per_session, parse_json(raw), chat)
 
 
-async def _respond(request: Request, run: Run, prepared: Prepared) -> Response:
+async def _respond(request: Request, run: Responder, prepared: Prepared) -> Response:
     if prepared.stream:
         await run.open()  # errors before the first byte still get a proper status code
         # Starlette cancels the stream when the client goes: the generator's cleanup frees it.

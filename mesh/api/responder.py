@@ -43,7 +43,10 @@ from mesh.tokenizer import TextStream
 log = logging.getLogger("meshpipe.api")
 
 
-class Run:
+class Responder:
+    """One generation at the HTTP API: its tokens become text, stop strings are honoured, and
+    it leaves as one JSON body or a stream of server-sent events."""
+
     def __init__(self, backend: Backend, metrics: Metrics, prepared: Prepared, endpoint: str) -> None:
         self.backend, self.metrics, self.p, self.endpoint = backend, metrics, prepared, endpoint
         self.id = ("chatcmpl-" if prepared.chat else "cmpl-") + uuid.uuid4().hex[:24]
