@@ -4,13 +4,12 @@ frame is left waiting (mesh/task_scope.py, mesh/pipeline.py, mesh/healing.py). N
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import threading
 from dataclasses import dataclass, field
 from typing import cast
 
 import anyio
-import numpy as np
 import pytest
 from toy_engine import ToyEngine
 
@@ -22,38 +21,28 @@ from mesh.recovery import Recoveries
 from mesh.route import Route
 from mesh.task_scope import TaskScope
 from proto import meshpipe_pb2 as pb
-from stage.activations import ActivationStage
-from stage.engine import Step
 from stage.sampling import SamplingParams
-from stage.transport import connect, serve
+from stage.transport import Link, LinkClosedError, connect, serve
 
 
 def _new_tasks(before: set[asyncio.Task[object]]) -> set[asyncio.Task[object]]:
     return {t for t in asyncio.all_tasks() - before if not t.done()}
 
 
-class HeldEngine(ToyEngine):
-    """The final stage, holding every step at `gate`: frames sent to it wait for replies."""
-
-    def __init__(self) -> None:
-        super().__init__(first=False, final=True)
-        self.gate = threading.Event()
-
-    def step(self, steps: list[Step]) -> list[np.ndarray]:
-        assert self.gate.wait(5)
-        return super().step(steps)
+async def never_replies(link: Link) -> None:
+    """A final stage that takes every frame and answers none: frames stay in flight."""
+    with contextlib.suppress(LinkClosedError):
+        while True:
+            await link.recv()
 
 
 def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it():
     async def scenario() -> None:
-        engine = HeldEngine()
-        final = ActivationStage(engine, 1, pb.F16, None)
-        final.start()
-        server = await serve("127.0.0.1", 0, final.handle_upstream, token="t")
+        server = await serve("127.0.0.1", 0, never_replies, token="t")
         link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
         broke: list[str] = []
         pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, on_break=broke.append)
-        await asyncio.sleep(0.1)  # the stage has taken the link: its tasks are not the pipeline's
+        await asyncio.sleep(0.1)  # the server has taken the link: its tasks are not the pipeline's
         before = asyncio.all_tasks()
         pipeline.start()
         try:
@@ -75,8 +64,6 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
             with pytest.raises(MeshUnavailableError, match="stopped"):
                 await pipeline.send(1, 0, 3, [6], SamplingParams())
         finally:
-            engine.gate.set()
-            await final.stop()
             server.close()
 
     asyncio.run(scenario())
