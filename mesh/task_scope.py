@@ -70,5 +70,5 @@ class TaskScope:
     async def _guarded(self, job: Job, name: str) -> None:
         try:
             await job()
-        except Exception:  # noqa: BLE001 -- logged here: nobody awaits the group to be told
+        except Exception:  # logged here: nobody awaits the group to be told
             log.exception("%s: %s failed", self.name, name)

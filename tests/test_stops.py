@@ -11,7 +11,7 @@ from typing import cast
 
 import anyio
 import pytest
-from toy_engine import ToyEngine
+from toy_engine import ToyEngine, until
 
 from mesh import healing
 from mesh.backend import MeshUnavailableError
@@ -57,7 +57,8 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
             await pipeline.stop()
             assert _new_tasks(before) == set()  # the reader, its host and stage 0's batcher have ended
             for pending in sent:
-                assert pending.reply is not None and pending.reply.done()
+                assert pending.reply is not None
+                assert pending.reply.done()
                 assert isinstance(pending.reply.exception(), MeshUnavailableError)
             assert pipeline.waiters == {}
             assert broke == []  # stopping is not breaking: nobody is asked to heal it
@@ -146,9 +147,11 @@ def test_a_break_is_rebuilt_at_once_and_a_paused_request_resumes_on_the_new_rout
             healer.route_broken("link lost again")  # one rebuild at a time
             with anyio.fail_after(2):
                 pipeline = await healer.next_pipeline("link lost")
-            assert pipeline is served.pipeline and not pipeline.broken
+            assert pipeline is served.pipeline
+            assert not pipeline.broken
             assert served.events == ["dropped quick=True", "build"]
-            assert healer.recoveries.count == 1 and healer.last_error == ""
+            assert healer.recoveries.count == 1
+            assert healer.last_error == ""
         finally:
             await healer.stop()
 
@@ -165,9 +168,7 @@ def test_stopping_the_server_cancels_the_watcher_and_a_hanging_rebuild_and_leave
         before = asyncio.all_tasks()
         healer.start()
         healer.watch()
-        with anyio.fail_after(2):
-            while served.events != ["dropped quick=True", "build"]:
-                await asyncio.sleep(0.01)
+        await until(lambda: served.events == ["dropped quick=True", "build"])
         waiting = asyncio.get_running_loop().create_task(healer.live_pipeline())
         await asyncio.sleep(0.05)
         healer.route_broken("stage gone")  # the hanging rebuild is the one
