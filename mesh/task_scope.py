@@ -30,7 +30,7 @@ Job = Callable[[], Awaitable[None]]
 class TaskScope:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.scope = anyio.CancelScope()
+        self.scope: anyio.CancelScope | None = None  # made in `start`: anyio needs the running loop
         self.stopped = False
         self._group: TaskGroup | None = None
         self._early: list[tuple[Job, str]] = []  # spawned before the host entered the group
@@ -39,7 +39,8 @@ class TaskScope:
     def start(self) -> None:
         """Open the group (in a host task, so that a caller need not be async)."""
         assert self._host is None, f"{self.name} started twice"
-        self._host = asyncio.get_running_loop().create_task(self._hold(), name=self.name)
+        self.scope = anyio.CancelScope()
+        self._host = asyncio.get_running_loop().create_task(self._hold(self.scope), name=self.name)
 
     def spawn(self, job: Job, name: str) -> bool:
         """Run `job` in the group. Once `stop` was called nothing more starts: False."""
@@ -54,12 +55,12 @@ class TaskScope:
     async def stop(self) -> None:
         """Cancel every task of the group and return once all of them have ended."""
         self.stopped = True
-        self.scope.cancel()
-        if self._host is not None:
+        if self.scope is not None and self._host is not None:
+            self.scope.cancel()
             await asyncio.wait([self._host])
 
-    async def _hold(self) -> None:
-        with self.scope:
+    async def _hold(self, scope: anyio.CancelScope) -> None:
+        with scope:
             async with anyio.create_task_group() as group:
                 self._group = group
                 for job, name in self._early:

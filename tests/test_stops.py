@@ -72,8 +72,10 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
 
 def test_a_task_scope_runs_early_spawns_outlives_a_failing_task_and_waits_for_shielded_cleanup(
         caplog: pytest.LogCaptureFixture):
+    scope = TaskScope("test")  # made outside any event loop, as `mesh serve` makes the coordinator
+
     async def scenario() -> None:
-        scope, done, cleaned = TaskScope("test"), anyio.Event(), []
+        done, cleaned = anyio.Event(), []
 
         async def fails() -> None:
             raise RuntimeError("boom")
