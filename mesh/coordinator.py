@@ -3,11 +3,9 @@
 It builds the route, runs stage 0's layers in-process, and drives each request's generate
 loop: prefill, then one pass through the pipeline per token.
 
-Healing (DESIGN.md §2, replay-resume): liveness pings find a dead or frozen stage within
-seconds, and a closed link or a missed reply deadline breaks the route at once. The route
-is rebuilt as soon as it breaks, with or without traffic. In-flight generations pause,
-prefill their prompt and the tokens generated so far through the new route, and go on;
-new requests get 503 until it serves.
+Healing (mesh/healing.py) keeps the route serving: it rebuilds a broken route, and an
+in-flight generation pauses, prefills its prompt and the tokens generated so far through
+the new route, and goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import anyio
 import grpc
 import psutil
 
@@ -35,6 +34,7 @@ from mesh.backend import (
     RequestRejectedError,
     Resumed,
 )
+from mesh.healing import Healer
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
 from mesh.pipeline import Pipeline, StageFailedError
@@ -45,7 +45,6 @@ from mesh.route import (
     Route,
     RouteSettings,
     build,
-    prefetch,
     refresh_status,
     spawn_local_stage,
     teardown,
@@ -59,7 +58,6 @@ from mesh.speculative.window import Controller, controller_for
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
-from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.batcher import close_engine, on_engine_thread
 from stage.control import split_endpoint
@@ -73,8 +71,6 @@ log = logging.getLogger("meshpipe.coordinator")
 
 STATUS_TIMEOUT = 1.0  # /health answers within about this long even if a stage hangs
 STATUS_TTL = 1.5  # a load balancer polling /health must not turn into a Status RPC per poll per stage
-PING_S = 1.0  # liveness: every stage is asked for its Status this often
-PING_TIMEOUT_S = 2.0  # a stage that cannot answer in this long is frozen or gone: ~3 s to detect
 QUICK_STOP_S = 1.0  # tearing down a broken route: Stop and exit waits, short, as sessions are paused
 
 
@@ -104,8 +100,6 @@ class Coordinator:
         self.tokenizer: Tokenizer | None = None
         self.artifact_server: grpc.aio.Server | None = None
         self.artifact_source = ""
-        self.rebuilding: asyncio.Task[None] | None = None
-        self.last_error = ""
         self.spec, self.spec_note = spec, spec_note
         self.draft: Draft | None = None
         self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
@@ -113,18 +107,16 @@ class Coordinator:
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
         self.status_checked = 0.0  # monotonic time of the last Status round
         self.recoveries = Recoveries()
-        self.watcher: asyncio.Task[None] | None = None
-        self.prefetching: asyncio.Task[None] | None = None
+        self.healer = Healer(self, settings.resume_s, topology.spares, self.recoveries, say)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.healer.start()  # first: a route that breaks while the draft loads is rebuilt at once
         await self._start_artifact_server()
-        await self._build()
+        await self.build_route()
         await self._load_draft()
-        self.watcher = asyncio.get_running_loop().create_task(self._watch())
-        if self.topology.spares and self.route is not None:
-            self.prefetching = asyncio.get_running_loop().create_task(self._prefetch_spares(self.route))
+        self.healer.watch()
 
     async def _load_draft(self) -> None:
         """Load the planned draft; on any problem serve on without it, loudly: with prompt
@@ -178,21 +170,23 @@ class Coordinator:
         self.artifact_server = server
         self.artifact_source = f"{self.topology.advertise}:{port}"
 
-    async def _build(self, healing: bool = False) -> None:
+    async def build_route(self, healing: bool = False) -> None:
         route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings)
         try:
             for index in range(1, self.topology.local_stages):
-                route.stages.append(await asyncio.to_thread(spawn_local_stage, self.settings, index))
+                with anyio.CancelScope(shield=True):  # a stage spawned is one the teardown ends
+                    route.stages.append(await asyncio.to_thread(spawn_local_stage, self.settings, index))
             route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
             spares = [RemoteStage(endpoint=p) for p in self.topology.spares] if healing else []
             await build(route, psutil.virtual_memory().available, self.artifact_source, self.say,
                         without_unreachable=healing, spares=spares)
             await self._start_stage0(route)
         except BaseException:
-            await teardown(route)
+            with anyio.CancelScope(shield=True):  # cancelled by a stopping server, it still ends them
+                await teardown(route)
             raise
         self.route = route
-        self.say("route ready: " + self.describe_route())
+        self.say("route ready: " + describe(route))
 
     async def _start_stage0(self, route: Route) -> None:
         assert route.stage0 is not None
@@ -207,38 +201,27 @@ class Coordinator:
         self.engine = await on_engine_thread(open_engine, s.engine(0), gguf, cfg)
         link = replies = None
         if route.stages:
-            link = await self._link(route.stages[0], "coordinator", "stage0->downstream")
+            link = await _link(s, route.stages[0], "coordinator", "stage0->downstream")
         if link is not None and len(route.stages) > 1 and s.direct_return:  # else its upstream is us
             try:
-                replies = await self._link(route.stages[-1], REPLIES_ROLE, "stage0->replies")
+                replies = await _link(s, route.stages[-1], REPLIES_ROLE, "stage0->replies")
             except BaseException:
                 link.close()
                 raise
         self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies,
-                                 micro_batches=s.groups(1 + len(route.stages)), on_break=self._route_broken,
+                                 micro_batches=s.groups(1 + len(route.stages)), on_break=self.healer.route_broken,
                                  prefix_cache=s.prefix_cache)
         self.pipeline.start()
 
-    async def _link(self, stage: RemoteStage, role: str, name: str) -> Link:
-        s = self.settings
-        host, port = split_endpoint(stage.activation)
-        return await connect(host, port, token=s.token, role=role, ssl_context=client_ssl(s.tls),
-                             emulation=s.wire, name=name)
-
     async def stop(self) -> None:
-        for task in (self.watcher, self.prefetching):
-            if task:
-                task.cancel()
-        if self.rebuilding:
-            self.rebuilding.cancel()  # its build tears down the stages it spawned; wait for that
-            await asyncio.wait([self.rebuilding])
+        await self.healer.stop()  # the watcher and any rebuild; its build tears down what it spawned
         if self.draft is not None:
             await self.draft.stop()
-        await self._drop_route()
+        await self.drop_route()
         if self.artifact_server is not None:
             await self.artifact_server.stop(grace=1)
 
-    async def _drop_route(self, quick: bool = False) -> None:
+    async def drop_route(self, quick: bool = False) -> None:
         if self.pipeline is not None:
             pipeline, self.pipeline = self.pipeline, None
             await pipeline.stop()
@@ -249,29 +232,6 @@ class Coordinator:
             route, self.route = self.route, None
             await (teardown(route, QUICK_STOP_S, QUICK_STOP_S) if quick else teardown(route))
 
-    def _route_broken(self, reason: str) -> None:
-        """The route is broken (the pipeline says so, or a ping did): rebuild it now."""
-        self.last_error = reason
-        self.recoveries.broke(reason)
-        if self.rebuilding is None or self.rebuilding.done():
-            self.rebuilding = asyncio.get_running_loop().create_task(self._rebuild())
-
-    async def _rebuild(self) -> None:
-        """Withdraw the broken route and build a fresh one, retrying with backoff."""
-        await self._drop_route(quick=True)
-        delay = 1.0
-        while True:
-            try:
-                await self._build(healing=True)
-                self.last_error = ""
-                self.recoveries.healed()
-                return
-            except Exception as exc:  # noqa: BLE001 -- a stage killed mid-build can fail it any way; try again
-                self.last_error = f"rebuilding route: {exc}"
-                log.warning(self.last_error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 8.0)  # sessions are waiting: keep trying often
-
     # -- Backend -------------------------------------------------------------------------
 
     def tok(self) -> Tokenizer:
@@ -281,38 +241,13 @@ class Coordinator:
     async def health(self) -> Health:
         await self._refresh_stages()
         broken = self.pipeline is None or self.pipeline.broken is not None
-        return Health(ok=not broken, model=self.model_id, route=self.describe_route(),
-                      stages=self.stage_rows(), error=self.last_error or None,
+        return Health(ok=not broken, model=self.model_id, route=describe(self.route),
+                      stages=stage_rows(self.route, self.pipeline, self.settings),
+                      error=self.healer.last_error or None,
                       speculative=self.spec.describe() if self.spec else self.spec_note,
                       draft_busy_s=self.draft.batcher.busy_s if self.draft else None,
                       recoveries=self.recoveries.count, sessions_resumed=self.recoveries.sessions,
                       last_recovery=self.recoveries.last)
-
-    async def _prefetch_spares(self, route: Route) -> None:
-        """Claim every spare and have it fetch the layers past stage 0's, so that taking over
-        any peer's range needs no download (DESIGN.md §2, healing)."""
-        assert route.stage0 is not None
-        for endpoint in self.topology.spares:
-            try:
-                await prefetch(route, RemoteStage(endpoint=endpoint), route.stage0.end, self.artifact_source)
-                self.say(f"spare {endpoint}: layers [{route.stage0.end},{self.manifest.layer_count}) fetched")
-            except Exception as exc:  # noqa: BLE001 -- a spare that cannot prefetch may still take over later
-                self.say(f"WARNING: spare {endpoint} could not prefetch: {exc}")
-
-    async def _watch(self) -> None:
-        """Liveness: find a dead or frozen stage within seconds, with or without traffic."""
-        while True:
-            await asyncio.sleep(PING_S)
-            pipeline, route = self.pipeline, self.route
-            if pipeline is None or route is None or pipeline.broken:
-                if self.rebuilding is None or self.rebuilding.done():  # a build that never started, or died
-                    self._route_broken(self.last_error or "no route")
-                continue
-            problem = await _ping(route)
-            if problem is None:
-                self.recoveries.alive()
-            elif self.pipeline is pipeline:  # still the route that was pinged
-                pipeline.fail(problem)
 
     async def _refresh_stages(self) -> None:
         """Fresh memory and reachability from every stage, asked at once, at most every STATUS_TTL."""
@@ -322,28 +257,6 @@ class Coordinator:
         self.status_checked = time.monotonic()
         await asyncio.gather(*(refresh_status(route, s, STATUS_TIMEOUT) for s in route.stages
                                if s.stub is not None), return_exceptions=True)
-
-    def describe_route(self) -> str:
-        if self.route is None or self.route.stage0 is None:
-            return "none"
-        r0 = self.route.stage0
-        hops = [f"coordinator [{r0.start},{r0.end})"]
-        hops += [f"{s.endpoint} [{s.range.start},{s.range.end})" for s in self.route.stages
-                 if s.range is not None]
-        return " -> ".join(hops)
-
-    def stage_rows(self) -> tuple[StageHealth, ...]:
-        if self.route is None or self.route.stage0 is None:
-            return ()
-        vm = psutil.virtual_memory()
-        own = StageHealth(stage=0, endpoint="coordinator", start=self.route.stage0.start,
-                          end=self.route.stage0.end, state="READY",
-                          rss_bytes=psutil.Process().memory_info().rss,
-                          mem_available_bytes=vm.available, status_at=time.time(),
-                          busy_s=self.pipeline.core.batcher.busy_s if self.pipeline else None,
-                          engine=self.settings.engine(0))
-        ready: StageState = "READY" if self.pipeline and not self.pipeline.broken else "BROKEN"
-        return (own, *(_remote_row(i, s, ready) for i, s in enumerate(self.route.stages, 1)))
 
     def generate(self, req: GenerationRequest) -> Generation:
         live = Live(RequestState(req, speculative=self.spec is not None))
@@ -363,7 +276,7 @@ class Coordinator:
         if (problem := self._refusal(live.state.req)) is not None:
             raise RequestRejectedError(problem)
         async with self.admission:
-            pipeline = await self._live_pipeline()
+            pipeline = await self.healer.live_pipeline()
             session = next(self.sessions)
             try:
                 while True:
@@ -379,7 +292,7 @@ class Coordinator:
                             raise
                     paused, cause = time.monotonic(), pipeline.broken
                     log.info("session %d: paused after %d tokens: %s", session, len(live.state.output), cause)
-                    pipeline = await self._next_pipeline(cause)
+                    pipeline = await self.healer.next_pipeline(cause)
                     log.info("session %d: resuming after %.1fs", session, time.monotonic() - paused)
                     live.state = live.state.resume()
                     self.recoveries.sessions += 1
@@ -411,17 +324,6 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 await asyncio.shield(pipeline.end(lease.session, held))
 
-    async def _next_pipeline(self, cause: str) -> Pipeline:
-        """The rebuilt route's pipeline, once it serves; MeshUnavailableError after resume_s."""
-        give_up = time.monotonic() + self.settings.resume_s
-        while time.monotonic() < give_up:
-            p = self.pipeline
-            if p is not None and not p.broken:
-                return p
-            await asyncio.sleep(0.05)
-        raise MeshUnavailableError(f"the route broke ({cause}) and no new one served within "
-                                   f"{self.settings.resume_s:g}s: {self.last_error or 'still rebuilding'}")
-
     def _window(self) -> Windows | None:
         """Window controllers for a new session, one per proposer. Cost-aware is shared by
         every session: step and verify costs are the machine's, and short requests cannot
@@ -439,19 +341,6 @@ class Coordinator:
                 windows[name] = self.shared_windows.setdefault(name, controller_for(policy))
         return windows
 
-    async def _live_pipeline(self) -> Pipeline:
-        """The route's pipeline. During a rebuild a new request waits for the next route as a
-        paused one does (bounded by resume_s) instead of being refused mid-recovery."""
-        p = self.pipeline
-        if p is not None and not p.broken:
-            return p
-        reason = (p.broken if p else None) or self.last_error or "route is being rebuilt"
-        if p is not None:
-            self._route_broken(reason)
-        if self.settings.resume_s <= 0:
-            raise MeshUnavailableError(f"mesh unavailable: {reason}")
-        return await self._next_pipeline(reason)
-
 
 def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
     """The verify frames a session may keep out: the configured number, else (auto) 1 where
@@ -464,19 +353,33 @@ def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | N
     return FRAMES_IN_FLIGHT if downstream and cpu_lock is None else 1
 
 
-async def _ping(route: Route) -> str | None:
-    """What is wrong with the route's stages, or None when every one answers in time."""
-    for stage in route.stages:
-        if stage.process is not None and (code := stage.process.poll()) is not None:
-            return f"stage {stage.endpoint} exited (code {code})"
-    answers = await asyncio.gather(*(refresh_status(route, s, PING_TIMEOUT_S) for s in route.stages),
-                                   return_exceptions=True)
-    for stage, answer in zip(route.stages, answers, strict=True):
-        if isinstance(answer, BaseException):
-            return f"stage {stage.endpoint} did not answer a liveness ping within {PING_TIMEOUT_S:g}s"
-        if stage.status is not None and stage.status.state == pb.FAILED:
-            return f"stage {stage.endpoint} failed: {stage.status.message}"
-    return None
+async def _link(s: RouteSettings, stage: RemoteStage, role: str, name: str) -> Link:
+    host, port = split_endpoint(stage.activation)
+    return await connect(host, port, token=s.token, role=role, ssl_context=client_ssl(s.tls),
+                         emulation=s.wire, name=name)
+
+
+def describe(route: Route | None) -> str:
+    if route is None or route.stage0 is None:
+        return "none"
+    r0 = route.stage0
+    hops = [f"coordinator [{r0.start},{r0.end})"]
+    hops += [f"{s.endpoint} [{s.range.start},{s.range.end})" for s in route.stages if s.range is not None]
+    return " -> ".join(hops)
+
+
+def stage_rows(route: Route | None, pipeline: Pipeline | None, settings: RouteSettings) -> tuple[StageHealth, ...]:
+    if route is None or route.stage0 is None:
+        return ()
+    vm = psutil.virtual_memory()
+    own = StageHealth(stage=0, endpoint="coordinator", start=route.stage0.start,
+                      end=route.stage0.end, state="READY",
+                      rss_bytes=psutil.Process().memory_info().rss,
+                      mem_available_bytes=vm.available, status_at=time.time(),
+                      busy_s=pipeline.core.batcher.busy_s if pipeline else None,
+                      engine=settings.engine(0))
+    ready: StageState = "READY" if pipeline and not pipeline.broken else "BROKEN"
+    return (own, *(_remote_row(i, s, ready) for i, s in enumerate(route.stages, 1)))
 
 
 def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -32,6 +33,7 @@ from mesh.backend import MeshUnavailableError
 from mesh.hop_timing import HopTotals
 from mesh.prefix_cache import PrefixCache
 from mesh.reply_deadline import ReplyDeadline
+from mesh.task_scope import TaskScope
 from proto import meshpipe_pb2 as pb
 from stage.core import CannotSampleError, StageCore, Work
 from stage.engine import RangeEngine, Step
@@ -107,20 +109,29 @@ class Pipeline:
         self.waiters: dict[tuple[int, int], _Waiter] = {}
         self.hops = hops or HopTotals()
         self.broken: str | None = None
-        self.readers: list[asyncio.Task[None]] = []
+        self.tasks = TaskScope("pipeline")  # the route's own: its reply readers
 
     def start(self) -> None:
+        """Start the stage core, and a reply reader per link in the route's task scope."""
         self.core.start()
+        self.tasks.start()
         links = [(self.link, "activation link to stage 1"), (self.reply_link, "reply link from the final stage")]
-        self.readers = [asyncio.get_running_loop().create_task(self._read_replies(link, name))
-                        for link, name in links if link is not None]
+        for link, name in links:
+            if link is not None:
+                self.tasks.spawn(functools.partial(self._read_replies, link, name), f"reads the {name}")
 
     async def stop(self) -> None:
-        for reader in self.readers:
-            reader.cancel()
+        """Stop exactly what `start` started. The readers have ended when this returns, and
+        every frame still waiting has failed: none is left to wait for a reply that cannot
+        come (DESIGN.md §2, "One engine thread, and stops"). Stopping is not breaking: the
+        route is marked broken, so later sends fail at once, but nobody is asked to heal it."""
+        await self.tasks.stop()
         for link in (self.link, self.reply_link):
             if link:
                 link.close()
+        # set before `fail`, which tells on_break of a first break only
+        self.broken = self.broken or "the route was stopped"
+        self.fail(self.broken)
         await self.core.stop()
 
     def open(self, session: int, prefer: int | None = None) -> int:
