@@ -11,11 +11,9 @@ the new route, and goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,23 +21,17 @@ import anyio
 import grpc
 import psutil
 
-from common.sampling import Sampled
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
-    Account,
     Generation,
-    GenerationEvent,
     GenerationRequest,
-    MeshUnavailableError,
-    RequestRejectedError,
-    Resumed,
 )
 from mesh.healing import Healer
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
-from mesh.pipeline import Pipeline, StageFailedError
+from mesh.pipeline import Pipeline
 from mesh.recovery import Recoveries
-from mesh.request_state import Live, RequestState
+from mesh.requests import Requests
 from mesh.route import (
     RemoteStage,
     Route,
@@ -49,12 +41,10 @@ from mesh.route import (
     spawn_local_stage,
     teardown,
 )
-from mesh.speculative.draft import DRAFT, Draft, draft_path, vocab_mismatch
-from mesh.speculative.loop import Windows, generate
-from mesh.speculative.ngram import NGRAM, NgramProposer
-from mesh.speculative.plan import FRAMES_IN_FLIGHT, SpecPlan
+from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
+from mesh.speculative.ngram import NgramProposer
+from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
-from mesh.speculative.window import Controller, controller_for
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
@@ -92,8 +82,6 @@ class Coordinator:
         self.settings, self.topology, self.say = settings, topology, say
         self.model_id = model_id or manifest.model_id
         self.ctx_per_session = settings.ctx_size
-        self.sessions = itertools.count(1)
-        self.admission = asyncio.Semaphore(settings.lanes)
         self.route: Route | None = None
         self.pipeline: Pipeline | None = None
         self.engine: RangeEngine | None = None
@@ -103,11 +91,11 @@ class Coordinator:
         self.spec, self.spec_note = spec, spec_note
         self.draft: Draft | None = None
         self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
-        self.shared_windows: dict[str, Controller] = {}
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
         self.status_checked = 0.0  # monotonic time of the last Status round
         self.recoveries = Recoveries()
         self.healer = Healer(self, settings.resume_s, topology.spares, self.recoveries, say)
+        self.requests = Requests(self, self.healer, settings, self.recoveries)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -259,98 +247,8 @@ class Coordinator:
                                if s.stub is not None), return_exceptions=True)
 
     def generate(self, req: GenerationRequest) -> Generation:
-        live = Live(RequestState(req, speculative=self.spec is not None))
-        return Generation(self._generate(live), lambda: live.state.account())
+        return self.requests.generate(req)
 
-    def _refusal(self, req: GenerationRequest) -> str | None:
-        if len(req.prompt) == 0:
-            return "the prompt is empty"
-        if len(req.prompt) + req.max_tokens > self.ctx_per_session:
-            return (f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) exceeds the context of "
-                    f"{self.ctx_per_session} tokens")
-        # the final stage checks these too, but a refusal there could only be a 503
-        return req.sampling.problem(self.engine.n_vocab) if self.engine is not None else None
-
-    async def _generate(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
-        """One request, resumed on a rebuilt route as often as the route breaks under it."""
-        if (problem := self._refusal(live.state.req)) is not None:
-            raise RequestRejectedError(problem)
-        async with self.admission:
-            pipeline = await self.healer.live_pipeline()
-            session = next(self.sessions)
-            try:
-                while True:
-                    try:
-                        # closed here, not left to the garbage collector: a client that leaves
-                        # must free the session on every stage before the next request comes
-                        async with contextlib.aclosing(self._attempt(pipeline, session, live)) as tokens:
-                            async for sampled in tokens:
-                                yield sampled
-                        return
-                    except MeshUnavailableError:
-                        if pipeline.broken is None or self.settings.resume_s <= 0:
-                            raise
-                    paused, cause = time.monotonic(), pipeline.broken
-                    log.info("session %d: paused after %d tokens: %s", session, len(live.state.output), cause)
-                    pipeline = await self.healer.next_pipeline(cause)
-                    log.info("session %d: resuming after %.1fs", session, time.monotonic() - paused)
-                    live.state = live.state.resume()
-                    self.recoveries.sessions += 1
-                    yield Resumed(cause, time.monotonic() - paused)
-            finally:
-                self._ended(session, live.state)
-
-    def _ended(self, session: int, state: RequestState) -> None:
-        if self.proposer is not None and self.spec is not None and state.lane is not None:
-            if not self.settings.prefix_cache:  # with it, the draft's KV serves the lane's next request too
-                self.proposer.forget(state.lane)
-            log.info("session %d: %s", session, _outcome(state.account()))
-
-    async def _attempt(self, pipeline: Pipeline, session: int, live: Live) -> AsyncGenerator[Sampled, None]:
-        """One run of the generate loop on one route; a resumed one asks for its old lane,
-        where the draft's KV still holds its tokens. The session ends there with it, and
-        what every stage's KV holds of it stays in the lane (the prefix cache)."""
-        lease = pipeline.lease(session, live.state.tokens, live.state.lane)
-        try:
-            in_flight = frames_in_flight(self.spec, pipeline.link is not None, self.settings.cpu_lock)
-            draft = self.proposer if self.spec is not None else None
-            async for sampled in generate(pipeline, lease, live, self.ctx_per_session, draft, self._window(),
-                                          in_flight):
-                yield sampled
-        except StageFailedError as exc:
-            raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
-        finally:
-            held = live.state.tokens[: live.state.computed]
-            with contextlib.suppress(Exception):
-                await asyncio.shield(pipeline.end(lease.session, held))
-
-    def _window(self) -> Windows | None:
-        """Window controllers for a new session, one per proposer. Cost-aware is shared by
-        every session: step and verify costs are the machine's, and short requests cannot
-        learn them alone; the others follow the session's own acceptance."""
-        if self.spec is None:
-            return None
-        policies = {NGRAM: self.spec.ngram.window} if self.spec.ngram else {}
-        if self.spec.draft_model is not None:
-            policies[DRAFT] = self.spec.window
-        windows = {}
-        for name, policy in policies.items():
-            if policy.policy != "cost-aware":
-                windows[name] = controller_for(policy)
-            else:
-                windows[name] = self.shared_windows.setdefault(name, controller_for(policy))
-        return windows
-
-
-def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
-    """The verify frames a session may keep out: the configured number, else (auto) 1 where
-    frames sent ahead cannot overlap, with no stage past stage 0 or with stages taking turns
-    on shared cores, and FRAMES_IN_FLIGHT elsewhere, for the cost-aware window to price."""
-    if spec is None:
-        return 1
-    if spec.in_flight is not None:
-        return spec.in_flight
-    return FRAMES_IN_FLIGHT if downstream and cpu_lock is None else 1
 
 
 async def _link(s: RouteSettings, stage: RemoteStage, role: str, name: str) -> Link:
@@ -393,7 +291,3 @@ def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
                        engine=s.status.engine or None if s.status else None)
 
 
-def _outcome(account: Account) -> str:
-    if account.finish_reason is not None:
-        return f"{account.completion_tokens} tokens ({account.finish_reason}), speculative {account.speculative}"
-    return f"ended early, speculative {account.speculative}"  # a stop string, a client gone or an error closed it

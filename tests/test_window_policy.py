@@ -109,7 +109,8 @@ def test_config_window_keys_are_a_partial_window_policy():
     ({"window_policy": 3}, "defaults.speculative.window_policy: expected str, got 3"),
     ({"initial_window": True}, "defaults.speculative.initial_window: expected int, got True"),
     ({"min_window": 1.5}, "defaults.speculative.min_window: expected int, got 1.5"),
-    ({"policy": "fixed"}, r"defaults.speculative.policy: unknown key \(allowed here: draft_model, frames_in_flight, initial_window"),
+    ({"policy": "fixed"},
+     r"defaults.speculative.policy: unknown key \(allowed here: draft_model, frames_in_flight, initial_window"),
 ])
 def test_config_level_type_errors_name_the_key(toml, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,0 +1,165 @@
+"""Admission and each request's generation on the live route (DESIGN.md §2).
+
+A semaphore of `--lanes` admits a request; its record (mesh/request_state.py) lives for its
+whole life here, and the generate loop (mesh/speculative/loop.py) runs it on the route's
+pipeline. When the route breaks under it, the request waits for the rebuilt route
+(mesh/healing.py), its record falls back to what the new route holds, and the same loop
+goes on: a resume is the loop's own rule, feed from what is computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Protocol
+
+from common.sampling import Sampled
+from mesh.backend import (
+    Account,
+    Generation,
+    GenerationEvent,
+    GenerationRequest,
+    MeshUnavailableError,
+    RequestRejectedError,
+    Resumed,
+)
+from mesh.healing import Healer
+from mesh.pipeline import Pipeline, StageFailedError
+from mesh.recovery import Recoveries
+from mesh.request_state import Live, RequestState
+from mesh.route import RouteSettings
+from mesh.speculative.draft import DRAFT
+from mesh.speculative.loop import Windows, generate
+from mesh.speculative.ngram import NGRAM
+from mesh.speculative.plan import FRAMES_IN_FLIGHT, SpecPlan
+from mesh.speculative.proposer import Proposer
+from mesh.speculative.window import Controller, controller_for
+from stage.engine import RangeEngine
+
+log = logging.getLogger("meshpipe.requests")
+
+
+class Host(Protocol):
+    """What requests read of the coordinator: what it proposes with, and stage 0's engine.
+    The plan may change once at start (the draft could not be loaded)."""
+
+    spec: SpecPlan | None
+    proposer: Proposer | None
+    engine: RangeEngine | None
+    ctx_per_session: int
+
+
+class Requests:
+    """Every request's generation, admitted up to the lanes and resumed across breaks."""
+
+    def __init__(self, host: Host, healer: Healer, settings: RouteSettings, recoveries: Recoveries) -> None:
+        self.host, self.healer, self.settings, self.recoveries = host, healer, settings, recoveries
+        self.admission = asyncio.Semaphore(settings.lanes)
+        self.ids = itertools.count(1)  # session ids, one per request
+        self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
+
+    def generate(self, req: GenerationRequest) -> Generation:
+        live = Live(RequestState(req, speculative=self.host.spec is not None))
+        return Generation(self._generate(live), lambda: live.state.account())
+
+    def _refusal(self, req: GenerationRequest) -> str | None:
+        if len(req.prompt) == 0:
+            return "the prompt is empty"
+        if len(req.prompt) + req.max_tokens > self.host.ctx_per_session:
+            return (f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) exceeds the context of "
+                    f"{self.host.ctx_per_session} tokens")
+        # the final stage checks these too, but a refusal there could only be a 503
+        return req.sampling.problem(self.host.engine.n_vocab) if self.host.engine is not None else None
+
+    async def _generate(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
+        """One request, resumed on a rebuilt route as often as the route breaks under it."""
+        if (problem := self._refusal(live.state.req)) is not None:
+            raise RequestRejectedError(problem)
+        async with self.admission:
+            pipeline = await self.healer.live_pipeline()
+            session = next(self.ids)
+            try:
+                while True:
+                    try:
+                        # closed here, not left to the garbage collector: a client that leaves
+                        # must free the session on every stage before the next request comes
+                        async with contextlib.aclosing(self._attempt(pipeline, session, live)) as tokens:
+                            async for sampled in tokens:
+                                yield sampled
+                        return
+                    except MeshUnavailableError:
+                        if pipeline.broken is None or self.settings.resume_s <= 0:
+                            raise
+                    paused, cause = time.monotonic(), pipeline.broken
+                    log.info("session %d: paused after %d tokens: %s", session, len(live.state.output), cause)
+                    pipeline = await self.healer.next_pipeline(cause)
+                    log.info("session %d: resuming after %.1fs", session, time.monotonic() - paused)
+                    live.state = live.state.resume()
+                    self.recoveries.sessions += 1
+                    yield Resumed(cause, time.monotonic() - paused)
+            finally:
+                self._ended(session, live.state)
+
+    def _ended(self, session: int, state: RequestState) -> None:
+        if self.host.proposer is not None and self.host.spec is not None and state.lane is not None:
+            if not self.settings.prefix_cache:  # with it, the draft's KV serves the lane's next request too
+                self.host.proposer.forget(state.lane)
+            log.info("session %d: %s", session, _outcome(state.account()))
+
+    async def _attempt(self, pipeline: Pipeline, session: int, live: Live) -> AsyncGenerator[Sampled, None]:
+        """One run of the generate loop on one route; a resumed one asks for its old lane,
+        where the draft's KV still holds its tokens. The session ends there with it, and
+        what every stage's KV holds of it stays in the lane (the prefix cache)."""
+        lease = pipeline.lease(session, live.state.tokens, live.state.lane)
+        try:
+            in_flight = frames_in_flight(self.host.spec, pipeline.link is not None, self.settings.cpu_lock)
+            draft = self.host.proposer if self.host.spec is not None else None
+            async for sampled in generate(pipeline, lease, live, self.host.ctx_per_session, draft, self._window(),
+                                          in_flight):
+                yield sampled
+        except StageFailedError as exc:
+            raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
+        finally:
+            held = live.state.tokens[: live.state.computed]
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pipeline.end(lease.session, held))
+
+    def _window(self) -> Windows | None:
+        """Window controllers for a new session, one per proposer. Cost-aware is shared by
+        every session: step and verify costs are the machine's, and short requests cannot
+        learn them alone; the others follow the session's own acceptance."""
+        if self.host.spec is None:
+            return None
+        policies = {NGRAM: self.host.spec.ngram.window} if self.host.spec.ngram else {}
+        if self.host.spec.draft_model is not None:
+            policies[DRAFT] = self.host.spec.window
+        windows = {}
+        for name, policy in policies.items():
+            if policy.policy != "cost-aware":
+                windows[name] = controller_for(policy)
+            else:
+                windows[name] = self.shared_windows.setdefault(name, controller_for(policy))
+        return windows
+
+
+def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
+    """The verify frames a session may keep out: the configured number, else (auto) 1 where
+    frames sent ahead cannot overlap, with no stage past stage 0 or with stages taking turns
+    on shared cores, and FRAMES_IN_FLIGHT elsewhere, for the cost-aware window to price."""
+    if spec is None:
+        return 1
+    if spec.in_flight is not None:
+        return spec.in_flight
+    return FRAMES_IN_FLIGHT if downstream and cpu_lock is None else 1
+
+
+def _outcome(account: Account) -> str:
+    if account.finish_reason is not None:
+        return f"{account.completion_tokens} tokens ({account.finish_reason}), speculative {account.speculative}"
+    return f"ended early, speculative {account.speculative}"  # a stop string, a client gone or an error closed it
+
