@@ -18,6 +18,8 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Protocol
 
+import anyio
+
 from common.sampling import Sampled
 from mesh.backend import (
     Account,
@@ -42,6 +44,7 @@ from mesh.speculative.window import Controller, controller_for
 from stage.engine import RangeEngine
 
 log = logging.getLogger("meshpipe.requests")
+END_S = 10.0  # freeing a lane on every stage: an END frame and the trim behind it
 
 
 class Host(Protocol):
@@ -125,9 +128,10 @@ class Requests:
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
         finally:
+            # the request's own cleanup: shielded from its cancellation (a client gone), and bounded
             held = live.state.tokens[: live.state.computed]
-            with contextlib.suppress(Exception):
-                await asyncio.shield(pipeline.end(lease.session, held))
+            with anyio.move_on_after(END_S, shield=True), contextlib.suppress(Exception):
+                await pipeline.end(lease.session, held)
 
     def _window(self) -> Windows | None:
         """Window controllers for a new session, one per proposer. Cost-aware is shared by
