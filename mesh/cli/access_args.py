@@ -15,8 +15,7 @@ from pathlib import Path
 from config.settings import Config, UsageError
 from mesh.api.app import Access
 from mesh.api.origins import OriginError, origin
-
-KEY_ENV = "MESHPIPE_API_KEY"
+from mesh.bearer import KEY_ENV
 
 
 def add_access_arguments(p: argparse.ArgumentParser) -> None:
