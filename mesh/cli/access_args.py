@@ -11,6 +11,7 @@ import argparse
 import ipaddress
 import os
 from pathlib import Path
+from typing import Any
 
 from config.settings import Config, UsageError
 from mesh.api.app import Access
@@ -65,7 +66,7 @@ def read_key_file(path: Path) -> list[str]:
     return keys
 
 
-def open_warning(address: tuple[str, int], access: Access) -> str | None:
+def open_warning(address: tuple[Any, ...], access: Access) -> str | None:
     """A warning when the API listens beyond this machine with no key: anyone who reaches the
     port may generate, and read the route and the metrics."""
     host, port = address[:2]
