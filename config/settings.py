@@ -71,6 +71,7 @@ class MeshSection:
     listen: str | None = None
     peers: tuple[str, ...] = ()
     spares: tuple[str, ...] = ()  # standby stages that take over a peer that stops answering
+    api_keys: tuple[str, ...] = ()  # keys the HTTP API asks for (mesh serve --api-key)
 
 
 @dataclass(frozen=True)
@@ -114,18 +115,21 @@ def parse_config(data: dict[str, Any]) -> Config:
     if version != CONFIG_VERSION:
         raise ConfigError(f"version: this meshpipe reads config version {CONFIG_VERSION}, not {version!r}")
     mesh = _table(data.get("mesh", {}), "mesh")
-    _only(mesh, {"listen", "peers", "spares"}, "mesh")
+    _only(mesh, {"listen", "peers", "spares", "api_keys"}, "mesh")
     peers, spares = mesh.get("peers", []), mesh.get("spares", [])
     for name, value in (("peers", peers), ("spares", spares)):
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
             raise ConfigError(f"mesh.{name}: expected a list of \"HOST:PORT\" strings")
+    keys = mesh.get("api_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k.strip() == k != "" for k in keys):
+        raise ConfigError("mesh.api_keys: expected a list of keys, non-empty strings without surrounding spaces")
     defaults = _table(data.get("defaults", {}), "defaults")
     _only(defaults, {"speculative"}, "defaults")
     models = data.get("models", [])
     if not isinstance(models, list):
         raise ConfigError("models: expected [[models]] tables")
     return Config(version=version,
-                  mesh=MeshSection(_opt_str(mesh, "listen", "mesh"), tuple(peers), tuple(spares)),
+                  mesh=MeshSection(_opt_str(mesh, "listen", "mesh"), tuple(peers), tuple(spares), tuple(keys)),
                   defaults=_speculative(defaults.get("speculative", {}), "defaults.speculative"),
                   models=tuple(_model(m, f"models[{i}]") for i, m in enumerate(models)))
 

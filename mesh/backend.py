@@ -19,7 +19,7 @@ from mesh.health import Health
 from mesh.tokenizer import Tokenizer
 
 __all__ = ["Acceptance", "Account", "Backend", "Generation", "GenerationEvent", "GenerationRequest",
-           "MeshUnavailableError", "RequestRejectedError", "Resumed"]
+           "MeshBusyError", "MeshUnavailableError", "RequestRejectedError", "RequestTimeoutError", "Resumed"]
 
 
 class MeshUnavailableError(MeshpipeError):
@@ -28,6 +28,18 @@ class MeshUnavailableError(MeshpipeError):
 
 class RequestRejectedError(MeshpipeError):
     """The request cannot be served as asked (e.g. prompt longer than the context); HTTP 400."""
+
+
+class MeshBusyError(MeshpipeError):
+    """Every lane is busy and the queue is full (`--max-queue`); HTTP 429 with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeoutError(MeshpipeError):
+    """The request ran past `--request-timeout`, waiting included; HTTP 504."""
 
 
 @dataclass(frozen=True)

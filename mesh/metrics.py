@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from mesh.admission import Admission
 from mesh.backend import Acceptance
 from mesh.hop_timing import HopTotals
 from mesh.recovery import Recoveries
@@ -62,6 +63,10 @@ class Metrics:
         """Export where frames spent their time: per stage and part, plus the wire."""
         self.registry.register(_HopCollector(totals))
 
+    def watch_admission(self, admission: Admission) -> None:
+        """Export the queue in front of the lanes: how many wait now, how long each waited."""
+        self.registry.register(_AdmissionCollector(admission))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -78,6 +83,19 @@ class _RecoveryCollector:
                                   "time breaks went unnoticed, summed", value=self.r.detect_s)
         yield CounterMetricFamily("meshpipe_recovery_resume_seconds",
                                   "time from a break to the new route, summed", value=self.r.resume_s)
+
+
+class _AdmissionCollector:
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("meshpipe_queue_depth", "requests waiting for a lane (mesh serve --max-queue)",
+                                value=self.admission.waiting)
+        waits = self.admission.waits
+        buckets = [("+Inf" if b == float("inf") else repr(b), n) for b, n in waits.cumulative()]
+        yield HistogramMetricFamily("meshpipe_queue_wait_seconds", "time admitted requests waited for a lane",
+                                    buckets=buckets, sum_value=waits.total_s)
 
 
 class _HopCollector:

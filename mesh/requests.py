@@ -1,10 +1,13 @@
 """Admission and each request's generation on the live route (DESIGN.md §2).
 
-A semaphore of `--lanes` admits a request; its record (mesh/request_state.py) lives for its
+Admission (mesh/admission.py) gives a request one of `--lanes`, or a place in the bounded
+queue before them, or a refusal; its record (mesh/request_state.py) lives for its
 whole life here, and the generate loop (mesh/speculative/loop.py) runs it on the route's
 pipeline. When the route breaks under it, the request waits for the rebuilt route
 (mesh/healing.py), its record falls back to what the new route holds, and the same loop
-goes on: a resume is the loop's own rule, feed from what is computed.
+goes on: a resume is the loop's own rule, feed from what is computed. `--request-timeout`
+bounds the whole of it, waits included: past it the request ends, its session freed on
+every stage as when its client leaves.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import anyio
 
 from common.sampling import Sampled
+from mesh.admission import Admission
 from mesh.backend import (
     Account,
     Generation,
@@ -28,6 +32,7 @@ from mesh.backend import (
     GenerationRequest,
     MeshUnavailableError,
     RequestRejectedError,
+    RequestTimeoutError,
     Resumed,
 )
 from mesh.healing import Healer
@@ -45,6 +50,7 @@ from stage.engine import RangeEngine
 
 log = logging.getLogger("meshpipe.requests")
 END_S = 10.0  # freeing a lane on every stage: an END frame and the trim behind it
+T = TypeVar("T")
 
 
 class Host(Protocol):
@@ -62,7 +68,7 @@ class Requests:
 
     def __init__(self, host: Host, healer: Healer, settings: RouteSettings, recoveries: Recoveries) -> None:
         self.host, self.healer, self.settings, self.recoveries = host, healer, settings, recoveries
-        self.admission = asyncio.Semaphore(settings.lanes)
+        self.admission = Admission(settings.lanes, settings.max_queue)
         self.ids = itertools.count(1)  # session ids, one per request
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
 
@@ -83,8 +89,10 @@ class Requests:
         """One request, resumed on a rebuilt route as often as the route breaks under it."""
         if (problem := self._refusal(live.state.req)) is not None:
             raise RequestRejectedError(problem)
-        async with self.admission:
-            pipeline = await self.healer.live_pipeline()
+        timeout = self.settings.request_timeout_s
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        async with self.admission.lane(deadline):
+            pipeline = await _until(deadline, self.healer.live_pipeline())
             session = next(self.ids)
             try:
                 while True:
@@ -92,7 +100,7 @@ class Requests:
                         # closed here, not left to the garbage collector: a client that leaves
                         # must free the session on every stage before the next request comes
                         async with contextlib.aclosing(self._attempt(pipeline, session, live)) as tokens:
-                            async for sampled in tokens:
+                            while (sampled := await _until(deadline, anext(tokens, None))) is not None:
                                 yield sampled
                         return
                     except MeshUnavailableError:
@@ -100,7 +108,7 @@ class Requests:
                             raise
                     paused, cause = time.monotonic(), pipeline.broken
                     log.info("session %d: paused after %d tokens: %s", session, len(live.state.output), cause)
-                    pipeline = await self.healer.next_pipeline(cause)
+                    pipeline = await _until(deadline, self.healer.next_pipeline(cause))
                     log.info("session %d: resuming after %.1fs", session, time.monotonic() - paused)
                     live.state = live.state.resume()
                     self.recoveries.sessions += 1
@@ -149,6 +157,22 @@ class Requests:
             else:
                 windows[name] = self.shared_windows.setdefault(name, controller_for(policy))
         return windows
+
+
+async def _until(deadline: float | None, step: Awaitable[T]) -> T:
+    """`step`, cancelled at `deadline` (the event loop's clock): a cancelled step of the
+    generate loop unwinds as for a client gone, which ends the session on every stage."""
+    if deadline is None:
+        return await step
+    limit = asyncio.timeout_at(deadline)
+    try:
+        async with limit:
+            return await step
+    except TimeoutError:
+        if not limit.expired():
+            raise  # the step's own, not the limit's
+        raise RequestTimeoutError("the request ran past its time limit (mesh serve --request-timeout) "
+                                  "and was stopped") from None
 
 
 def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:

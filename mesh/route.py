@@ -83,6 +83,8 @@ class RouteSettings:
     resume_s: float = 60.0  # how long a generation waits for a new route after a break (0: it fails)
     prefix_cache: bool = True  # a finished request's tokens stay in its lane for the next (DESIGN.md §2)
     engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
+    max_queue: int | None = None  # requests that may wait for a lane; beyond them, 429 (None: any number)
+    request_timeout_s: float | None = None  # a request's whole life, waits included (None: no limit)
 
     def engine(self, index: int) -> Engine:
         """The engine local stage `index` runs (0: this process)."""

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.mesh
 
 CTX = 1024
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+JSON = {"content-type": "application/json"}  # raw bodies say what they are, as every client does
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +94,10 @@ def test_any_unicode_is_answered(server):
     for text in ("hi \ud800 there", "\udfff", "東京 🙂 \u0000 \U0010ffff"):
         body = json.dumps({"model": EMBEDDED_ID, "messages": [{"role": "user", "content": text}],
                            "max_tokens": 2})
-        r = httpx.post(f"{server}/v1/chat/completions", content=body, timeout=60)
+        r = httpx.post(f"{server}/v1/chat/completions", content=body, headers=JSON, timeout=60)
         assert r.status_code == 200, r.text
     bad_utf8 = b'{"model": "x", "messages": [{"role": "user", "content": "\xff\xfe"}]}'
-    assert httpx.post(f"{server}/v1/chat/completions", content=bad_utf8).status_code == 400
+    assert httpx.post(f"{server}/v1/chat/completions", content=bad_utf8, headers=JSON).status_code == 400
 
 
 def test_seeds_and_sizes_fit_every_type_they_travel_in(server):
@@ -152,7 +153,7 @@ def test_an_injected_role_stays_text(server, smollm2_gguf):
 
 def test_big_bodies_are_refused_and_health_stays_fast_while_a_full_prompt_prefills(server):
     started = time.monotonic()
-    huge = httpx.post(f"{server}/v1/chat/completions", content=b"x" * (50 << 20), timeout=60)
+    huge = httpx.post(f"{server}/v1/chat/completions", content=b"x" * (50 << 20), headers=JSON, timeout=60)
     assert huge.status_code == 413
     assert time.monotonic() - started < 5
     waits: list[float] = []
@@ -248,7 +249,7 @@ def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):
         body = json.dumps({"model": "broken", "messages": HI})
         with caplog.at_level("INFO", logger="meshpipe.api"):
             for path, method, status in [("/v1/chat/completions", "POST", 500), ("/v1/models", "GET", 200)]:
-                conn.request(method, path, body if method == "POST" else None)
+                conn.request(method, path, body if method == "POST" else None, JSON)
                 resp = conn.getresponse()
                 assert (resp.status, json.loads(resp.read()).get("object", "error")) == \
                     (status, "list" if status == 200 else "error")

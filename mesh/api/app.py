@@ -5,6 +5,10 @@ template rendering and tokenization run on a small thread pool. A request whose 
 away stops at its next token, streaming or not, which frees its session on every stage.
 Every response, errors included, is counted in /metrics, and no exception escapes a handler
 (one that did would make the server drop the keep-alive connection).
+
+The front door, outermost first: a web origin not allowed is refused (mesh/api/origins.py);
+every /v1 route needs an API key when keys are set (mesh/api/keys.py), and so do /metrics
+and /health's details; a POST must be JSON (mesh/api/media.py); then the body's size.
 """
 
 from __future__ import annotations
@@ -12,15 +16,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.api.body import parse_json, read_body
 from mesh.api.error import ApiError
+from mesh.api.keys import ApiKeys
+from mesh.api.media import json_required
+from mesh.api.origins import OriginGuard
 from mesh.api.request import Prepared, prepare
 from mesh.api.responder import Responder, as_api_error
 from mesh.backend import Backend
@@ -31,29 +39,75 @@ _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", 
 CLIENT_GONE = 499  # nginx's "client closed request": counted, never seen by anyone
 
 
-def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+@dataclass(frozen=True)
+class Access:
+    """Who may use the API. The default is open, as before keys existed."""
+
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()  # web origins allowed to call from a browser; "*" any
+    public_metrics: bool = False  # /metrics without a key even when keys are set
+
+
+def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BODY,
+              access: Access | None = None) -> FastAPI:
+    access = access or Access()
     app = FastAPI(title="meshpipe", docs_url=None, redoc_url=None)
-    app.add_middleware(_CountResponses, metrics=metrics)
-    prompts = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prompt")
+    app.add_middleware(OriginGuard, origins=access.cors_origins)
+    app.add_middleware(_CountResponses, metrics=metrics)  # outermost: counts the guard's refusals too
+    keys = ApiKeys(access.api_keys)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         err = ApiError(exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "http_error")
-        return JSONResponse(err.body(), status_code=exc.status_code)
+        return error_response(err)
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:  # a dependency's refusal
+        return error_response(err)
+
+    app.include_router(_operations(backend, metrics, keys, access.public_metrics))
+    app.include_router(_v1(backend, metrics, max_body), dependencies=[Depends(keys.required)])
+    return app
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _operations(backend: Backend, metrics: Metrics, keys: ApiKeys, public_metrics: bool) -> APIRouter:
+    """/health for load balancers and `mesh status`, /metrics for Prometheus."""
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health(request: Request) -> JSONResponse:
         state = await backend.health()
-        return JSONResponse(state.model_dump(mode="json"), status_code=200 if state.ok else 503)
+        status = 200 if state.ok else 503
+        if not keys.admits(request.headers.get("authorization")):
+            return JSONResponse({"ok": state.ok}, status_code=status)  # the route and memory need the key
+        return JSONResponse(state.model_dump(mode="json"), status_code=status)
 
-    @app.get("/metrics")
+    @router.get("/metrics", dependencies=[] if public_metrics else [Depends(keys.required)])
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
+    return router
+
+
+def _v1(backend: Backend, metrics: Metrics, max_body: int) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    prompts = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prompt")
+
+    @router.get("/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": backend.model_id, "object": "model",
-                                            "created": 0, "owned_by": "meshpipe"}]}
+        return {"object": "list", "data": [_model(backend)]}
+
+    @router.get("/models/{name:path}", response_model=None)
+    async def one_model(name: str) -> dict[str, Any] | JSONResponse:
+        if name == backend.model_id:
+            return _model(backend)
+        # ascii(): whatever the path held, the echo is printable and encodes
+        return error_response(ApiError(404, f"model {ascii(name)[:200]} does not exist; this server serves "
+                                       f"{backend.model_id!a}", "model_not_found", "model"))
 
     async def generate(request: Request, chat: bool) -> Response:
         endpoint = "chat" if chat else "completions"
@@ -63,20 +117,23 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
             prepared = await loop.run_in_executor(prompts, _prepare, backend, raw, chat)
             return await _respond(request, Responder(backend, metrics, prepared, endpoint), prepared)
         except ApiError as err:
-            return JSONResponse(err.body(), status_code=err.status)
+            return error_response(err)
         except Exception as exc:  # noqa: BLE001 -- a bug: one line in the log, a 500 to the client, server on
-            crash = as_api_error(exc)
-            return JSONResponse(crash.body(), status_code=crash.status)
+            return error_response(as_api_error(exc))
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @router.post("/chat/completions", response_model=None, dependencies=[Depends(json_required)])
     async def chat(request: Request) -> Response:
         return await generate(request, chat=True)
 
-    @app.post("/v1/completions", response_model=None)
+    @router.post("/completions", response_model=None, dependencies=[Depends(json_required)])
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
 
-    return app
+    return router
+
+
+def _model(backend: Backend) -> dict[str, Any]:
+    return {"id": backend.model_id, "object": "model", "created": 0, "owned_by": "meshpipe"}
 
 
 def _prepare(backend: Backend, raw: bytes, chat: bool) -> Prepared:
@@ -113,24 +170,38 @@ async def _disconnected(receive: Callable[[], Awaitable[Message]]) -> None:
 
 
 class _CountResponses:
-    """Counts every response to the API by endpoint and HTTP status, errors included."""
+    """Counts every response to the API by endpoint and HTTP status, errors included; a
+    response its client left before it ended (a stream, mostly) counts as 499."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = _ENDPOINTS.get(scope.get("path", "").rstrip("/")) if scope["type"] == "http" else None
+        endpoint = _endpoint(scope.get("path", "")) if scope["type"] == "http" else None
         if endpoint is None:
             return await self.app(scope, receive, send)
-        status = 500
+        status, ended, gone = 500, False, False
+
+        async def receiving() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, ended
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body":
+                ended = not message.get("more_body", False)
             await send(message)
 
         try:
-            await self.app(scope, receive, sending)
+            await self.app(scope, receiving, sending)
         finally:
-            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.requests.labels(endpoint, str(CLIENT_GONE if gone and not ended else status)).inc()
+
+
+def _endpoint(path: str) -> str | None:
+    path = path.rstrip("/")
+    return "models" if path.startswith("/v1/models/") else _ENDPOINTS.get(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from config.errors import MeshpipeError
@@ -9,9 +10,10 @@ from config.errors import MeshpipeError
 
 class ApiError(MeshpipeError):
     def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.param, self.kind = status, code, param, kind
+        self.headers = dict(headers or {})  # e.g. Retry-After on a 429, WWW-Authenticate on a 401
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param,

@@ -34,8 +34,10 @@ from mesh.backend import (
     Account,
     Backend,
     Generation,
+    MeshBusyError,
     MeshUnavailableError,
     RequestRejectedError,
+    RequestTimeoutError,
 )
 from mesh.metrics import Metrics
 from mesh.tokenizer import TextStream
@@ -65,7 +67,7 @@ class Responder:
         try:
             self.first = await self._next_token()
         except BaseException as exc:  # cancellation too: it must free the session, then go on
-            await self._finish(failed=True, refused=isinstance(exc, RequestRejectedError))
+            await self._finish(failed=True, refused=isinstance(exc, RequestRejectedError | MeshBusyError))
             if isinstance(exc, Exception):
                 raise as_api_error(exc) from None
             raise
@@ -238,6 +240,11 @@ def as_api_error(exc: BaseException) -> ApiError:
         return ApiError(503, str(exc), "mesh_unavailable", kind="server_error")
     if isinstance(exc, RequestRejectedError):
         return ApiError(400, str(exc), "request_rejected")
+    if isinstance(exc, MeshBusyError):  # OpenAI's shape for a rate limit; clients honour Retry-After
+        return ApiError(429, str(exc), "rate_limit_exceeded", kind="requests",
+                        headers={"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, RequestTimeoutError):
+        return ApiError(504, str(exc), "request_timeout", kind="server_error")
     log.error("generation failed: %r", exc)
     return ApiError(500, f"internal error: {exc}", "internal_error", kind="server_error")
 

@@ -19,6 +19,7 @@ from types import MappingProxyType
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from mesh.bearer import auth_headers
 from mesh.hop_timing import PARTS, WIRE
 
 
@@ -33,7 +34,8 @@ def scrape(url: str) -> Counters:
     frames: dict[str, float] = {}
     seconds: dict[tuple[str, str, str], float] = {}
     rows: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10,
+                                                                         headers=auth_headers()).text):
         for sample in family.samples:
             labels = sample.labels
             if sample.name == "meshpipe_frames_total":

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import httpx
 
+from mesh.bearer import auth_headers
 from mesh.coordinator import STATUS_TTL
 from mesh.health import Health
 
@@ -45,7 +46,8 @@ def busy_during(url: str, run: Callable[[], T]) -> tuple[T, Busy]:
 
 def _fresh(url: str) -> Health:
     time.sleep(STATUS_TTL)  # the coordinator asks its stages at most this often
-    return Health.model_validate_json(httpx.get(f"{url}/health", timeout=10).content)
+    return Health.model_validate_json(httpx.get(f"{url}/health", timeout=10,
+                                                          headers=auth_headers()).content)
 
 
 def _grew(before: float | None, after: float | None) -> float:

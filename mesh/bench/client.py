@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from mesh.api.responses import ChatCompletionChunk, SpeculativeUsage, Usage
+from mesh.bearer import auth_headers
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ def stream_messages(url: str, model: str, messages: list[dict[str, str]], max_to
     pieces: list[str] = []
     raw_usage: dict[str, Any] = {}
     start = time.perf_counter()
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600,
+                      headers=auth_headers()) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":

@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import platform
+import secrets
 import statistics
 import sys
 import tempfile
@@ -27,6 +28,7 @@ import httpx
 
 from config.paths import cache_dir
 from mesh.api.responses import SpeculativeUsage
+from mesh.bearer import KEY_ENV, auth_headers
 from mesh.bench import numerics
 from mesh.bench.breakdown import measure
 from mesh.bench.busy import Busy, busy_during
@@ -110,6 +112,9 @@ def _run(args: argparse.Namespace) -> int:
     if unknown := scenarios - MESH_SCENARIOS - ALONE_SCENARIOS:  # before the model loads, not after
         raise SystemExit(f"mesh bench: unknown scenarios: {', '.join(sorted(unknown))}")
     fill_defaults(args, scenarios)
+    # every server the bench starts inherits it, and every request the bench sends carries it:
+    # a key from the user's config can then never lock the bench out of its own servers
+    os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
     setup = _setup(args)
     delays = [float(d) for d in (args.wire_delays or ("0,5,20,50" if setup.machines else "0,20")).split(",")]
     rows: list[Row] = []
@@ -401,7 +406,8 @@ def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
     for n, server in servers.items():
         if n == 1:
             continue
-        stages = Health.model_validate_json(httpx.get(f"{server.url}/health", timeout=10).content).stages
+        stages = Health.model_validate_json(httpx.get(f"{server.url}/health", timeout=10,
+                                                             headers=auth_headers()).content).stages
         pids = [server.process.pid, *stage_pids(server.process.pid)]
         for stage, pid in zip(stages, pids, strict=False):
             assert stage.start is not None

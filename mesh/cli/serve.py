@@ -14,6 +14,7 @@ from config.paths import cache_dir
 from config.settings import Config, Speculative, UsageError, load_config
 from mesh.api.app import build_app
 from mesh.api.server import bind, kill_children, serve
+from mesh.cli.access_args import access_of, add_access_arguments, open_warning
 from mesh.cli.bench_args import add_bench_arguments
 from mesh.cli.tls_args import add_tls_arguments, tls_of
 from mesh.coordinator import Coordinator, Topology
@@ -39,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, default=None,
                    help="TOML config (default: ~/.config/meshpipe/config.toml, if present)")
     _http_arguments(p)
+    add_access_arguments(p)
     _mesh_arguments(p)
     _speculation_arguments(p)
     _engine_arguments(p)
@@ -60,6 +62,12 @@ def _http_arguments(p: argparse.ArgumentParser) -> None:
                    "cancelled; a second signal exits at once (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="N",
                    help="largest request body accepted (default: %(default)s)")
+    p.add_argument("--max-queue", type=int, default=None, metavar="N",
+                   help="requests that may wait for a lane; beyond the lanes and these, 429 with Retry-After "
+                   "(default: 4 x --lanes; 0: none wait)")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                   help="end a request that runs longer than this, queue wait included, with 504 (a stream: "
+                   "an error event, then [DONE]) and free its lane on every stage (default: no limit)")
 
 def _mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-stages", type=int, default=1,
@@ -131,12 +139,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.stage_cpus:
         pin(parse_cpus(args.stage_cpus[0]))  # stage 0 is this process; its threads inherit the set
     config = load_config(args.config)
+    access = access_of(args, config)
     sock = bind(*_address(args, config.mesh.listen))  # before anything slow: a taken port fails now
+    if (warning := open_warning(sock.getsockname(), access)) is not None:
+        _say(warning)
     coordinator = _coordinator(args, config)
     metrics = Metrics()
     metrics.watch_hops(coordinator.hops)
     metrics.watch_recoveries(coordinator.recoveries)
-    app = build_app(coordinator, metrics, max_body=args.max_body_bytes)
+    metrics.watch_admission(coordinator.requests.admission)
+    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access)
     try:
         asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say))
     finally:
@@ -153,6 +165,10 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--port must be 0-65535, got {args.port}")
     if args.shutdown_grace < 0 or args.max_body_bytes < 1:
         raise UsageError("--shutdown-grace must be >= 0 and --max-body-bytes >= 1")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise UsageError("--max-queue must be >= 0")
+    if args.request_timeout is not None and not 0 < args.request_timeout <= 86400:
+        raise UsageError("--request-timeout must be more than 0 and at most 86400 seconds")
     if args.stage_cpus is not None and len(args.stage_cpus) != args.local_stages:
         raise UsageError(f"--stage-cpus wants one CPU list per local stage ({args.local_stages}), "
                          f"got {len(args.stage_cpus)}")
@@ -200,7 +216,9 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
                              direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()),
                              micro_batches=args.micro_batches, resume_s=args.resume_timeout,
-                             prefix_cache=not args.no_prefix_cache, engines=_engines(args))
+                             prefix_cache=not args.no_prefix_cache, engines=_engines(args),
+                             max_queue=4 * args.lanes if args.max_queue is None else args.max_queue,
+                             request_timeout_s=args.request_timeout)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),

@@ -9,6 +9,7 @@ import urllib.request
 from pydantic import ValidationError
 
 from config.errors import MeshpipeError
+from mesh.bearer import KEY_ENV, auth_headers
 from mesh.health import Health
 from packages.describe import human_bytes
 
@@ -17,22 +18,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="show the stages, ranges, state and memory of a mesh")
     p.add_argument("--url", default="http://127.0.0.1:9337",
                    help="the coordinator's HTTP address; the .../v1 URL `mesh serve` prints works too")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"the API key the coordinator asks for (default: ${KEY_ENV})")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    print(format_health(fetch_health(_base_url(args.url))))
+    print(format_health(fetch_health(_base_url(args.url), args.api_key)))
     return 0
 
 
-def fetch_health(base: str) -> Health:
+def fetch_health(base: str, key: str | None = None) -> Health:
+    request = urllib.request.Request(f"{base}/health", headers=auth_headers(key))
     try:
-        with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:  # 503 still carries the topology
         body = exc.read()
     except (urllib.error.URLError, OSError) as exc:
         raise OSError(f"cannot reach the coordinator at {base}: {exc}") from None
+    if body.replace(b" ", b"") in (b'{"ok":true}', b'{"ok":false}'):  # all it tells a caller without the key
+        raise StatusError(f"{base}/health shows the route only with an API key: pass --api-key or set ${KEY_ENV}")
     try:
         return Health.model_validate_json(body)
     except ValidationError as exc:
