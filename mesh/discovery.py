@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from zeroconf import IPVersion, ServiceBrowser, ServiceListener, Zeroconf
@@ -66,7 +66,7 @@ def browse(seconds: float) -> Found:
     return read_records((name, info.properties if info else None) for name, info in records)
 
 
-def read_records(records: Iterable[tuple[str, dict[bytes, bytes | None] | None]]) -> Found:
+def read_records(records: Iterable[tuple[str, Mapping[bytes, bytes | None] | None]]) -> Found:
     """(service name, TXT properties or None when it did not resolve) -> announcements, ordered."""
     announced: dict[str, Announcement] = {}
     skipped = []

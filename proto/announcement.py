@@ -8,6 +8,7 @@ on the LAN can read it, and a coordinator proves the token by calling the stage 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from config.errors import MeshpipeError
@@ -41,7 +42,7 @@ class Announcement:
             return 1, host, int(port) if port.isdigit() else 0
 
 
-def parse(properties: dict[bytes, bytes | None]) -> Announcement:
+def parse(properties: Mapping[bytes, bytes | None]) -> Announcement:
     """The announcement in a TXT record; AnnouncementError names what is missing or wrong."""
     text = {k.decode("utf-8", "replace"): (v or b"").decode("utf-8", "replace") for k, v in properties.items()}
     missing = [key for key in (CONTROL, ENGINE, VERSION, MEM_FREE) if not text.get(key)]
