@@ -55,8 +55,9 @@ async def announced(stage_id: str, advertise: str, port: int, engine: str) -> As
             yield
         finally:
             refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresh
+            await asyncio.wait([refresh])  # a failed refresh must not stop the withdrawal
+            if not refresh.cancelled() and (error := refresh.exception()) is not None:
+                log.warning("refreshing the LAN announcement failed, it kept its old free memory: %s", error)
             await (await zc.async_unregister_service(info))
     finally:
         await zc.async_close()
