@@ -45,8 +45,8 @@ def _packed(host: str) -> bytes:
 async def announced(stage_id: str, advertise: str, port: int, engine: str) -> AsyncIterator[None]:
     """Registered for as long as the block runs; unregistered (a goodbye packet) on the way out."""
     info = service_info(stage_id, advertise, port, engine)
-    ip_version = IPVersion.V6Only if ":" in advertise else IPVersion.V4Only
-    zc = AsyncZeroconf(ip_version=ip_version)
+    zc = AsyncZeroconf(ip_version=IPVersion.V4Only)  # where `mesh serve --discover` listens; an
+    # IPv6 --advertise still goes out, in the record and the TXT control address
     try:
         await (await zc.async_register_service(info))
         log.info("announced on the LAN as %s (port %d)", info.name, port)
