@@ -1,16 +1,24 @@
-"""LAN discovery without a network: TXT records -> the peers a coordinator adds, in a stable
-order, with the wrong protocol version, unreadable records and named peers left out."""
+"""LAN discovery without a LAN: TXT records -> the peers a coordinator adds, in a stable order,
+with the wrong protocol version, unreadable records and named peers left out; and the token
+probe against an in-process gRPC server on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import socket
 
+import grpc
 import pytest
 
 from mesh.discovery import Found, candidates, read_records
+from mesh.peer_probe import refusal
+from proto import meshpipe_pb2 as pb
+from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.announcement import SERVICE_TYPE, Announcement, AnnouncementError, parse
 from proto.version import PROTOCOL_VERSION
 from stage.announce import service_info
+from stage.grpc_auth import TokenInterceptor
 
 
 def txt(control: str, version: int = PROTOCOL_VERSION, engine: str = "llama",
@@ -82,3 +90,41 @@ def test_the_stage_record_holds_how_to_reach_it_and_nothing_else():
     assert (record.control, record.engine, record.version) == ("10.0.0.7:7070", "llama", PROTOCOL_VERSION)
     assert record.mem_free > 0
     assert set(info.properties) == {b"control", b"engine", b"proto", b"mem_free"}  # no token, no path
+
+
+class _Stage(pb_grpc.StageControlServicer):
+    """Answers Status in a given protocol version, like a stage daemon behind its token check."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:
+        return pb.StatusReply(protocol_version=self.version)
+
+
+async def _refusals_from_stage(version: int, tokens: list[str | None]) -> list[str | None]:
+    server = grpc.aio.server(interceptors=[TokenInterceptor("right")])
+    pb_grpc.add_StageControlServicer_to_server(_Stage(version), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        return [await refusal(f"127.0.0.1:{port}", token, None) for token in tokens]
+    finally:
+        await server.stop(grace=None)
+
+
+def test_a_found_stage_is_used_only_if_it_takes_the_token_in_our_version():
+    right, wrong, none = asyncio.run(_refusals_from_stage(PROTOCOL_VERSION, ["right", "wrong", None]))
+    assert right is None
+    assert wrong == none == "wrong mesh token (it refused ours)"
+    [other] = asyncio.run(_refusals_from_stage(PROTOCOL_VERSION + 1, ["right"]))
+    assert other == f"answers in protocol {PROTOCOL_VERSION + 1}, this coordinator speaks {PROTOCOL_VERSION}"
+
+
+def test_a_found_stage_that_does_not_answer_is_skipped_saying_so():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # bound, never listening: connections are refused
+        reason = asyncio.run(refusal(f"127.0.0.1:{closed}", "right", None))
+    assert reason is not None
+    assert reason.startswith("no answer (UNAVAILABLE")
