@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 
 import grpc
 
 from proto import meshpipe_pb2_grpc as pb_grpc
+from stage.announce import announced
 from stage.control import StageControl, StageOptions, split_endpoint
 from stage.grpc_auth import TokenInterceptor
 from stage.tls import add_port
@@ -16,7 +18,8 @@ from stage.tls import add_port
 log = logging.getLogger("meshpipe.stage")
 
 
-async def run_stage(listen: str, options: StageOptions) -> None:
+async def run_stage(listen: str, options: StageOptions, announce: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM; `announce` also advertises the stage on the LAN meanwhile."""
     host, port = split_endpoint(listen, listening=True)
     interceptors = [TokenInterceptor(options.token)] if options.token else []
     server = grpc.aio.server(interceptors=interceptors)
@@ -34,6 +37,9 @@ async def run_stage(listen: str, options: StageOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    async with contextlib.AsyncExitStack() as lan:
+        if announce:  # withdrawn first on stop, so nobody discovers a stage that is going away
+            await lan.enter_async_context(announced(control.stage_id, options.advertise, bound, options.engine))
+        await stop.wait()
     await control._unload()
     await server.stop(grace=1)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,3 +75,29 @@ def hosts(count: int) -> Iterator[tuple[str, list[Host]]]:
         for host in made:
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+@contextlib.contextmanager
+def stage_daemons(machines: list[Host], cache: Path, token: str | None, hide: Path | None = None,
+                  extra: tuple[str, ...] = ()) -> Iterator[list[str]]:
+    """`mesh stage` on each host with its own cache and `hide` out of sight, started with
+    `extra` arguments; yields the control endpoints."""
+    procs, endpoints = [], []
+    env = {**os.environ, "MESHPIPE_TOKEN": token or ""}
+    try:
+        for i, host in enumerate(machines):
+            cmd = host.command(sys.executable, "-m", "mesh.cli", "stage", "--listen",
+                               f"{host.address}:0", "--cache-dir", str(cache / f"stage{i}"),
+                               "--threads", "1", *extra, hide=hide)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, start_new_session=True)
+            procs.append(proc)
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode().split()
+            assert line[:1] == ["listening"], f"stage on {host.address} did not start"
+            endpoints.append(line[1])
+        yield endpoints
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(15)

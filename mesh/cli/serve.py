@@ -20,6 +20,7 @@ from mesh.cli.tls_args import add_tls_arguments, tls_of
 from mesh.coordinator import Coordinator, Topology
 from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
+from mesh.peer_probe import discovered_peers
 from mesh.route import RouteSettings
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, resolve_plan
 from proto import meshpipe_pb2 as pb
@@ -79,6 +80,11 @@ def _mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spare", action="append", default=[], metavar="HOST:PORT",
                    help="a standby `mesh stage` (repeatable; default: [mesh] spares): claimed at start and "
                    "sent the artifacts a takeover needs, it replaces a peer that stops answering")
+    p.add_argument("--discover", action="store_true",
+                   help="also use every stage announced on the LAN (`mesh stage --announce`) that accepts the "
+                   "mesh token, after the --peer ones, ordered by address")
+    p.add_argument("--discover-seconds", type=float, default=2.0, metavar="SECONDS",
+                   help="how long --discover listens for announcements at start (default: %(default)s)")
 
 def _speculation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, metavar="REF",
@@ -181,6 +187,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--resume-timeout must be 0-3600 seconds")
     if args.micro_batches is not None and not 1 <= args.micro_batches <= 64:
         raise UsageError("--micro-batches must be between 1 and 64")
+    if not 0 < args.discover_seconds <= 60:
+        raise UsageError("--discover-seconds must be more than 0 and at most 60")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
     if not (0 <= args.wire_delay_ms <= MAX_WIRE_DELAY_MS and 0 <= args.wire_jitter_ms <= MAX_WIRE_DELAY_MS):
@@ -207,6 +215,8 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
     args.peer = args.peer or list(config.mesh.peers)
     args.spare = args.spare or list(config.mesh.spares)
     token = args.token or os.environ.get("MESHPIPE_TOKEN") or None
+    if args.discover:  # found peers join the configured ones, so healing retries them as well
+        args.peer += discovered_peers(args.discover_seconds, [*args.peer, *args.spare], token, tls_of(args), _say)
     if token is None and not args.peer and args.local_stages > 1:
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
     settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,

@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=ENGINE_CHOICES, default="auto",
                    help="range engine: mlx on Apple silicon with mlx installed, else llama.cpp "
                    "(default: %(default)s)")
+    p.add_argument("--announce", action="store_true",
+                   help="advertise this stage on the LAN by mDNS/DNS-SD (_meshpipe._tcp), so `mesh serve "
+                   "--discover` finds it: its address, engine, protocol version and free memory, never the token")
     add_tls_arguments(p)
     p.set_defaults(func=_run)
 
@@ -57,5 +60,5 @@ def _run(args: argparse.Namespace) -> int:
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)
-    asyncio.run(run_stage(args.listen, options))
+    asyncio.run(run_stage(args.listen, options, announce=args.announce))
     return 0

@@ -1,17 +1,22 @@
-"""`mesh status`: the topology a running coordinator serves, as a table."""
+"""`mesh status`: the topology a running coordinator serves, or (--discover) the stages announced
+on the LAN, as a table."""
 
 from __future__ import annotations
 
 import argparse
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 
 from config.errors import MeshpipeError
+from config.settings import UsageError
 from mesh.bearer import KEY_ENV, auth_headers
+from mesh.discovery import Found, browse
 from mesh.health import Health
 from packages.describe import human_bytes
+from proto.version import PROTOCOL_VERSION
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,10 +25,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the coordinator's HTTP address; the .../v1 URL `mesh serve` prints works too")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"the API key the coordinator asks for (default: ${KEY_ENV})")
+    p.add_argument("--discover", action="store_true",
+                   help="list the stages announced on the LAN (`mesh stage --announce`) instead; "
+                   "no coordinator needed")
+    p.add_argument("--discover-seconds", type=float, default=2.0, metavar="SECONDS",
+                   help="how long --discover listens (default: %(default)s)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.discover:
+        if not 0 < args.discover_seconds <= 60:
+            raise UsageError("--discover-seconds must be more than 0 and at most 60")
+        print(format_found(browse(args.discover_seconds)))
+        return 0
     print(format_health(fetch_health(_base_url(args.url), args.api_key)))
     return 0
 
@@ -63,9 +78,25 @@ def format_health(state: Health) -> str:
         busy = "" if s.busy_s is None else f"{s.busy_s:.1f} s"  # engine time since the route was built
         rows.append((str(s.stage), s.endpoint, f"[{s.start},{s.end})", s.engine or "?", s.state,
                      human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0), busy))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines += _table(rows)
     return "\n".join(lines)
+
+
+def format_found(found: Found) -> str:
+    if not found.announced and not found.skipped:
+        return "no meshpipe stage announced on the LAN"
+    rows = [("address", "engine", "protocol", "mem free")]
+    for a in found.announced:
+        version = str(a.version) if a.version == PROTOCOL_VERSION else f"{a.version} (this node: {PROTOCOL_VERSION})"
+        rows.append((a.control, a.engine, version, human_bytes(a.mem_free)))
+    lines = _table(rows)
+    lines += [f"unreadable: {s.name}: {s.reason}" for s in found.skipped]
+    return "\n".join(lines)
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
 
 
 def _base_url(url: str) -> str:
