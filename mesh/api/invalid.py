@@ -28,25 +28,35 @@ def invalid_request(exc: ValidationError, nested: Mapping[str, frozenset[str]]) 
     """The first failing field's 400. `nested` names, for each field holding objects of its own
     (`messages`), the fields those objects have, so `param` can name them (`messages.0.role`)."""
     errors = exc.errors()
-    param = _param(errors[0]["loc"], nested)
-    if errors[0]["type"] == "extra_forbidden":
-        return bad_request(f"unrecognized request argument supplied: {param}", param, "unsupported_parameter")
-    if errors[0]["type"] == "missing":
-        return bad_request(f"missing required parameter: '{param}'", param, "missing_required_parameter")
-    same = [e for e in errors if _param(e["loc"], nested) == param]
-    if len(same) > 1 and all(_is_type_error(e) for e in same):  # a union: every member refused it
-        expected = _either([_member(e["loc"]) for e in same])
-        return bad_request(f"invalid type for '{param}': expected {expected}", param, "invalid_type")
     first = errors[0]
+    loc, union = _union(first["loc"])
+    param = _param(loc, nested)
+    if first["type"] == "extra_forbidden":  # the location ends with the unknown key itself
+        param = f"{_param(loc[:-1], nested)}.{loc[-1]}" if len(loc) > 1 else str(loc[0])
+        return bad_request(f"unrecognized request argument supplied: {param}", param, "unsupported_parameter")
+    if first["type"] == "missing":
+        return bad_request(f"missing required parameter: '{param}'", param, "missing_required_parameter")
+    members = [_noun(str(e["loc"][len(loc)]), plural=False) for e in errors if _union(e["loc"]) == (loc, True)]
+    if union and len(members) > 1:  # every member of the union refused it
+        return bad_request(f"invalid type for '{param}': expected {_either(members)}", param, "invalid_type")
     if _is_type_error(first):
         return bad_request(f"invalid type for '{param}': expected {_EXPECTED[first['type']]}, "
                            f"but got {_json_type(first['input'])} instead", param, "invalid_type")
     return bad_request(f"invalid value for '{param}': {first['msg']}", param)
 
 
+def _union(loc: Sequence[int | str]) -> tuple[Sequence[int | str], bool]:
+    """The location up to the union member pydantic names in it (`prompt` of `prompt.list[int].0`),
+    and whether there was one."""
+    for i, part in enumerate(loc[1:], 1):
+        if isinstance(part, str) and (part in _NOUNS or "[" in part):
+            return loc[:i], True
+    return loc, False
+
+
 def _param(loc: Sequence[int | str], nested: Mapping[str, frozenset[str]]) -> str:
-    """The field, its indices, and the fields of the objects it holds; never a union member's
-    type or a key the client chose (`logit_bias`'s token ids)."""
+    """The field, its indices, and the fields of the objects it holds; never a key the client
+    chose (`logit_bias`'s token ids)."""
     head, *rest = loc
     names = nested.get(str(head), frozenset())
     parts = [str(head)]
@@ -61,12 +71,6 @@ def _param(loc: Sequence[int | str], nested: Mapping[str, frozenset[str]]) -> st
 
 def _is_type_error(error: ErrorDetails) -> bool:
     return error["type"] in _EXPECTED
-
-
-def _member(loc: Sequence[int | str]) -> str:
-    """The union member in an error's location: the first part that reads as a type."""
-    tag = next((p for p in loc[1:] if isinstance(p, str) and (p in _NOUNS or "[" in p)), "")
-    return _noun(tag, plural=False)
 
 
 def _noun(tag: str, plural: bool) -> str:
