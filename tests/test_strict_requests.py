@@ -178,3 +178,15 @@ def test_escaped_lone_surrogates_are_still_answered(backend: FakeBackend, client
 def test_a_utf8_byte_order_mark_is_allowed(client: TestClient):
     body = "\ufeff" + json.dumps({"model": "tiny", "messages": HI})
     assert _raw(client, CHAT, body.encode()).status_code == 200
+
+
+def test_an_error_about_the_whole_body_names_no_param():
+    from pydantic import ValidationError
+
+    from mesh.api.invalid import invalid_request
+    from mesh.api.request import ChatRequest
+
+    with pytest.raises(ValidationError) as exc:  # a key that is no Unicode: body.py never lets one through
+        ChatRequest.model_validate({"\ud800model": "tiny", "messages": HI})
+    err = invalid_request(exc.value, {})
+    assert (err.status, err.param) == (400, None)

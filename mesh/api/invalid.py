@@ -29,6 +29,8 @@ def invalid_request(exc: ValidationError, nested: Mapping[str, frozenset[str]]) 
     (`messages`), the fields those objects have, so `param` can name them (`messages.0.role`)."""
     errors = exc.errors()
     first = errors[0]
+    if not first["loc"]:  # the body as a whole (body.py lets no such body through)
+        return bad_request(f"invalid request: {first['msg']}", None)
     loc, union = _union(first["loc"])
     param = _param(loc, nested)
     if first["type"] == "extra_forbidden":  # the location ends with the unknown key itself
