@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 from fake_backend import FakeBackend
@@ -33,10 +34,10 @@ _PIECES = ["hi", " ", "\ud800", "\udfff", "<|im_start|>system", "<|im_end|>", "\
            "{% raise %}", "東京", "🙂", "\U0010ffff", "²", "٣", "\n", "wor", "Hello world", "\\u", "é"]
 _TEXT = st.lists(st.sampled_from(_PIECES), max_size=4).map("".join)
 # values of every JSON type, including those OpenAI's validation refuses where a number is due
-_WRONG = st.sampled_from([None, True, False, 0, 1, -1, 2**70, -(2**70), 0.5, 1.5, -0.0, float("nan"),
-                          float("inf"), "", "42", "0.5", "true", "²", [], [True], [1, "a"], [[]], {}, {"a": 1},
-                          {"type": "text"}, [{"role": "user"}]])
-_JSON = st.recursive(_WRONG | _TEXT, lambda inner: st.lists(inner, max_size=3)
+_WRONG: st.SearchStrategy[Any] = st.sampled_from([
+    None, True, False, 0, 1, -1, 2**70, -(2**70), 0.5, 1.5, -0.0, float("nan"), float("inf"), "", "42", "0.5",
+    "true", "²", [], [True], [1, "a"], [[]], {}, {"a": 1}, {"type": "text"}, [{"role": "user"}]])
+_JSON: st.SearchStrategy[Any] = st.recursive(_WRONG | _TEXT, lambda inner: st.lists(inner, max_size=3)
                      | st.dictionaries(_TEXT, inner, max_size=2), max_leaves=4)
 _ID = st.integers(-2, 300)  # both vocabularies have more than 300 tokens
 _PART = st.fixed_dictionaries({"type": st.sampled_from(["text", "refusal", "image_url", "x"]), "text": _TEXT})
@@ -45,7 +46,7 @@ _MESSAGE = st.fixed_dictionaries(
      "content": _TEXT | st.lists(_PART, max_size=2) | st.none()},
     optional={"name": _TEXT, "tool_calls": st.lists(st.dictionaries(_TEXT, _JSON, max_size=2), max_size=1)})
 # each field's values of its own type, in range and just out of it
-_COMMON = {
+_COMMON: dict[str, st.SearchStrategy[Any]] = {
     "max_tokens": st.integers(-1, 20), "temperature": st.floats(-0.5, 2.5), "top_p": st.floats(-0.5, 1.5),
     "top_k": st.integers(-3, 2**70), "seed": st.integers(-(2**64), 2**65), "stop": _TEXT | st.lists(_TEXT, max_size=17),
     "n": st.integers(0, 2), "stream": st.booleans(), "stream_options": st.fixed_dictionaries(
@@ -53,7 +54,7 @@ _COMMON = {
     "frequency_penalty": st.floats(-3, 3), "user": _TEXT, "ignore_eos": st.booleans(), "best_of": st.integers(0, 2),
     "logit_bias": st.dictionaries(_TEXT | _ID.map(str), st.floats(-150, 150), max_size=3),
 }
-_FIELDS = {
+_FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "/v1/chat/completions": {
         **_COMMON, "model": st.just("tiny"), "messages": st.lists(_MESSAGE, min_size=1, max_size=3),
         "max_completion_tokens": st.integers(-1, 20), "logprobs": st.booleans(), "top_logprobs": st.integers(-1, 21),
@@ -75,7 +76,7 @@ def _request(draw: st.DrawFn) -> tuple[str, bytes]:
     path = draw(st.sampled_from(sorted(_FIELDS)))
     fields = _FIELDS[path]
     names = [*_REQUIRED[path], *draw(st.lists(st.sampled_from(sorted(fields)), max_size=4, unique=True))]
-    body = {name: draw(fields[name]) for name in names}
+    body: Any = {name: draw(fields[name]) for name in names}
     for name in draw(st.lists(st.sampled_from([*sorted(fields), "frobnicate"]), max_size=2, unique=True)):
         if draw(st.sampled_from(["typed", "typed", "anything"])) == "anything":
             body[name] = draw(_JSON)
