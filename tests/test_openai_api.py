@@ -297,6 +297,17 @@ def test_logprobs_in_each_endpoints_shape(server):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
     pairs = zip(lp.top_logprobs, lp.token_logprobs, strict=True)
     assert all(len(top) <= 2 and max(top.values()) == chosen for top, chosen in pairs)
+    # sampled at temperature 2, the token is often not the likeliest: it is there all the same (N + 1)
+    hot = client(server).completions.create(model=EMBEDDED_ID, prompt="One, two,", max_tokens=12,
+                                            temperature=2, seed=3, logprobs=1, extra_body={"ignore_eos": True})
+    lp = hot.choices[0].logprobs
+    assert lp is not None
+    assert lp.tokens is not None
+    assert lp.token_logprobs is not None
+    assert lp.top_logprobs is not None
+    assert all(top[token] == chosen and 1 <= len(top) <= 2
+               for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True))
+    assert any(len(top) == 2 for top in lp.top_logprobs)  # a sampled token outside the top 1
 
 
 def test_penalties_and_logit_bias_change_the_output(server, smollm2_gguf):

@@ -33,10 +33,17 @@ def _too_large(size: int, limit: int) -> ApiError:
 
 
 def parse_json(raw: bytes) -> Any:
-    """JSON with every lone surrogate (legal in JSON escapes, not in Unicode) made U+FFFD."""
+    """JSON from strict UTF-8, with every lone surrogate (legal in JSON escapes, not in
+    Unicode) made U+FFFD."""
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        # json.loads(bytes) would decode with "surrogatepass": encoded surrogates would get in
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"the body is not valid UTF-8: {exc.reason} at byte {exc.start}", None,
+                          "invalid_encoding") from None
+    try:
+        data = json.loads(text.removeprefix("\ufeff"))  # a byte order mark, as json.loads(bytes) allowed
+    except (ValueError, RecursionError) as exc:
         raise bad_request(f"the body is not valid JSON: {exc}", None, "invalid_json") from None
     if b"\\u" not in raw:
         return data  # a lone surrogate can only arrive as an escape

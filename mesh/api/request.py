@@ -8,6 +8,7 @@ default. Unknown fields are refused too, as OpenAI does: nothing is silently ign
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.sampling import SamplingParams
 from mesh.api.error import ApiError, bad_request
+from mesh.api.invalid import invalid_request
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
@@ -25,10 +27,12 @@ INT32_MAX = 2**31 - 1
 MAX_STOPS = 16
 MAX_LOGIT_BIAS = 300  # OpenAI's limit
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
+_DIGITS = re.compile("[0-9]+")  # ASCII only, unlike \d and str.isdigit()
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: as OpenAI, no "42" for 42 and no true for 1; an int is still a number
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -160,19 +164,20 @@ def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> P
     return Prepared(generation, stops, chat, stream, include_usage)
 
 
+# fields holding objects whose own fields a 400's `param` names
+_NESTED = {"messages": frozenset(Message.model_fields), "stream_options": frozenset(StreamOptions.model_fields)}
+
+
 def _validate(model: type[_Common], data: Any) -> _Common:
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object", None)
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        if first["type"] == "extra_forbidden":
-            raise bad_request(f"unrecognized request argument supplied: {param}", param,
-                              "unsupported_parameter") from None
-        raise bad_request(f"invalid request: {first['msg']}" + (f" ({param})" if param else ""),
-                          param) from None
+        raise invalid_request(exc, _NESTED) from None
+    if body.stream_options is not None and body.stream is not True:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    return body
 
 
 def _refuse_unsupported(body: _Common) -> None:
@@ -218,13 +223,23 @@ def _logit_bias(bias: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int,
         raise bad_request(f"logit_bias holds at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
     pairs = []
     for key, value in (bias or {}).items():
-        if not key.strip().isdigit() or int(key) >= n_vocab:
-            raise bad_request(f"logit_bias key {key!r} is not a token id of this model "
+        token = _token_id(key, n_vocab)
+        if token is None:
+            raise bad_request(f"logit_bias key {key[:40]!r} is not a token id of this model "
                               f"(0..{n_vocab - 1})", "logit_bias")
         if not -100.0 <= value <= 100.0:
             raise bad_request(f"logit_bias[{key}] = {value} is outside [-100, 100]", "logit_bias")
-        pairs.append((int(key), float(value)))
+        pairs.append((token, float(value)))
     return tuple(sorted(pairs))
+
+
+def _token_id(key: str, n_vocab: int) -> int | None:
+    """A token id written in ASCII digits alone: str.isdigit() would take "²" and "٣", and int()
+    would take " 5 " (and refuse "²"); a key too long to be an id never reaches int()."""
+    if not _DIGITS.fullmatch(key):
+        return None
+    digits = key.lstrip("0") or "0"
+    return int(digits) if len(digits) <= len(str(n_vocab)) and int(digits) < n_vocab else None
 
 
 def _messages(messages: list[Message], tok: Tokenizer) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from mesh.api.responses import (
     TopLogprob,
     Usage,
 )
+from mesh.api.stop_strings import find_stop, held_back
 from mesh.backend import (
     Account,
     Backend,
@@ -87,15 +88,17 @@ class Responder:
     async def deltas(self) -> AsyncIterator[tuple[str, list[Sampled]]]:
         """Text as it becomes final, with the tokens that made it."""
         stream, held, made = TextStream(self.backend.tok()), "", []
-        keep = max((len(s) for s in self.p.stops), default=1) - 1
         step = self.first
         while step is not None:
+            # `held` is only what may begin a stop string, and what came after it: all text
+            # before it is out, and no stop string can begin there
             held += stream.push(step.token)
             made.append(step)
-            cut = _find_stop(held, self.p.stops)
+            cut = find_stop(held, self.p.stops)
             if cut is not None:
                 held, self.stopped = held[:cut], True
                 break
+            keep = held_back(held, self.p.stops)
             if len(held) > keep:
                 yield held[: len(held) - keep], made
                 held, made = held[len(held) - keep:], []
@@ -213,24 +216,28 @@ class _Logprobs:
         return ChatLogprobs(content=content)
 
     def completion(self, made: list[Sampled]) -> CompletionLogprobs:
-        texts = [self._bytes(s.token).decode(errors="replace") for s in made]
+        texts = [self._text(s.token) for s in made]
         offsets = []
         for text in texts:
             offsets.append(self.offset)
             self.offset += len(text)
-        tops = [{self._bytes(t).decode(errors="replace"): lp for t, lp in s.top} for s in made]
-        return CompletionLogprobs(tokens=texts, token_logprobs=[_lp(s.logprob) for s in made], top_logprobs=tops,
-                                  text_offset=offsets)
+        return CompletionLogprobs(tokens=texts, token_logprobs=[_lp(s.logprob) for s in made],
+                                  top_logprobs=[self._completion_top(s) for s in made], text_offset=offsets)
+
+    def _text(self, token: int) -> str:
+        return self._bytes(token).decode(errors="replace")
+
+    def _completion_top(self, s: Sampled) -> dict[str, float]:
+        """The N most likely tokens and, as OpenAI has it, the sampled one: up to N + 1. Where
+        two tokens read as the same text, the sampled one's logprob is the one kept."""
+        top = {self._text(t): lp for t, lp in s.top}
+        top[self._text(s.token)] = _lp(s.logprob)
+        return top
 
 
 def _lp(logprob: float | None) -> float:
     assert logprob is not None, "the backend did not report logprobs that were asked for"
     return logprob
-
-
-def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    hits = [text.find(s) for s in stops if s in text]
-    return min(hits) if hits else None
 
 
 def as_api_error(exc: BaseException) -> ApiError:
