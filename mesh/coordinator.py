@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 import psutil
 
+from common.ids import LaneId, SessionId
 from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
     Acceptance,
@@ -284,7 +285,7 @@ class Coordinator:
         return Health(ok=not broken, model=self.model_id, route=self.describe_route(),
                       stages=self.stage_rows(), error=self.last_error or None,
                       speculative=self.spec.describe() if self.spec else self.spec_note,
-                      draft_busy_s=self.draft.batcher.busy_s if self.draft else None,
+                      draft_busy_s=self.draft.busy_s if self.draft else None,
                       recoveries=self.recoveries.count, sessions_resumed=self.recoveries.sessions,
                       last_recovery=self.recoveries.last)
 
@@ -356,9 +357,9 @@ class Coordinator:
             raise RequestRejectedError(problem)
         async with self.admission:
             pipeline = await self._live_pipeline()
-            session, draft = next(self.sessions), self.proposer if self.spec is not None else None
+            session, draft = SessionId(next(self.sessions)), self.proposer if self.spec is not None else None
             done: list[int] = []  # the completion so far: a resumed run prefills it again
-            lane: int | None = None
+            lane: LaneId | None = None
             carried = _Carried()
             try:
                 while True:
