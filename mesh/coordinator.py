@@ -233,7 +233,7 @@ class Coordinator:
                       stages=stage_rows(self.route, self.pipeline, self.settings),
                       error=self.healer.last_error or None,
                       speculative=self.spec.describe() if self.spec else self.spec_note,
-                      draft_busy_s=self.draft.batcher.busy_s if self.draft else None,
+                      draft_busy_s=self.draft.busy_s if self.draft else None,
                       recoveries=self.recoveries.count, sessions_resumed=self.recoveries.sessions,
                       last_recovery=self.recoveries.last)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common.errors import EngineError
+from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
@@ -35,9 +36,9 @@ from mesh.prefix_cache import PrefixCache
 from mesh.reply_deadline import ReplyDeadline
 from mesh.task_scope import TaskScope
 from proto import meshpipe_pb2 as pb
-from stage.core import CannotSampleError, StageCore, Work
+from stage.core import StageCore, Work
 from stage.engine import RangeEngine, Step
-from stage.frames import FrameSampling, sampled_of
+from stage.frames import FrameSampling, compute_frame, sampled_of
 from stage.transport import FrameError, Link, LinkClosedError
 
 log = logging.getLogger("meshpipe.pipeline")
@@ -47,16 +48,6 @@ class StageFailedError(MeshpipeError):
     """A stage reported an error for this request (the route itself may be fine)."""
 
 
-@dataclass(frozen=True)
-class _Waiter:
-    future: asyncio.Future[pb.FrameHeader]
-    own: pb.Hop  # stage 0's part of the frame
-    sent_at: float
-    kind: int
-    epoch: int
-    rows: int  # every row of the frame, earlier chunks too: later stages may still hold them
-
-
 @dataclass
 class Lease:
     """A request's lane, on stage 0 and on every stage: what `Pipeline.lease` gave it.
@@ -64,14 +55,15 @@ class Lease:
     `cached` prompt tokens were in the lane's KV already and are not prefilled.
     """
 
-    session: int
-    lane: int
+    session: SessionId
+    lane: LaneId
     cached: int = 0
 
 
 @dataclass
 class Pending:
-    """A frame on its way: `send` returns it, `wait` gives its tokens, `void` forgets it.
+    """A frame in flight: `send` returns it, `wait` gives its tokens, `void` forgets it, and
+    the reply reader resolves `reply` when the final stage answers.
 
     `answered_at` is when its reply came back (0 until then), so a caller that was busy
     elsewhere still knows the round trip the frame took. `left_at` is when `send` made it:
@@ -79,18 +71,35 @@ class Pending:
     overlap.
     """
 
-    session: int
-    window: int
+    session: SessionId
+    frame: FrameId
     epoch: int
     sent_at: float  # before stage 0 computed it, as a verify pass's cost counts it
-    reply: asyncio.Future[pb.FrameHeader] | None  # None: sampled here, in `local`
-    local: list[Sampled] | None = None
+    reply: asyncio.Future[pb.FrameHeader] | None  # None: stage 0 is the final stage, see `local`
+    local: list[Sampled] | None = None  # the tokens stage 0 sampled itself
     answered_at: float = 0.0
     left_at: float = field(default_factory=time.perf_counter)  # made as `send` returns
-    rows: int = 0  # the frame's, its reply deadline follows them
+    rows: int = 0  # every row of the frame, earlier chunks too: its reply deadline follows them
+    kind: int = pb.DECODE  # the kind its hops are summed under
+    own: pb.Hop = field(default_factory=pb.Hop)  # stage 0's part of the frame
+    posted_at: float = 0.0  # onto the link: the round trip the hops divide counts from here
+
+    @property
+    def key(self) -> tuple[SessionId, FrameId]:
+        return self.session, self.frame
 
     def _answered(self, _: object) -> None:
         self.answered_at = time.perf_counter()
+
+
+def _tokens_of(reply: pb.FrameHeader) -> list[Sampled]:
+    """The sampled tokens of the final stage's answer; its ERROR fails the request."""
+    if reply.kind == pb.ERROR:
+        raise StageFailedError(reply.message)
+    try:
+        return sampled_of(reply)
+    except ValueError as exc:
+        raise StageFailedError(str(exc)) from None
 
 
 class Pipeline:
@@ -105,8 +114,8 @@ class Pipeline:
         self.chunk = chunk
         self.deadline = ReplyDeadline()
         self.on_break = on_break  # told once, when the route breaks: the coordinator heals it
-        self.windows = itertools.count(1)
-        self.waiters: dict[tuple[int, int], _Waiter] = {}
+        self.frames = itertools.count(1)  # frame ids, one per frame sent
+        self.waiters: dict[tuple[SessionId, FrameId], Pending] = {}  # frames sent, their replies awaited
         self.hops = hops or HopTotals()
         self.broken: str | None = None
         self.tasks = TaskScope("pipeline")  # the route's own: its reply readers
@@ -134,23 +143,23 @@ class Pipeline:
         self.fail(self.broken)
         await self.core.stop()
 
-    def open(self, session: int, prefer: int | None = None) -> int:
+    def open(self, session: SessionId, prefer: LaneId | None = None) -> LaneId:
         """The session's lane at stage 0, taken once per request and freed by `end`; a resumed
         request asks for its old lane, where the draft's KV still holds its tokens."""
         return self.core.lane_for(session, prefer)
 
-    def lease(self, session: int, prompt: Sequence[int] = (), prefer: int | None = None) -> Lease:
+    def lease(self, session: SessionId, prompt: Sequence[int] = (), prefer: LaneId | None = None) -> Lease:
         """`open`, choosing the lane by the prefix cache: the free lane that holds most of
         `prompt` already, else the least recently used (`prefer`, if given, goes first)."""
         free = self.core.lanes.free
         if self.cache is None or not free or self.core.lanes.by_session.get(session) is not None:
             return Lease(session, self.open(session, prefer))
-        lane = self.open(session, prefer if prefer in free else self.cache.choose(prompt, free))
+        lane = self.open(session, prefer if prefer in free else LaneId(self.cache.choose(prompt, free)))
         cached = self.cache.match(lane, prompt)
         self.cache.take(lane)
         return Lease(session, lane, cached)
 
-    async def run(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
+    async def run(self, session: SessionId, lane: LaneId, start: int, tokens: list[int], sampling: SamplingParams,
                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
         """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits.
 
@@ -160,7 +169,7 @@ class Pipeline:
         """
         return await self.wait(await self.send(session, lane, start, tokens, sampling, all_logits, kind, history))
 
-    async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
+    async def send(self, session: SessionId, lane: LaneId, start: int, tokens: list[int], sampling: SamplingParams,
                    all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = (),
                    epoch: int = 0) -> Pending:
         """`run` up to the point where the frame has left stage 0; `wait` gives its tokens, so
@@ -170,33 +179,23 @@ class Pipeline:
         if self.broken:
             raise MeshUnavailableError(self.broken)
         if all_logits and len(tokens) > self.chunk:  # rows are sampled from the last chunk only
-            raise ValueError(f"a window of {len(tokens)} rows exceeds the chunk of {self.chunk}")
+            raise ValueError(f"a frame of {len(tokens)} rows exceeds the chunk of {self.chunk}")
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
-        frame = FrameSampling.for_rows(sampling, history, tokens, len(pieces[-1]) if all_logits else 1)
-        reply: tuple[int, asyncio.Future[pb.FrameHeader]] | None = None
         pos = start
-        for i, piece in enumerate(pieces):
-            last = i == len(pieces) - 1
-            step = Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
-                        all_logits=all_logits and last)
-            work = self.core.submit(step)
-            try:
-                out = await work.output
-            except EngineError:
-                if self.broken:  # stopped under us: the route broke, and the caller may resume
-                    raise MeshUnavailableError(self.broken) from None
-                raise
-            if self.link is None:
-                if last:
-                    local = self._sample_here(work, out, frame, pos, len(piece), kind)
-                    return Pending(session, 0, epoch, sent_at, None, local, time.perf_counter())
-            else:
-                reply = await self._send(session, lane, pos, work, out, frame, kind, last, all_logits,
-                                         epoch, len(tokens))
+        for piece in pieces[:-1]:  # a long input's earlier chunks go on unanswered
+            work, hidden = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32)))
+            if self.link is not None:
+                await self._forward(compute_frame(session, self._next_frame(), lane, pos, epoch), work, hidden)
             pos += len(piece)
-        assert reply is not None
-        pending = Pending(session, reply[0], epoch, sent_at, reply[1], rows=len(tokens))
-        reply[1].add_done_callback(pending._answered)
+        last = pieces[-1]
+        work, out = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
+                                             all_logits=all_logits))
+        frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1)
+        header = compute_frame(session, self._next_frame(), lane, pos, epoch, kind, frame, all_logits)
+        pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind)
+        if self.link is None:
+            return self._answer_here(pending, header, work, out, frame, len(last))
+        await self._forward(header, work, out, pending)
         return pending
 
     async def wait(self, pending: Pending) -> list[Sampled]:
@@ -216,60 +215,62 @@ class Pipeline:
 
     def void(self, pending: Pending) -> None:
         """Forget a frame whose reply can no longer count: it is dropped when it comes."""
-        self.waiters.pop((pending.session, pending.window), None)
+        self.waiters.pop(pending.key, None)
         if pending.reply is not None:
             if pending.reply.done() and not pending.reply.cancelled():
                 pending.reply.exception()  # retrieved: a void frame's failure is nobody's error
             pending.reply.cancel()
 
-    def _sample_here(self, work: Work, logits: np.ndarray, frame: FrameSampling, pos: int, rows: int,
-                     kind: int) -> list[Sampled]:
-        try:
-            tokens, own = self.core.sample(work, logits, frame, pos, rows)
-        except CannotSampleError as exc:  # fails the request, not the route, as at a remote final stage
-            raise StageFailedError(str(exc)) from None
-        self.hops.record(kind, own)
-        return tokens
+    def _next_frame(self) -> FrameId:
+        return FrameId(next(self.frames))
 
-    async def _send(self, session: int, lane: int, pos: int, work: Work, hidden: np.ndarray,
-                    frame: FrameSampling, kind: int, last: bool, all_logits: bool, epoch: int, rows: int
-                    ) -> tuple[int, asyncio.Future[pb.FrameHeader]] | None:
-        """Send one chunk; for the last, (its window id, the future its reply resolves)."""
+    async def _compute(self, step: Step) -> tuple[Work, np.ndarray]:
+        """Run one chunk through stage 0's layers: its hidden states, or logits at a final stage 0."""
+        work = self.core.submit(step)
+        try:
+            return work, await work.output
+        except EngineError:
+            if self.broken:  # stopped under us: the route broke, and the caller may resume
+                raise MeshUnavailableError(self.broken) from None
+            raise
+
+    def _answer_here(self, pending: Pending, header: pb.FrameHeader, work: Work, logits: np.ndarray,
+                     frame: FrameSampling, rows: int) -> Pending:
+        """Stage 0 holds the final layer: it answers its own frame as a remote final stage would."""
+        reply = self.core.answer(header, work, logits, frame, rows)
+        pending.local = _tokens_of(reply)  # an ERROR fails the request, not the route
+        self.hops.record(pending.kind, reply.timings.hops[-1])
+        pending.answered_at = pending.left_at = time.perf_counter()
+        return pending
+
+    async def _forward(self, header: pb.FrameHeader, work: Work, hidden: np.ndarray,
+                       pending: Pending | None = None) -> None:
+        """Send a frame down the activation link; with `pending`, its reply is awaited."""
         assert self.link is not None
         encoded = self.core.encode(work, hidden)
-        window = next(self.windows)
-        header = pb.FrameHeader(
-            session_id=session, window_id=window, kind=kind if last else pb.PREFILL,  # type: ignore[arg-type]
-            start_pos=pos, want_reply=last, all_logits=all_logits and last,
-            sampling=frame.to_wire() if last else None, epoch=epoch, lane=lane + 1,
-        )
         encoded.describe(header)
-        future = None
         if self.broken:  # it broke while this frame was computed: `fail` has failed every waiter already
             raise MeshUnavailableError(self.broken)
-        if last:
-            future = asyncio.get_running_loop().create_future()
-            self.waiters[(session, window)] = _Waiter(future, encoded.hop, time.perf_counter(), kind, epoch, rows)
+        if pending is not None:
+            pending.own, pending.posted_at = encoded.hop, time.perf_counter()
+            pending.reply = asyncio.get_running_loop().create_future()
+            pending.reply.add_done_callback(pending._answered)
+            self.waiters[pending.key] = pending
         try:
             await self.link.send(header, encoded.data)
         except ConnectionError as exc:
-            if future is not None:  # nobody will wait for it: the caller gets the error below
-                self.waiters.pop((session, window), None)
-                future.cancel()
+            if pending is not None and pending.reply is not None:  # nobody waits for it: the caller gets the error
+                self.waiters.pop(pending.key, None)
+                pending.reply.cancel()
             self.fail(f"activation link to stage 1 lost: {exc}")
             raise MeshUnavailableError(self.broken) from None
-        return None if future is None else (window, future)
+        if pending is not None:
+            pending.left_at = time.perf_counter()
 
     async def _await_reply(self, future: asyncio.Future[pb.FrameHeader], timeout_s: float) -> list[Sampled]:
-        header = await asyncio.wait_for(future, max(timeout_s, 0.0))
-        if header.kind == pb.ERROR:
-            raise StageFailedError(header.message)
-        try:
-            return sampled_of(header)
-        except ValueError as exc:
-            raise StageFailedError(str(exc)) from None
+        return _tokens_of(await asyncio.wait_for(future, max(timeout_s, 0.0)))
 
-    async def end(self, session: int, keep: Sequence[int] = ()) -> None:
+    async def end(self, session: SessionId, keep: Sequence[int] = ()) -> None:
         """Free the session's lane here and on every stage. With the prefix cache, `keep` (the
         tokens every stage's KV surely holds, the record's `computed`) stays in the lane for a later
         request; the rest of its KV is dropped."""
@@ -291,12 +292,12 @@ class Pipeline:
         try:
             while True:
                 header, _ = await link.recv()
-                key = (header.session_id, header.window_id)
-                waiter = self.waiters.get(key)
-                if waiter is None or header.epoch != waiter.epoch:
+                key = (SessionId(header.session_id), FrameId(header.frame_id))
+                pending = self.waiters.get(key)
+                if pending is None or header.epoch != pending.epoch:
                     continue  # a void frame's reply, or one of another epoch: it never counts
                 del self.waiters[key]
-                self._deliver(waiter, header)
+                self._deliver(pending, header)
         except LinkClosedError as exc:
             self.fail(f"{name} lost: {exc or 'closed'}")
         except FrameError as exc:
@@ -309,17 +310,17 @@ class Pipeline:
             log.error("route broken: %s", reason)
             if self.on_break is not None:
                 self.on_break(reason)
-        for waiter in self.waiters.values():
-            if not waiter.future.done():
-                waiter.future.set_exception(MeshUnavailableError(reason))
+        for pending in self.waiters.values():
+            if pending.reply is not None and not pending.reply.done():
+                pending.reply.set_exception(MeshUnavailableError(reason))
         self.waiters.clear()
 
-    def _deliver(self, waiter: _Waiter, header: pb.FrameHeader) -> None:
-        if waiter.future.done():
+    def _deliver(self, pending: Pending, header: pb.FrameHeader) -> None:
+        if pending.reply is None or pending.reply.done():
             return
         if header.kind == pb.REPLY:
-            round_trip = time.perf_counter() - waiter.sent_at
-            self.hops.record(waiter.kind, waiter.own, header.timings.hops, round_trip)
-            self.deadline.observe(waiter.rows, round_trip)
-        waiter.future.set_result(header)
+            round_trip = time.perf_counter() - pending.posted_at
+            self.hops.record(pending.kind, pending.own, header.timings.hops, round_trip)
+            self.deadline.observe(pending.rows, round_trip)
+        pending.reply.set_result(header)
 

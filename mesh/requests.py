@@ -23,6 +23,7 @@ from typing import Protocol, TypeVar
 
 import anyio
 
+from common.ids import SessionId
 from common.sampling import Sampled
 from mesh.admission import Admission
 from mesh.backend import (
@@ -93,7 +94,7 @@ class Requests:
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         async with self.admission.lane(deadline):
             pipeline = await _until(deadline, self.healer.live_pipeline())
-            session = next(self.ids)
+            session = SessionId(next(self.ids))
             try:
                 while True:
                     try:
@@ -116,13 +117,13 @@ class Requests:
             finally:
                 self._ended(session, live.state)
 
-    def _ended(self, session: int, state: RequestState) -> None:
+    def _ended(self, session: SessionId, state: RequestState) -> None:
         if self.host.proposer is not None and self.host.spec is not None and state.lane is not None:
             if not self.settings.prefix_cache:  # with it, the draft's KV serves the lane's next request too
                 self.host.proposer.forget(state.lane)
             log.info("session %d: %s", session, _outcome(state.account()))
 
-    async def _attempt(self, pipeline: Pipeline, session: int, live: Live) -> AsyncGenerator[Sampled, None]:
+    async def _attempt(self, pipeline: Pipeline, session: SessionId, live: Live) -> AsyncGenerator[Sampled, None]:
         """One run of the generate loop on one route; a resumed one asks for its old lane,
         where the draft's KV still holds its tokens. The session ends there with it, and
         what every stage's KV holds of it stays in the lane (the prefix cache)."""

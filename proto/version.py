@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 4  # 4: FrameHeader.lane and .keep (the prefix cache)
+PROTOCOL_VERSION = 5  # 5: FrameHeader.lane is the lane itself, optional (4 sent lane + 1, 0 for unset):
+# a 4 peer would read every lane one off, so the two must not share a route
+# 4: FrameHeader.lane and .keep (the prefix cache)
 # 3: the reply link (direct return), wire emulation at Load, FrameHeader.epoch
 # 2: penalties, logit_bias and logprobs in Sampling and REPLY
 

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.ids import SessionId
 from proto import meshpipe_pb2 as pb
 from stage.batcher import VoidFrameError
-from stage.core import CannotSampleError, StageCore, Work
+from stage.core import StageCore, Work
 from stage.engine import RangeEngine
-from stage.frames import add_sampled, input_rows, sampling_of
+from stage.frames import error_frame, input_rows, sampling_of
 from stage.lanes import LanesExhaustedError
 from stage.transport import NO_EMULATION, REPLIES_ROLE, FrameError, Link, LinkClosedError, WireEmulation
 
@@ -34,11 +35,6 @@ class _Admitted:
     header: pb.FrameHeader
     work: Work | None  # a compute frame's step or an END's trim; None when there is nothing to wait for
     error: str | None = None
-
-
-def _error(h: pb.FrameHeader, message: str) -> pb.FrameHeader:
-    return pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.ERROR, message=message,
-                          epoch=h.epoch)
 
 
 class ActivationStage:
@@ -125,7 +121,7 @@ class ActivationStage:
             if header.kind in COMPUTE_KINDS:
                 return self._submit(header, payload)
             if header.kind == pb.END:
-                trim = self.core.release(header.session_id, header.keep)
+                trim = self.core.release(SessionId(header.session_id), header.keep)
                 return _Admitted(header, None if trim is None else Work(trim))
             return _Admitted(header, None, error=f"unexpected frame kind {header.kind}")
         except (LanesExhaustedError, ValueError) as exc:
@@ -158,7 +154,7 @@ class ActivationStage:
         if self.downstream is None and self.replies is not None:
             link = self.replies  # direct return: the final stage answers stage 0 itself
         if item.error is not None:
-            await link.send(_error(h, item.error))
+            await link.send(error_frame(h, item.error))
             return
         if h.kind not in COMPUTE_KINDS:
             if self.downstream is not None:
@@ -168,7 +164,7 @@ class ActivationStage:
         assert result is not None
         if self.downstream is None:
             if h.want_reply:
-                await link.send(self._reply(h, item.work, result))
+                await link.send(self.core.answer(h, item.work, result, sampling_of(h), input_rows(h)))
             return
         out = pb.FrameHeader()
         out.CopyFrom(h)
@@ -176,18 +172,6 @@ class ActivationStage:
         out.timings.hops.append(encoded.hop)
         encoded.describe(out)
         await self.downstream.send(out, encoded.data)
-
-    def _reply(self, h: pb.FrameHeader, work: Work, logits: np.ndarray) -> pb.FrameHeader:
-        try:
-            picks, hop = self.core.sample(work, logits, sampling_of(h), h.start_pos, input_rows(h))
-        except CannotSampleError as exc:
-            return _error(h, str(exc))
-        reply = pb.FrameHeader(session_id=h.session_id, window_id=h.window_id, kind=pb.REPLY,
-                               start_pos=h.start_pos, epoch=h.epoch)
-        add_sampled(reply, picks)
-        reply.timings.CopyFrom(h.timings)
-        reply.timings.hops.append(hop)
-        return reply
 
     async def _relay_replies(self) -> None:
         """Relay upstream what comes from downstream: ERROR frames, and REPLY frames when the

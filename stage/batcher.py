@@ -32,7 +32,7 @@ class VoidFrameError(Exception):
     """A queued step was dropped unrun: a newer epoch of its session made it void (DESIGN.md §6)."""
 
 
-ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="llama")
+ENGINE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="engine")  # every engine, llama.cpp or MLX
 
 
 async def close_engine(engine: RangeEngine) -> None:

@@ -3,8 +3,9 @@
 Stage 0 (`mesh/pipeline.py` `Pipeline`) and every `mesh stage` (`stage/activations.py`
 `ActivationStage`) are built on it; they differ only in where frames come from and go to.
 The core owns the engine's batcher and the session → lane map, turns a frame's payload
-into engine input and engine output into wire bytes, samples at the final stage, and
-stamps each step's timings as a Hop.
+into engine input and engine output into wire bytes, answers a frame at the final stage
+(`answer`: sampled tokens or an ERROR, wherever that stage runs), and stamps each step's
+timings as a Hop.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.ids import LaneId, SessionId
 from common.sampling import Sampled
 from config.errors import MeshpipeError
 from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
-from stage.frames import FrameSampling, input_rows, sampling_of
+from stage.frames import FrameSampling, error_frame, input_rows, reply_frame, sampling_of
 from stage.lanes import LanePool
 from stage.sampling import sample_rows
 from stage.transport import decode_tensor, encode_tensor
@@ -69,7 +71,7 @@ class StageCore:
         if micro_batches > 1:
             self.batcher.max_steps = self.group_size
         # frames in flight (DESIGN.md §6): each session's newest epoch
-        self.epochs: dict[int, int] = {}
+        self.epochs: dict[SessionId, int] = {}
         self.skipped = 0  # frames of a void epoch dropped before they ran
 
     def start(self) -> None:
@@ -80,11 +82,11 @@ class StageCore:
 
     # -- lanes ---------------------------------------------------------------------------
 
-    def lane_for(self, session: int, prefer: int | None = None) -> int:
+    def lane_for(self, session: SessionId, prefer: LaneId | None = None) -> LaneId:
         """The session's KV lane, taken on first sight (`prefer` if free); raises LanesExhaustedError."""
         return self.lanes.lane_for(session, prefer)
 
-    def release(self, session: int, keep: int = 0) -> asyncio.Future[np.ndarray] | None:
+    def release(self, session: SessionId, keep: int = 0) -> asyncio.Future[np.ndarray] | None:
         """Free the session's lane, its KV cut to the first `keep` positions (the prefix cache
         keeps those for a later request); the future resolves once it is cut (None: no lane)."""
         if not 0 <= keep <= self.engine.ctx_per_lane:  # it may come from the network
@@ -117,19 +119,20 @@ class StageCore:
 
     def is_void(self, header: pb.FrameHeader) -> bool:
         """Whether a frame's epoch is older than the newest its session has sent here."""
-        return header.epoch < self.epochs.get(header.session_id, 0)
+        return header.epoch < self.epochs.get(SessionId(header.session_id), 0)
 
     def submit_frame(self, header: pb.FrameHeader, payload: bytes) -> Work:
         """Queue a compute frame from upstream; raises LanesExhaustedError, or ValueError for a
         lane this session cannot have. A frame of a newer
         epoch drops the session's queued frames of older ones first: they are void."""
         clock = StepClock()  # from arrival: decoding the payload counts as queueing too
-        session = header.session_id
+        session = SessionId(header.session_id)
         newer = header.epoch > self.epochs.get(session, 0)
         if newer:
             self.epochs[session] = header.epoch
         # the wire names sessions and the lane stage 0 chose for each: all stages use the same
-        lane = self.lanes.take(session, header.lane - 1) if header.lane else self.lanes.lane_for(session)
+        named = header.HasField("lane")
+        lane = self.lanes.take(session, LaneId(header.lane)) if named else self.lanes.lane_for(session)
         if newer:  # frames come in order, so every step the session has queued is of an older epoch
             self.skipped += self.batcher.discard_lane(lane)
         if self.engine.first:
@@ -166,6 +169,17 @@ class StageCore:
         except ValueError as exc:  # finite but extreme values can still overflow to NaN probabilities
             raise CannotSampleError(f"stage {self.index}: cannot sample: {exc}") from None
         return picks, self._hop(work, sample_s=time.perf_counter() - sampling)
+
+    def answer(self, h: pb.FrameHeader, work: Work, logits: np.ndarray, frame: FrameSampling,
+               rows: int) -> pb.FrameHeader:
+        """The final stage's answer to frame `h`, which fed `rows` input rows: a REPLY with
+        its sampled tokens, or an ERROR when they cannot be sampled (the request fails, the
+        stage and the route serve on). Stage 0 alone answers its own frames the same way."""
+        try:
+            picks, hop = self.sample(work, logits, frame, h.start_pos, rows)
+        except CannotSampleError as exc:
+            return error_frame(h, str(exc))
+        return reply_frame(h, picks, hop)
 
     def _hop(self, work: Work, codec_s: float = 0.0, sample_s: float = 0.0) -> pb.Hop:
         """The timings this stage stamps on a step it ran; `codec_s` adds to the decoding."""

@@ -1,8 +1,10 @@
 """What a frame says besides its tensor: how the final stage samples it, and what it replies.
 
-Stage 0 writes a frame's sampling (`FrameSampling.to_wire`); the final stage reads it back
-(`sampling_of`), checks it, and answers with the sampled tokens (`add_sampled`), which
-stage 0 reads (`sampled_of`). DESIGN.md §4 lists the fields.
+Stage 0 builds a compute frame (`compute_frame`) with its sampling (`FrameSampling.to_wire`);
+the final stage reads that back (`sampling_of`), checks it, and answers with the sampled
+tokens (`reply_frame`) or an ERROR (`error_frame`), which stage 0 reads (`sampled_of`).
+The final stage may be stage 0 itself: it answers the same frame the same way. DESIGN.md §4
+lists the fields.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from proto import meshpipe_pb2 as pb
 
@@ -67,6 +70,33 @@ def sampling_of(header: pb.FrameHeader) -> FrameSampling:
 def input_rows(h: pb.FrameHeader) -> int:
     """Rows the frame feeds: hidden-state rows, or token ids at a first stage."""
     return int(h.shape[0]) if len(h.shape) else len(h.tokens)
+
+
+def compute_frame(session: SessionId, frame: FrameId, lane: LaneId, start: int, epoch: int,
+                  kind: int = pb.PREFILL, sampling: FrameSampling | None = None,
+                  all_logits: bool = False) -> pb.FrameHeader:
+    """The header of a compute frame as stage 0 sends it. Only a frame with `sampling` asks
+    for a reply: the earlier chunks of a long input go on as PREFILL, unanswered."""
+    asks = sampling is not None
+    return pb.FrameHeader(session_id=session, frame_id=frame, kind=kind,  # type: ignore[arg-type]
+                          start_pos=start, epoch=epoch, lane=lane, want_reply=asks, all_logits=all_logits and asks,
+                          sampling=sampling.to_wire() if sampling is not None else None)
+
+
+def reply_frame(h: pb.FrameHeader, picks: list[Sampled], hop: pb.Hop) -> pb.FrameHeader:
+    """The final stage's answer to frame `h`: its tokens, and every hop's timings with its own last."""
+    reply = pb.FrameHeader(session_id=h.session_id, frame_id=h.frame_id, kind=pb.REPLY,
+                           start_pos=h.start_pos, epoch=h.epoch)
+    add_sampled(reply, picks)
+    reply.timings.CopyFrom(h.timings)
+    reply.timings.hops.append(hop)
+    return reply
+
+
+def error_frame(h: pb.FrameHeader, message: str) -> pb.FrameHeader:
+    """A stage's answer to frame `h` when it cannot run or sample it: the request fails, the route stays."""
+    return pb.FrameHeader(session_id=h.session_id, frame_id=h.frame_id, kind=pb.ERROR, message=message,
+                          epoch=h.epoch)
 
 
 def add_sampled(reply: pb.FrameHeader, picks: list[Sampled]) -> None:

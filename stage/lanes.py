@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.ids import LaneId, SessionId
 from config.errors import MeshpipeError
 
 
@@ -12,20 +13,20 @@ class LanesExhaustedError(MeshpipeError):
 class LanePool:
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
-        self.free = list(range(lanes - 1, -1, -1))
-        self.by_session: dict[int, int] = {}
+        self.free = [LaneId(lane) for lane in range(lanes - 1, -1, -1)]
+        self.by_session: dict[SessionId, LaneId] = {}
 
-    def lane_for(self, session: int, prefer: int | None = None) -> int:
+    def lane_for(self, session: SessionId, prefer: LaneId | None = None) -> LaneId:
         """The session's lane, taking a free one on first sight: `prefer` if it is free."""
         lane = self.by_session.get(session)
         if lane is None:
             if not self.free:
                 raise LanesExhaustedError(f"no free KV lane for session {session}")
-            lane = prefer if prefer in self.free else self.free[-1]
+            lane = prefer if prefer is not None and prefer in self.free else self.free[-1]
             self._take(session, lane)
         return lane
 
-    def take(self, session: int, lane: int) -> int:
+    def take(self, session: SessionId, lane: LaneId) -> LaneId:
         """The session's lane, which must be `lane`: stage 0 chose it, and a free lane may hold
         a prefix cached for it (DESIGN.md §2), so any other lane would compute on wrong KV."""
         held = self.by_session.get(session)
@@ -40,11 +41,11 @@ class LanePool:
         self._take(session, lane)
         return lane
 
-    def _take(self, session: int, lane: int) -> None:
+    def _take(self, session: SessionId, lane: LaneId) -> None:
         self.free.remove(lane)
         self.by_session[session] = lane
 
-    def release(self, session: int) -> int | None:
+    def release(self, session: SessionId) -> LaneId | None:
         lane = self.by_session.pop(session, None)
         if lane is not None:
             self.free.append(lane)

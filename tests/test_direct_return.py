@@ -23,6 +23,7 @@ from mesh_server import mesh_serve
 from models import write_tiny_llama
 from toy_engine import ToyEngine, until
 
+from common.ids import SessionId
 from common.sampling import SamplingParams
 from mesh.backend import MeshUnavailableError
 from mesh.pipeline import Pipeline
@@ -91,10 +92,10 @@ async def three_stages(direct: bool = True, wire: WireEmulation = NO_EMULATION,
 
 
 async def _decode(pipeline: Pipeline, session: int, n: int) -> list[int]:
-    lane = pipeline.open(session)
-    out = [t.token for t in await pipeline.run(session, lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)]
+    lane = pipeline.open(SessionId(session))
+    out = [t.token for t in await pipeline.run(SessionId(session), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)]
     for i in range(n - 1):
-        out += [t.token for t in await pipeline.run(session, lane, 3 + i, [out[-1]], GREEDY)]
+        out += [t.token for t in await pipeline.run(SessionId(session), lane, 3 + i, [out[-1]], GREEDY)]
     return out
 
 
@@ -113,11 +114,11 @@ def test_replies_come_straight_from_the_final_stage(direct: bool):
 def test_errors_still_reach_stage_zero_from_the_final_stage_and_the_route_serves_on():
     async def scenario() -> None:
         async with three_stages() as chain:
-            lane = chain.pipeline.open(1)
+            lane = chain.pipeline.open(SessionId(1))
             bad = SamplingParams(temperature=float("nan"))
             with pytest.raises(Exception, match=r"stage 2: .*finite"):
-                await chain.pipeline.run(1, lane, 0, [1, 2], bad)
-            assert [t.token for t in await chain.pipeline.run(1, lane, 0, [1, 2], GREEDY)] == [3]
+                await chain.pipeline.run(SessionId(1), lane, 0, [1, 2], bad)
+            assert [t.token for t in await chain.pipeline.run(SessionId(1), lane, 0, [1, 2], GREEDY)] == [3]
             assert chain.pipeline.broken is None
 
     asyncio.run(scenario())
@@ -143,8 +144,8 @@ def test_losing_the_reply_path_mid_request_fails_it_at_once(cut: str):
     async def scenario() -> None:
         engine = GatedEngine()
         async with three_stages(final_engine=engine) as chain:
-            lane = chain.pipeline.open(1)
-            request = asyncio.ensure_future(chain.pipeline.run(1, lane, 0, [1, 2, 3], GREEDY))
+            lane = chain.pipeline.open(SessionId(1))
+            request = asyncio.ensure_future(chain.pipeline.run(SessionId(1), lane, 0, [1, 2, 3], GREEDY))
             await asyncio.to_thread(engine.entered.wait, 5)  # the frame is at the final stage
             started = time.monotonic()
             if cut == "reply link":
@@ -160,7 +161,7 @@ def test_losing_the_reply_path_mid_request_fails_it_at_once(cut: str):
             assert chain.pipeline.broken is not None
             engine.gate.set()  # the late result goes nowhere: no reply, no stale token
             with pytest.raises(MeshUnavailableError):
-                await chain.pipeline.run(1, lane, 3, [4], GREEDY)
+                await chain.pipeline.run(SessionId(1), lane, 3, [4], GREEDY)
 
     asyncio.run(scenario())
 
@@ -171,10 +172,10 @@ def test_every_hop_is_delayed_both_ways(direct: bool, links: int):
 
     async def scenario() -> float:
         async with three_stages(direct=direct, wire=WireEmulation(delay_ms)) as chain:
-            lane = chain.pipeline.open(1)
-            await chain.pipeline.run(1, lane, 0, [1, 2], GREEDY)
+            lane = chain.pipeline.open(SessionId(1))
+            await chain.pipeline.run(SessionId(1), lane, 0, [1, 2], GREEDY)
             start = time.perf_counter()
-            await chain.pipeline.run(1, lane, 2, [3], GREEDY)
+            await chain.pipeline.run(SessionId(1), lane, 2, [3], GREEDY)
             return time.perf_counter() - start
 
     round_trip = asyncio.run(scenario())
@@ -198,13 +199,13 @@ def test_jittered_frames_keep_their_order_and_jitter_repeats_by_link_name():
         async def receive(link: Link) -> None:
             while len(got) < 200:
                 header, _ = await link.recv()
-                got.append(header.window_id)
+                got.append(header.frame_id)
             done.set()
 
         server = await serve("127.0.0.1", 0, receive, token="t")
         link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t", emulation=wire)
         for i in range(200):
-            await link.send(pb.FrameHeader(session_id=1, window_id=i, kind=pb.DECODE))
+            await link.send(pb.FrameHeader(session_id=1, frame_id=i, kind=pb.DECODE))
             if i % 20 == 0:
                 await asyncio.sleep(0.002)
         await asyncio.wait_for(done.wait(), 10)

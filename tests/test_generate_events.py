@@ -13,6 +13,7 @@ import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
 
+from common.ids import FrameId, SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.api.app import build_app
 from mesh.api.responses import SpeculativeUsage, Usage
@@ -53,16 +54,17 @@ class ScriptedPipeline:
         self.epochs.append(epoch)
         self.histories.append(tuple(history))
         picks = await self.run(session, lane, start, tokens, sampling, all_logits, kind, history)
-        return Pending(session, start, epoch, 0.0, None, picks, 0.001)  # the window id is its start here
+        # the frame id is its start here
+        return Pending(SessionId(session), FrameId(start), epoch, 0.0, None, picks, 0.001)
 
     async def wait(self, pending: Pending) -> list[Sampled]:
-        self.out.remove(pending.window)
+        self.out.remove(pending.frame)
         assert pending.local is not None
         return pending.local
 
     def void(self, pending: Pending) -> None:
-        self.out.remove(pending.window)
-        self.voided.append(pending.window)
+        self.out.remove(pending.frame)
+        self.voided.append(pending.frame)
 
 
 class ScriptedDraft:

@@ -19,6 +19,7 @@ from mesh_server import mesh_serve, metric
 from openai.types.chat import ChatCompletionMessageParam
 from toy_engine import ToyEngine
 
+from common.ids import LaneId, SessionId
 from mesh.model_source import EMBEDDED_ID
 from mesh.prefix_cache import PrefixCache
 from mesh.speculative.draft import common_prefix
@@ -54,22 +55,22 @@ def test_without_a_match_the_least_recently_used_lane_is_evicted():
 
 def test_a_stage_takes_exactly_the_lane_a_frame_names_or_refuses():
     pool = LanePool(2)
-    assert pool.take(7, 1) == 1
-    assert pool.take(7, 1) == 1  # later frames of the session
+    assert pool.take(SessionId(7), LaneId(1)) == 1
+    assert pool.take(SessionId(7), LaneId(1)) == 1  # later frames of the session
     with pytest.raises(ValueError, match="holds lane 1"):
-        pool.take(7, 0)
+        pool.take(SessionId(7), LaneId(0))
     with pytest.raises(LanesExhaustedError, match="taken"):
-        pool.take(8, 1)
+        pool.take(SessionId(8), LaneId(1))
     with pytest.raises(ValueError, match="out of range"):
-        pool.take(8, 2)  # from the network: checked before use
-    assert pool.release(7) == 1
-    assert pool.take(8, 1) == 1
+        pool.take(SessionId(8), LaneId(2))  # from the network: checked before use
+    assert pool.release(SessionId(7)) == 1
+    assert pool.take(SessionId(8), LaneId(1)) == 1
 
 
 def test_an_end_cannot_keep_more_than_the_lane_holds():
     core = StageCore(ToyEngine(first=True, final=True), 0)
     with pytest.raises(ValueError, match="outside the lane's context"):
-        core.release(1, core.engine.ctx_per_lane + 1)
+        core.release(SessionId(1), core.engine.ctx_per_lane + 1)
 
 
 # -- through mesh serve, SmolLM2 --------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from chain import COPY_HEAVY, chat_prompt
 
+from common.ids import SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import Acceptance, Account, GenerationRequest
 from mesh.pipeline import Pipeline, StageFailedError
@@ -101,7 +102,7 @@ def test_speculative_greedy_equals_plain_and_every_stage_rolls_back(smollm2_pack
     async def scenario():
         async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
             plain, _ = await _run(pipeline, None, prompt, 64)
-            await pipeline.end(1)
+            await pipeline.end(SessionId(1))
             fixed = WindowPolicy(policy="fixed", initial=6, min=1, max=6)
             spec, done = await _run(pipeline, draft, prompt, 64, window=controller_for(fixed))
             assert spec == plain
@@ -126,7 +127,7 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
             draft.start()
             try:
                 req = GenerationRequest(prompt, 40, SamplingParams(), ignore_eos=True)
-                lease = pipeline.lease(1)
+                lease = pipeline.lease(SessionId(1))
                 fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
                 live = Live(RequestState(req, speculative=True))
                 events = generate(pipeline, lease, live, 512, draft, controller_for(fixed))
@@ -192,7 +193,7 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
 
     async def scenario() -> tuple[list[list[int]], int]:
         async with two_stages(tiny_package, stage_cache, tiny_gguf, cut=2, lanes=16) as (pipeline, draft, _):
-            sessions = range(1, 17)
+            sessions = [SessionId(s) for s in range(1, 17)]
             lanes = {s: pipeline.open(s) for s in sessions}
             await asyncio.gather(*(pipeline.run(s, lanes[s], 0, context, GREEDY, kind=pb.PREFILL) for s in sessions))
             samples: list[list[int]] = []
@@ -209,8 +210,8 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
                 policy = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
                 spec, done = await _run(pipeline, draft, context, 24, sp, policy, session=100 + seed)
                 plain, _ = await _run(pipeline, None, context, 24, sp, session=200 + seed)
-                await pipeline.end(100 + seed)
-                await pipeline.end(200 + seed)
+                await pipeline.end(SessionId(100 + seed))
+                await pipeline.end(SessionId(200 + seed))
                 assert spec == plain, seed
                 windows += done.speculative.windows
             return samples, windows
@@ -242,7 +243,7 @@ def test_speculative_equals_plain_in_tokens_and_logprobs_with_penalties_and_bias
                 unpenalised, _ = await _sampled(pipeline, None, [1, 5, 9, 17], 24,
                                                 replace(sp, presence_penalty=0.0, frequency_penalty=0.0), session=30)
                 for s in (10 + seed, 20 + seed, 30):
-                    await pipeline.end(s)
+                    await pipeline.end(SessionId(s))
                 assert spec == plain, seed
                 assert all(s.logprob is not None and len(s.top) == 4 for s in spec)
                 assert 9 not in [s.token for s in spec]
@@ -263,7 +264,7 @@ def test_smollm2_speculative_equals_plain_when_sampling_with_penalties(smollm2_p
     async def scenario() -> None:
         async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
             plain, _ = await _sampled(pipeline, None, prompt, 40, sp)
-            await pipeline.end(1)
+            await pipeline.end(SessionId(1))
             window = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
             spec, done = await _sampled(pipeline, draft, prompt, 40, sp, window, session=2)
             assert spec == plain
@@ -285,12 +286,12 @@ def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_pac
 
     async def scenario() -> None:
         async with two_stages(tiny_package, stage_cache, None, cut=2) as (pipeline, _, _):
-            lane = pipeline.open(1)
-            await pipeline.run(1, lane, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
+            lane = pipeline.open(SessionId(1))
+            await pipeline.run(SessionId(1), lane, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
             for params, history, words in bad:
                 with pytest.raises(StageFailedError, match=words):
-                    await pipeline.run(1, lane, 3, [7], params, history=history)
-            ok = await pipeline.run(1, lane, 3, [7], SamplingParams(logprobs=2), history=[7])
+                    await pipeline.run(SessionId(1), lane, 3, [7], params, history=history)
+            ok = await pipeline.run(SessionId(1), lane, 3, [7], SamplingParams(logprobs=2), history=[7])
             assert len(ok) == 1
             assert len(ok[0].top) == 2
 
@@ -383,10 +384,10 @@ def test_gemma_speculative_output_is_the_targets_up_to_near_ties(gemma3_gguf):
         try:
             for i, prompt in enumerate(prompts):
                 plain, _ = await _run(pipeline, None, prompt, 64, session=2 * i)
-                await pipeline.end(2 * i)
+                await pipeline.end(SessionId(2 * i))
                 window = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
                 spec, done = await _run(pipeline, draft, prompt, 64, window=window, session=2 * i + 1)
-                await pipeline.end(2 * i + 1)
+                await pipeline.end(SessionId(2 * i + 1))
                 runs.append((prompt, plain, spec))
                 for key in totals:
                     totals[key] += getattr(done.speculative, key)
@@ -507,7 +508,7 @@ def test_frames_in_flight_give_plain_greedy_output_on_every_split(smollm2_packag
         async with chain_of_stages(smollm2_package, stage_cache, cuts, busy_final=True) as (pipeline, stages):
             plain = [(await _run(pipeline, None, p, 48, session=10 + i))[0] for i, p in enumerate(prompts)]
             for i in range(len(prompts)):
-                await pipeline.end(10 + i)
+                await pipeline.end(SessionId(10 + i))
             seen = InFlight()
             seen.watch(pipeline)
             busy = stages[-1].core.batcher if stages else None
@@ -516,13 +517,13 @@ def test_frames_in_flight_give_plain_greedy_output_on_every_split(smollm2_packag
                 busy.pause = 0.1
             fixed = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
             req = GenerationRequest(prompts[0], 48, GREEDY, ignore_eos=True)
-            events, done = await _generated(pipeline, pipeline.lease(1), req, draft, fixed, in_flight=3)
+            events, done = await _generated(pipeline, pipeline.lease(SessionId(1)), req, draft, fixed, in_flight=3)
             assert [e.token for e in events] == plain[0]
             assert done.speculative is not None
             assert done.speculative.proposed > done.speculative.accepted > 0
             assert seen.most == 3
             assert seen.voided > 0
-            await pipeline.end(1)
+            await pipeline.end(SessionId(1))
             if busy is not None:  # void frames queued at the final stage were dropped unrun, and none was answered
                 assert stages[-1].core.skipped > 0
                 busy.pause = 0.0
@@ -530,7 +531,8 @@ def test_frames_in_flight_give_plain_greedy_output_on_every_split(smollm2_packag
                 async def one(i: int) -> list[int]:
                     req = GenerationRequest(prompts[i], 48, GREEDY, ignore_eos=True)
                     window = controller_for(WindowPolicy(policy="adaptive", initial=4, min=1, max=8))
-                    out, _ = await _generated(pipeline, pipeline.lease(20 + i), req, draft, window, in_flight=3)
+                    lease = pipeline.lease(SessionId(20 + i))
+                    out, _ = await _generated(pipeline, lease, req, draft, window, in_flight=3)
                     return [e.token for e in out]
                 assert await asyncio.gather(*(one(i) for i in range(4))) == plain
             assert seen.out == 0
@@ -557,12 +559,12 @@ def test_frames_in_flight_sample_what_plain_decoding_samples_with_penalties(smol
     async def scenario() -> None:
         async with two_stages(smollm2_package, stage_cache, draft_gguf) as (pipeline, draft, _):
             plain, _ = await _sampled(pipeline, None, prompt, 40, sp)
-            await pipeline.end(1)
+            await pipeline.end(SessionId(1))
             seen = InFlight()
             seen.watch(pipeline)
             window = controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))
             req = GenerationRequest(prompt, 40, sp, ignore_eos=True)
-            events, done = await _generated(pipeline, pipeline.lease(2), req, draft, window, in_flight=3)
+            events, done = await _generated(pipeline, pipeline.lease(SessionId(2)), req, draft, window, in_flight=3)
             assert events == plain
             assert seen.most == 3
             assert done.speculative is not None
@@ -583,11 +585,11 @@ def test_prompt_lookup_gives_plain_greedy_output_and_is_accepted_on_copied_text(
     async def scenario() -> None:
         async with chain_of_stages(smollm2_package, stage_cache, cuts) as (pipeline, _):
             plain, _ = await _run(pipeline, None, prompt, 96, session=1)
-            await pipeline.end(1)
+            await pipeline.end(SessionId(1))
             lookup = NgramProposer(3, 5)
             req = GenerationRequest(prompt, 96, GREEDY, ignore_eos=True)
             windows = {NGRAM: controller_for(ngram_window())}
-            events, done = await _generated(pipeline, pipeline.lease(2), req, lookup, windows, in_flight=3)
+            events, done = await _generated(pipeline, pipeline.lease(SessionId(2)), req, lookup, windows, in_flight=3)
             assert [e.token for e in events] == plain
             s = done.speculative
             assert s is not None
@@ -610,11 +612,11 @@ def test_prompt_lookup_then_the_draft_gives_plain_greedy_output(smollm2_package,
             totals = Acceptance()
             for i, prompt in enumerate(prompts):
                 plain, _ = await _run(pipeline, None, prompt, 64, session=10 + i)
-                await pipeline.end(10 + i)
+                await pipeline.end(SessionId(10 + i))
                 windows = {NGRAM: controller_for(ngram_window()),
                            "draft": controller_for(WindowPolicy(policy="fixed", initial=3, min=1, max=3))}
                 spec, done = await _run(pipeline, both, prompt, 64, window=windows, session=20 + i)
-                await pipeline.end(20 + i)
+                await pipeline.end(SessionId(20 + i))
                 assert spec == plain, i
                 assert done.speculative is not None
                 totals = totals.plus(done.speculative)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from toy_engine import ToyEngine, until
 
+from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.pipeline import Pending, Pipeline, StageFailedError
@@ -24,8 +25,9 @@ from mesh.speculative.window import Fixed
 from packages.speculative import WindowPolicy
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
+from stage.core import StageCore
 from stage.engine import Step
-from stage.frames import FrameSampling, sampling_of
+from stage.frames import FrameSampling, compute_frame, sampling_of
 from stage.transport import connect, serve
 
 GREEDY = SamplingParams()
@@ -65,17 +67,17 @@ def test_stage_zero_alone_samples_in_process_and_frees_its_lane_at_end():
         pipeline = Pipeline(engine, None)
         pipeline.start()
         try:
-            lane = pipeline.open(7)
-            assert pipeline.open(7) == lane  # one lane per session however often asked
-            assert _tokens(await pipeline.run(7, lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)) == [4]
-            verify = await pipeline.run(7, lane, 3, [4, 5, 9], GREEDY, all_logits=True, kind=pb.VERIFY)
+            lane = pipeline.open(SessionId(7))
+            assert pipeline.open(SessionId(7)) == lane  # one lane per session however often asked
+            assert _tokens(await pipeline.run(SessionId(7), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)) == [4]
+            verify = await pipeline.run(SessionId(7), lane, 3, [4, 5, 9], GREEDY, all_logits=True, kind=pb.VERIFY)
             assert _tokens(verify) == [5, 6, 10]
             assert engine.position(lane) == 6
             assert pipeline.hops.frames == {"prefill": 1, "verify": 1}
             assert pipeline.hops.batch_rows[("verify", "0")] == 3
             with pytest.raises(StageFailedError, match="stage 0: cannot sample"):
-                await pipeline.run(7, lane, 6, [10], OVERFLOW)
-            await pipeline.end(7)
+                await pipeline.run(SessionId(7), lane, 6, [10], OVERFLOW)
+            await pipeline.end(SessionId(7))
             assert len(pipeline.core.lanes) == 0
             assert engine.position(lane) == 0
         finally:
@@ -88,20 +90,20 @@ def test_two_stages_chunk_encode_sample_and_use_stage_0s_lane_everywhere():
     async def scenario() -> None:
         async with two_stages(chunk=2) as (pipeline, final):
             first = pipeline.core.engine
-            pipeline.open(5)  # stage 0's lanes: 5 -> 0, 9 -> 1
-            lane = pipeline.open(9)
+            pipeline.open(SessionId(5))  # stage 0's lanes: 5 -> 0, 9 -> 1
+            lane = pipeline.open(SessionId(9))
             # five tokens in chunks of two: three frames, one reply
-            assert _tokens(await pipeline.run(9, lane, 0, [1, 2, 3, 4, 5], GREEDY, kind=pb.PREFILL)) == [6]
+            assert _tokens(await pipeline.run(SessionId(9), lane, 0, [1, 2, 3, 4, 5], GREEDY, kind=pb.PREFILL)) == [6]
             # every frame names stage 0's lane: a free lane may hold a cached prefix, so all agree
             assert final.core.lanes.by_session == {9: lane} == {9: 1}
-            verify = await pipeline.run(9, lane, 5, [6, 20], GREEDY, all_logits=True, kind=pb.VERIFY)
+            verify = await pipeline.run(SessionId(9), lane, 5, [6, 20], GREEDY, all_logits=True, kind=pb.VERIFY)
             assert _tokens(verify) == [7, 21]
             assert first.position(lane) == final.core.engine.position(lane) == 7
             hops = pipeline.hops
             assert hops.frames == {"prefill": 1, "verify": 1}
             assert {stage for _, stage in hops.batch_rows} == {"0", "1"}
             assert ("verify", "links", "wire") in hops.seconds
-            await pipeline.end(9)
+            await pipeline.end(SessionId(9))
             await until(lambda: not final.core.lanes.by_session and final.core.engine.position(lane) == 0)
             assert first.position(lane) == 0
 
@@ -123,10 +125,10 @@ class _CountingEngine(ToyEngine):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_micro_batches_split_stage_zeros_decodes_and_keep_every_token(groups: int):
     async def decode(pipeline: Pipeline, session: int, first: int) -> list[int]:
-        lane = pipeline.open(session)
+        lane = pipeline.open(SessionId(session))
         out = [first]
         for pos in range(4):
-            out += _tokens(await pipeline.run(session, lane, pos, [out[-1]], GREEDY))
+            out += _tokens(await pipeline.run(SessionId(session), lane, pos, [out[-1]], GREEDY))
         return out
 
     async def scenario() -> None:
@@ -145,13 +147,13 @@ def test_micro_batches_split_stage_zeros_decodes_and_keep_every_token(groups: in
 def test_the_final_stage_refuses_or_fails_one_request_and_serves_on():
     async def scenario() -> None:
         async with two_stages() as (pipeline, _):
-            lane = pipeline.open(1)
-            await pipeline.run(1, lane, 0, [1, 2], GREEDY, kind=pb.PREFILL)
+            lane = pipeline.open(SessionId(1))
+            await pipeline.run(SessionId(1), lane, 0, [1, 2], GREEDY, kind=pb.PREFILL)
             with pytest.raises(StageFailedError, match="stage 1: cannot sample"):
-                await pipeline.run(1, lane, 2, [3], OVERFLOW)
+                await pipeline.run(SessionId(1), lane, 2, [3], OVERFLOW)
             with pytest.raises(StageFailedError, match=r"stage 1: .*finite"):
-                await pipeline.run(1, lane, 2, [3], SamplingParams(temperature=float("nan")))
-            assert _tokens(await pipeline.run(1, lane, 2, [3], GREEDY)) == [4]
+                await pipeline.run(SessionId(1), lane, 2, [3], SamplingParams(temperature=float("nan")))
+            assert _tokens(await pipeline.run(SessionId(1), lane, 2, [3], GREEDY)) == [4]
             assert pipeline.broken is None
 
     asyncio.run(scenario())
@@ -169,6 +171,32 @@ def test_frame_sampling_splits_the_penalty_history_and_survives_the_wire():
     assert sampling_of(pb.FrameHeader(sampling=plain.to_wire())) == FrameSampling(SamplingParams())
 
 
+def test_a_frame_names_its_lane_itself_lane_0_included_and_one_naming_none_takes_a_free_lane():
+    async def submit(core: StageCore, header: pb.FrameHeader) -> None:
+        header.tokens.append(1)
+        await core.submit_frame(pb.FrameHeader.FromString(header.SerializeToString()), b"").output  # over the wire
+
+    def named(session: int, lane: int) -> pb.FrameHeader:
+        return compute_frame(SessionId(session), FrameId(1), LaneId(lane), 0, 0, pb.DECODE, FrameSampling(GREEDY))
+
+    async def scenario() -> None:
+        core = StageCore(ToyEngine(first=True, final=True), 1)
+        core.start()
+        try:
+            await submit(core, named(1, 1))
+            assert core.lanes.by_session == {1: 1}
+            trim = core.release(SessionId(1))  # lane 1 is the free lane taken first now
+            assert trim is not None
+            await trim
+            await submit(core, named(2, 0))
+            await submit(core, pb.FrameHeader(session_id=3, kind=pb.DECODE))
+            assert core.lanes.by_session == {2: 0, 3: 1}
+        finally:
+            await core.stop()
+
+    asyncio.run(scenario())
+
+
 class GatedEngine(ToyEngine):
     """A whole model in one remote stage whose decodes wait for `gate`: frames queue behind it."""
 
@@ -184,8 +212,8 @@ class GatedEngine(ToyEngine):
         return super().step(steps)
 
 
-def _frame(window: int, epoch: int, start: int, tokens: list[int]) -> pb.FrameHeader:
-    return pb.FrameHeader(session_id=1, window_id=window, kind=pb.VERIFY, start_pos=start, tokens=tokens,
+def _frame(frame: int, epoch: int, start: int, tokens: list[int]) -> pb.FrameHeader:
+    return pb.FrameHeader(session_id=1, frame_id=frame, kind=pb.VERIFY, start_pos=start, tokens=tokens,
                           want_reply=True, all_logits=True, epoch=epoch, sampling=FrameSampling(GREEDY).to_wire())
 
 
@@ -208,7 +236,7 @@ def test_a_stage_skips_queued_frames_of_a_void_epoch_and_never_answers_them():
             await until(lambda: stage.core.skipped == 2)
             engine.gate.set()
             reply, _ = await asyncio.wait_for(link.recv(), 2)
-            assert (reply.kind, reply.window_id, reply.epoch, list(reply.tokens)) == (pb.REPLY, 4, 1, [10])
+            assert (reply.kind, reply.frame_id, reply.epoch, list(reply.tokens)) == (pb.REPLY, 4, 1, [10])
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(link.recv(), 0.3)  # nothing else comes
             assert engine.starts == [0, 2]  # frames 2 and 3 were never computed
@@ -257,9 +285,10 @@ def test_frames_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames(
     async def scenario() -> None:
         async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 24, ignore_eos=True)
-            plain = [e.token async for e in generate(pipeline, pipeline.lease(1), Live(RequestState(req)), 64)
+            plain = [e.token async for e in generate(pipeline, pipeline.lease(SessionId(1)), Live(RequestState(req)),
+                                                     64)
                      if isinstance(e, Sampled)]
-            await pipeline.end(1)
+            await pipeline.end(SessionId(1))
             most, send = 0, pipeline.send
 
             async def counted(*args: Any, **kwargs: Any) -> Pending:
@@ -270,7 +299,8 @@ def test_frames_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames(
 
             pipeline.send = counted  # type: ignore[method-assign]
             draft = ToyDraft(misses=frozenset({5, 6, 12, 19}))
-            spec = [e.token async for e in generate(pipeline, pipeline.lease(2), Live(RequestState(req)), 64, draft,
+            spec = [e.token async for e in generate(pipeline, pipeline.lease(SessionId(2)), Live(RequestState(req)),
+                                                    64, draft,
                                                     Fixed(TWO), in_flight=4) if isinstance(e, Sampled)]
             assert spec == plain == [(2 + i) % ToyEngine.n_vocab for i in range(24)]
             assert 2 < most <= 4  # several frames out, never past the cap (a loaded machine may not fill it)
@@ -285,7 +315,7 @@ def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_to
         async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
             req = GenerationRequest([1], 40, ignore_eos=True)
             live = Live(RequestState(req))
-            events = generate(pipeline, pipeline.lease(1), live, 64, ToyDraft(), Fixed(TWO), in_flight=3)
+            events = generate(pipeline, pipeline.lease(SessionId(1)), live, 64, ToyDraft(), Fixed(TWO), in_flight=3)
             out: list[int] = []
 
             async def consume() -> None:

@@ -13,6 +13,7 @@ import anyio
 import pytest
 from toy_engine import ToyEngine, until
 
+from common.ids import LaneId, SessionId
 from mesh import healing
 from mesh.backend import MeshUnavailableError
 from mesh.healing import Healer
@@ -47,7 +48,7 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
         pipeline.start()
         try:
             sent: list[Pending] = []
-            for session in (1, 2):
+            for session in (SessionId(1), SessionId(2)):
                 lane = pipeline.open(session)
                 sent.append(await pipeline.send(session, lane, 0, [3, 4], SamplingParams()))
                 sent.append(await pipeline.send(session, lane, 2, [5], SamplingParams()))
@@ -63,7 +64,7 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
             assert pipeline.waiters == {}
             assert broke == []  # stopping is not breaking: nobody is asked to heal it
             with pytest.raises(MeshUnavailableError, match="stopped"):
-                await pipeline.send(1, 0, 3, [6], SamplingParams())
+                await pipeline.send(SessionId(1), LaneId(0), 3, [6], SamplingParams())
         finally:
             server.close()
 

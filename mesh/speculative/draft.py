@@ -16,9 +16,11 @@ from llama_cpp import llama_cpp as L
 from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Budget, Proposal
 from packages.speculative import verify_draft
-from stage.batcher import Batcher, close_engine
-from stage.engine import Step
-from stage.llama_engine import EngineConfig, LlamaRangeEngine
+from stage.batcher import close_engine
+from stage.core import StageCore
+from stage.engine import EngineConfig, Step
+from stage.engine_choice import open_engine
+from stage.llama_engine import LlamaRangeEngine
 
 if TYPE_CHECKING:
     from mesh.tokenizer import Tokenizer
@@ -27,7 +29,12 @@ DRAFT = "draft"  # its name in usage.speculative.by_proposer
 
 
 class Draft:
-    """A draft model at stage 0; a `Proposer` (mesh/speculative/proposer.py)."""
+    """A draft model at stage 0; a `Proposer` (mesh/speculative/proposer.py).
+
+    It opens its engine and runs it on a stage core as every stage does, so its decodes
+    queue on the process's one engine thread beside stage 0's (stage/batcher.py says why
+    there is one).
+    """
 
     names: tuple[str, ...] = (DRAFT,)
 
@@ -35,16 +42,23 @@ class Draft:
                  cpu_lock: Path | None = None) -> None:
         cfg = EngineConfig(first=True, final=True, lanes=lanes, ctx_per_lane=ctx_per_lane,
                            threads=threads, cpu_lock=cpu_lock)
-        self.engine = LlamaRangeEngine(gguf, cfg)
-        self.batcher = Batcher(self.engine)
+        engine = open_engine("llama", gguf, cfg)  # whatever stage 0 runs: `vocab_mismatch` reads llama.cpp's vocabulary
+        assert isinstance(engine, LlamaRangeEngine)
+        self.engine = engine
+        self.core = StageCore(engine, 0)  # the lanes are stage 0's: a session's draft lane is its lane there
         self.held: list[list[int]] = [[] for _ in range(lanes)]  # the tokens each lane's KV holds
         self.step_seconds = 0.0  # what one proposal step costs, catch-ups left out
 
+    @property
+    def busy_s(self) -> float:
+        """Engine time spent on the draft's decodes since start."""
+        return self.core.batcher.busy_s
+
     def start(self) -> None:
-        self.batcher.start()
+        self.core.start()
 
     async def stop(self) -> None:
-        await self.batcher.stop()
+        await self.core.stop()
         await close_engine(self.engine)
 
     async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
@@ -57,7 +71,7 @@ class Draft:
             # A catch-up (the rows a verify accepted, or all the draft sat out) is one decode.
             step = Step(lane, start, tokens=np.asarray(feed, dtype=np.int32))
             began = time.perf_counter()
-            logits = await self.batcher.submit(step)
+            logits = await self.core.submit(step).output
             if len(feed) == 1:  # a catch-up is not what a proposal costs
                 timed.append(time.perf_counter() - began)
             start += len(feed)
@@ -76,7 +90,7 @@ class Draft:
 
     def forget(self, lane: int) -> None:
         self.held[lane] = []
-        self.batcher.trim(lane, 0)
+        self.core.batcher.trim(lane, 0)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
