@@ -13,11 +13,11 @@ import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
 
-from common.ids import FrameId, SessionId
+from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.api.app import build_app
 from mesh.api.responses import SpeculativeUsage, Usage
-from mesh.backend import Acceptance, Account, GenerationRequest
+from mesh.backend import Acceptance, Account, GenerationRequest, MeshUnavailableError
 from mesh.metrics import Metrics
 from mesh.pipeline import Lease, Pending
 from mesh.request_state import Live, RequestState
@@ -314,3 +314,38 @@ def test_a_stop_string_reports_what_was_generated_before_it(draft_backend: FakeB
     assert body["usage"]["completion_tokens"] == len("Hello wor")
     assert body["usage"]["speculative"]["windows"] == len("Hello wor")
     assert draft_backend.closed == 1
+
+
+class BreakingPipeline(ScriptedPipeline):
+    """The route breaks at the `at`-th send: the frame never leaves."""
+
+    def __init__(self, target: list[int], at: int) -> None:
+        super().__init__(target)
+        self.sends, self.at = 0, at
+
+    async def send(self, *args: Any, **kwargs: Any) -> Pending:
+        self.sends += 1
+        if self.sends == self.at:
+            raise MeshUnavailableError("activation link to stage 1 lost")
+        return await super().send(*args, **kwargs)
+
+
+def test_a_route_that_breaks_while_sending_still_hands_on_every_committed_token():
+    """A resume goes on from the record's output, so the caller must have every token of it:
+    the tokens of the last reply leave before the break is raised."""
+    pipeline = BreakingPipeline(LONG, at=3)  # the prefill, one window, then the break
+    req = GenerationRequest(PROMPT, 20)
+    live = Live(RequestState(req, speculative=True))
+    got: list[int] = []
+
+    async def go() -> None:
+        window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
+        async for sampled in generate(pipeline, Lease(SessionId(1), LaneId(0)), live, 64,  # type: ignore[arg-type]
+                                      ScriptedDraft(LONG), window):
+            got.append(sampled.token)
+
+    with pytest.raises(MeshUnavailableError):
+        asyncio.run(go())
+    assert got == LONG[:4]  # the prefill's token, then the window's two drafts and the target's next
+    assert list(live.state.output) == got
+    assert live.state.delivered == len(got)

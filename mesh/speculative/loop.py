@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from common.ids import LaneId
 from common.sampling import Sampled
+from mesh.backend import MeshUnavailableError
 from mesh.pipeline import Lease, Pending, Pipeline
 from mesh.request_state import Frame, Live, RequestState
 from mesh.speculative.proposer import Proposal, Proposer
@@ -39,25 +40,37 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft
     ready: tuple[Sampled, ...] = ()
     try:
         while True:
-            while live.state.finish is None and len(out) < (primary.depth(limit) if primary else limit):
-                s = live.state
-                proposal = await _propose(draft, window, s, ctx) if s.can_draft else _NOTHING
-                if out and not proposal.tokens:
-                    break  # a frame of no drafts needs the target's token first
-                live.state, frame = s.send(proposal.tokens, proposal.by, proposal.seconds)
-                kind = pb.VERIFY if frame.drafts else pb.DECODE if len(frame.tokens) == 1 else pb.PREFILL
-                out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens,
-                                               s.req.sampling, all_logits=bool(frame.drafts), kind=kind,
-                                               history=frame.history, epoch=live.state.epoch))
+            broke: MeshUnavailableError | None = None
+            try:
+                await _fill(pipeline, lease, live, out, draft, window, ctx, primary.depth(limit) if primary else limit)
+            except MeshUnavailableError as exc:  # what is committed is the target's: hand it on, then resume
+                broke = exc
             for sampled in ready:  # the next frame is on its way: the caller's work overlaps it
                 live.state = live.state.delivered_one()
                 yield sampled
+            if broke is not None:
+                raise broke
             if live.state.finish is not None:
                 return
             ready = await _answer(pipeline, live, out, window)
     finally:
         for pending in out:  # a stop, the length limit, an error or the caller leaving
             pipeline.void(pending)
+
+
+async def _fill(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending], draft: Proposer | None,
+                window: Windows | None, ctx: int, depth: int) -> None:
+    """Send frames until `depth` are out, drafting on as if every proposal is accepted."""
+    while live.state.finish is None and len(out) < depth:
+        s = live.state
+        proposal = await _propose(draft, window, s, ctx) if s.can_draft else _NOTHING
+        if out and not proposal.tokens:
+            return  # a frame of no drafts needs the target's token first
+        live.state, frame = s.send(proposal.tokens, proposal.by, proposal.seconds)
+        kind = pb.VERIFY if frame.drafts else pb.DECODE if len(frame.tokens) == 1 else pb.PREFILL
+        out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens, s.req.sampling,
+                                       all_logits=bool(frame.drafts), kind=kind, history=frame.history,
+                                       epoch=live.state.epoch))
 
 
 async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: Windows | None
