@@ -55,6 +55,13 @@ def tiny_package(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> P
 
 
 @pytest.fixture(scope="session")
+def tiny_byte_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random model, with the byte tokens llama.cpp's tokenizer needs to serve it."""
+    gguf = write_tiny_llama(tmp_path_factory.mktemp("tiny-bytes") / "tiny.gguf", byte_vocab=True)
+    return _package(tmp_path_factory, gguf, "tiny")
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     return smollm2_path()
 

@@ -15,9 +15,6 @@ import httpx
 import openai
 import pytest
 from mesh_server import mesh_serve, metric, wait_for
-from models import write_tiny_llama
-
-from packages.writer import write_package
 
 pytestmark = pytest.mark.mesh
 
@@ -27,11 +24,8 @@ SLOW = ("--local-stages", "2", "--no-draft", "--wire-delay-ms", "20", "--lanes",
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gguf = write_tiny_llama(tmp_path_factory.mktemp("tiny-bytes") / "tiny.gguf", byte_vocab=True)
-    package = tmp_path_factory.mktemp("tiny-bytes-pkg") / "pkg"
-    write_package(gguf, package, model_id="tiny", progress=lambda _: None)
-    return package
+def tiny(tiny_byte_package: Path) -> Path:
+    return tiny_byte_package
 
 
 def _client(url: str, key: str) -> openai.OpenAI:

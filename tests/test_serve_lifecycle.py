@@ -20,11 +20,9 @@ import httpx
 import psutil
 import pytest
 from mesh_server import free_port, mesh_serve, wait_for
-from models import write_tiny_llama
 
 from mesh.bench.local_server import LocalServer, stage_pids, stop, wait_healthy
 from mesh.health import Health, StageHealth
-from packages.writer import write_package
 
 pytestmark = pytest.mark.mesh
 
@@ -32,12 +30,8 @@ GRACE = 4.0
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random model, with the byte tokens llama.cpp's tokenizer needs to serve it."""
-    gguf = write_tiny_llama(tmp_path_factory.mktemp("tiny-bytes") / "tiny.gguf", byte_vocab=True)
-    package = tmp_path_factory.mktemp("tiny-bytes-pkg") / "pkg"
-    write_package(gguf, package, model_id="tiny", progress=lambda _: None)
-    return package
+def tiny(tiny_byte_package: Path) -> Path:
+    return tiny_byte_package
 
 
 def _mesh(cache: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
