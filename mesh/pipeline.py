@@ -159,20 +159,10 @@ class Pipeline:
         self.cache.take(lane)
         return Lease(session, lane, cached)
 
-    async def run(self, session: SessionId, lane: LaneId, start: int, tokens: list[int], sampling: SamplingParams,
-                  all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = ()) -> list[Sampled]:
-        """Feed `tokens` at `start`; return the sampled next token, or one per row if all_logits.
-
-        `lane` is the one `open(session)` gave. `history` is the completion the penalties
-        count at the first sampled row, that row's token included; the later rows extend it
-        with the tokens fed before them. A prompt has none: only the completion is penalised.
-        """
-        return await self.wait(await self.send(session, lane, start, tokens, sampling, all_logits, kind, history))
-
     async def send(self, session: SessionId, lane: LaneId, start: int, tokens: list[int], sampling: SamplingParams,
                    all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = (),
                    epoch: int = 0) -> Pending:
-        """`run` up to the point where the frame has left stage 0; `wait` gives its tokens, so
+        """Feed `tokens` at `start` up to the point where the frame has left stage 0; `wait` gives its tokens, so
         several frames of a session can be in flight (DESIGN.md §6). `epoch` tags the frame:
         a stage skips a session's queued frames of an older epoch than the newest it saw."""
         sent_at = time.perf_counter()
@@ -185,13 +175,13 @@ class Pipeline:
         for piece in pieces[:-1]:  # a long input's earlier chunks go on unanswered
             work, hidden = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32)))
             if self.link is not None:
-                await self._forward(compute_frame(session, self._next_frame(), lane, pos, epoch), work, hidden)
+                await self._forward(compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch), work, hidden)
             pos += len(piece)
         last = pieces[-1]
         work, out = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
                                              all_logits=all_logits))
         frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1)
-        header = compute_frame(session, self._next_frame(), lane, pos, epoch, kind, frame, all_logits)
+        header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind)
         if self.link is None:
             return self._answer_here(pending, header, work, out, frame, len(last))
@@ -207,7 +197,8 @@ class Pipeline:
         if self.broken and not pending.reply.done():  # no reply can come any more
             raise MeshUnavailableError(self.broken)
         try:
-            return await self._await_reply(pending.reply, deadline - (time.perf_counter() - pending.left_at))
+            left = deadline - (time.perf_counter() - pending.left_at)
+            return _tokens_of(await asyncio.wait_for(pending.reply, max(left, 0.0)))
         except TimeoutError:
             self.fail(f"no reply from the pipeline within {deadline:.1f}s (the deadline for a frame of "
                       f"{pending.rows} rows, from the replies so far)")
@@ -220,9 +211,6 @@ class Pipeline:
             if pending.reply.done() and not pending.reply.cancelled():
                 pending.reply.exception()  # retrieved: a void frame's failure is nobody's error
             pending.reply.cancel()
-
-    def _next_frame(self) -> FrameId:
-        return FrameId(next(self.frames))
 
     async def _compute(self, step: Step) -> tuple[Work, np.ndarray]:
         """Run one chunk through stage 0's layers: its hidden states, or logits at a final stage 0."""
@@ -266,9 +254,6 @@ class Pipeline:
             raise MeshUnavailableError(self.broken) from None
         if pending is not None:
             pending.left_at = time.perf_counter()
-
-    async def _await_reply(self, future: asyncio.Future[pb.FrameHeader], timeout_s: float) -> list[Sampled]:
-        return _tokens_of(await asyncio.wait_for(future, max(timeout_s, 0.0)))
 
     async def end(self, session: SessionId, keep: Sequence[int] = ()) -> None:
         """Free the session's lane here and on every stage. With the prefix cache, `keep` (the
@@ -324,3 +309,12 @@ class Pipeline:
             self.deadline.observe(pending.rows, round_trip)
         pending.reply.set_result(header)
 
+
+async def round_trip(pipeline: Pipeline, session: SessionId, lane: LaneId, start: int, tokens: list[int],
+                     sampling: SamplingParams, all_logits: bool = False, kind: int = pb.DECODE,
+                     history: Sequence[int] = ()) -> list[Sampled]:
+    """One frame there and back: feed `tokens` at `start`; the sampled next token, or one per
+    row if all_logits. `lane` is the one `open(session)` gave. `history` is the completion the
+    penalties count at the first sampled row, that row's token included; the later rows extend
+    it with the tokens fed before them. A prompt has none: only the completion is penalised."""
+    return await pipeline.wait(await pipeline.send(session, lane, start, tokens, sampling, all_logits, kind, history))

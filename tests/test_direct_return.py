@@ -26,7 +26,7 @@ from toy_engine import ToyEngine, until
 from common.ids import SessionId
 from common.sampling import SamplingParams
 from mesh.backend import MeshUnavailableError
-from mesh.pipeline import Pipeline
+from mesh.pipeline import Pipeline, round_trip
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
@@ -93,9 +93,9 @@ async def three_stages(direct: bool = True, wire: WireEmulation = NO_EMULATION,
 
 async def _decode(pipeline: Pipeline, session: int, n: int) -> list[int]:
     lane = pipeline.open(SessionId(session))
-    out = [t.token for t in await pipeline.run(SessionId(session), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)]
+    out = [t.token for t in await round_trip(pipeline, SessionId(session), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)]
     for i in range(n - 1):
-        out += [t.token for t in await pipeline.run(SessionId(session), lane, 3 + i, [out[-1]], GREEDY)]
+        out += [t.token for t in await round_trip(pipeline, SessionId(session), lane, 3 + i, [out[-1]], GREEDY)]
     return out
 
 
@@ -117,8 +117,8 @@ def test_errors_still_reach_stage_zero_from_the_final_stage_and_the_route_serves
             lane = chain.pipeline.open(SessionId(1))
             bad = SamplingParams(temperature=float("nan"))
             with pytest.raises(Exception, match=r"stage 2: .*finite"):
-                await chain.pipeline.run(SessionId(1), lane, 0, [1, 2], bad)
-            assert [t.token for t in await chain.pipeline.run(SessionId(1), lane, 0, [1, 2], GREEDY)] == [3]
+                await round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2], bad)
+            assert [t.token for t in await round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2], GREEDY)] == [3]
             assert chain.pipeline.broken is None
 
     asyncio.run(scenario())
@@ -145,7 +145,7 @@ def test_losing_the_reply_path_mid_request_fails_it_at_once(cut: str):
         engine = GatedEngine()
         async with three_stages(final_engine=engine) as chain:
             lane = chain.pipeline.open(SessionId(1))
-            request = asyncio.ensure_future(chain.pipeline.run(SessionId(1), lane, 0, [1, 2, 3], GREEDY))
+            request = asyncio.ensure_future(round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2, 3], GREEDY))
             await asyncio.to_thread(engine.entered.wait, 5)  # the frame is at the final stage
             started = time.monotonic()
             if cut == "reply link":
@@ -161,7 +161,7 @@ def test_losing_the_reply_path_mid_request_fails_it_at_once(cut: str):
             assert chain.pipeline.broken is not None
             engine.gate.set()  # the late result goes nowhere: no reply, no stale token
             with pytest.raises(MeshUnavailableError):
-                await chain.pipeline.run(SessionId(1), lane, 3, [4], GREEDY)
+                await round_trip(chain.pipeline, SessionId(1), lane, 3, [4], GREEDY)
 
     asyncio.run(scenario())
 
@@ -173,9 +173,9 @@ def test_every_hop_is_delayed_both_ways(direct: bool, links: int):
     async def scenario() -> float:
         async with three_stages(direct=direct, wire=WireEmulation(delay_ms)) as chain:
             lane = chain.pipeline.open(SessionId(1))
-            await chain.pipeline.run(SessionId(1), lane, 0, [1, 2], GREEDY)
+            await round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2], GREEDY)
             start = time.perf_counter()
-            await chain.pipeline.run(SessionId(1), lane, 2, [3], GREEDY)
+            await round_trip(chain.pipeline, SessionId(1), lane, 2, [3], GREEDY)
             return time.perf_counter() - start
 
     round_trip = asyncio.run(scenario())

@@ -20,7 +20,7 @@ from chain import COPY_HEAVY, chat_prompt
 from common.ids import SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import Acceptance, Account, GenerationRequest
-from mesh.pipeline import Pipeline, StageFailedError
+from mesh.pipeline import Pipeline, StageFailedError, round_trip
 from mesh.request_state import Live, RequestState
 from mesh.speculative.draft import Draft, common_prefix
 from mesh.speculative.loop import generate
@@ -195,11 +195,13 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
         async with two_stages(tiny_package, stage_cache, tiny_gguf, cut=2, lanes=16) as (pipeline, draft, _):
             sessions = [SessionId(s) for s in range(1, 17)]
             lanes = {s: pipeline.open(s) for s in sessions}
-            await asyncio.gather(*(pipeline.run(s, lanes[s], 0, context, GREEDY, kind=pb.PREFILL) for s in sessions))
+            await asyncio.gather(*(round_trip(pipeline, s, lanes[s], 0, context, GREEDY, kind=pb.PREFILL)
+                                   for s in sessions))
             samples: list[list[int]] = []
             for first in range(0, 2000, 16):
                 replies = await asyncio.gather(*(
-                    pipeline.run(s, lanes[s], len(context), window, SamplingParams(temperature=1.0, seed=first + s),
+                    round_trip(pipeline, s, lanes[s], len(context), window,
+                               SamplingParams(temperature=1.0, seed=first + s),
                                  all_logits=True, kind=pb.VERIFY) for s in sessions))
                 samples += [[r.token for r in reply] for reply in replies]
             for s in sessions:
@@ -287,11 +289,11 @@ def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_pac
     async def scenario() -> None:
         async with two_stages(tiny_package, stage_cache, None, cut=2) as (pipeline, _, _):
             lane = pipeline.open(SessionId(1))
-            await pipeline.run(SessionId(1), lane, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
+            await round_trip(pipeline, SessionId(1), lane, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
             for params, history, words in bad:
                 with pytest.raises(StageFailedError, match=words):
-                    await pipeline.run(SessionId(1), lane, 3, [7], params, history=history)
-            ok = await pipeline.run(SessionId(1), lane, 3, [7], SamplingParams(logprobs=2), history=[7])
+                    await round_trip(pipeline, SessionId(1), lane, 3, [7], params, history=history)
+            ok = await round_trip(pipeline, SessionId(1), lane, 3, [7], SamplingParams(logprobs=2), history=[7])
             assert len(ok) == 1
             assert len(ok[0].top) == 2
 

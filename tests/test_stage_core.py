@@ -17,7 +17,7 @@ from toy_engine import ToyEngine, until
 from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest, MeshUnavailableError
-from mesh.pipeline import Pending, Pipeline, StageFailedError
+from mesh.pipeline import Pending, Pipeline, StageFailedError, round_trip
 from mesh.request_state import Live, RequestState
 from mesh.speculative.loop import generate
 from mesh.speculative.proposer import Budget, Proposal
@@ -69,14 +69,15 @@ def test_stage_zero_alone_samples_in_process_and_frees_its_lane_at_end():
         try:
             lane = pipeline.open(SessionId(7))
             assert pipeline.open(SessionId(7)) == lane  # one lane per session however often asked
-            assert _tokens(await pipeline.run(SessionId(7), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)) == [4]
-            verify = await pipeline.run(SessionId(7), lane, 3, [4, 5, 9], GREEDY, all_logits=True, kind=pb.VERIFY)
+            assert _tokens(await round_trip(pipeline, SessionId(7), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)) == [4]
+            verify = await round_trip(pipeline, SessionId(7), lane, 3, [4, 5, 9], GREEDY, all_logits=True,
+                                      kind=pb.VERIFY)
             assert _tokens(verify) == [5, 6, 10]
             assert engine.position(lane) == 6
             assert pipeline.hops.frames == {"prefill": 1, "verify": 1}
             assert pipeline.hops.batch_rows[("verify", "0")] == 3
             with pytest.raises(StageFailedError, match="stage 0: cannot sample"):
-                await pipeline.run(SessionId(7), lane, 6, [10], OVERFLOW)
+                await round_trip(pipeline, SessionId(7), lane, 6, [10], OVERFLOW)
             await pipeline.end(SessionId(7))
             assert len(pipeline.core.lanes) == 0
             assert engine.position(lane) == 0
@@ -93,10 +94,11 @@ def test_two_stages_chunk_encode_sample_and_use_stage_0s_lane_everywhere():
             pipeline.open(SessionId(5))  # stage 0's lanes: 5 -> 0, 9 -> 1
             lane = pipeline.open(SessionId(9))
             # five tokens in chunks of two: three frames, one reply
-            assert _tokens(await pipeline.run(SessionId(9), lane, 0, [1, 2, 3, 4, 5], GREEDY, kind=pb.PREFILL)) == [6]
+            prefill = await round_trip(pipeline, SessionId(9), lane, 0, [1, 2, 3, 4, 5], GREEDY, kind=pb.PREFILL)
+            assert _tokens(prefill) == [6]
             # every frame names stage 0's lane: a free lane may hold a cached prefix, so all agree
             assert final.core.lanes.by_session == {9: lane} == {9: 1}
-            verify = await pipeline.run(SessionId(9), lane, 5, [6, 20], GREEDY, all_logits=True, kind=pb.VERIFY)
+            verify = await round_trip(pipeline, SessionId(9), lane, 5, [6, 20], GREEDY, all_logits=True, kind=pb.VERIFY)
             assert _tokens(verify) == [7, 21]
             assert first.position(lane) == final.core.engine.position(lane) == 7
             hops = pipeline.hops
@@ -128,7 +130,7 @@ def test_micro_batches_split_stage_zeros_decodes_and_keep_every_token(groups: in
         lane = pipeline.open(SessionId(session))
         out = [first]
         for pos in range(4):
-            out += _tokens(await pipeline.run(SessionId(session), lane, pos, [out[-1]], GREEDY))
+            out += _tokens(await round_trip(pipeline, SessionId(session), lane, pos, [out[-1]], GREEDY))
         return out
 
     async def scenario() -> None:
@@ -148,12 +150,12 @@ def test_the_final_stage_refuses_or_fails_one_request_and_serves_on():
     async def scenario() -> None:
         async with two_stages() as (pipeline, _):
             lane = pipeline.open(SessionId(1))
-            await pipeline.run(SessionId(1), lane, 0, [1, 2], GREEDY, kind=pb.PREFILL)
+            await round_trip(pipeline, SessionId(1), lane, 0, [1, 2], GREEDY, kind=pb.PREFILL)
             with pytest.raises(StageFailedError, match="stage 1: cannot sample"):
-                await pipeline.run(SessionId(1), lane, 2, [3], OVERFLOW)
+                await round_trip(pipeline, SessionId(1), lane, 2, [3], OVERFLOW)
             with pytest.raises(StageFailedError, match=r"stage 1: .*finite"):
-                await pipeline.run(SessionId(1), lane, 2, [3], SamplingParams(temperature=float("nan")))
-            assert _tokens(await pipeline.run(SessionId(1), lane, 2, [3], GREEDY)) == [4]
+                await round_trip(pipeline, SessionId(1), lane, 2, [3], SamplingParams(temperature=float("nan")))
+            assert _tokens(await round_trip(pipeline, SessionId(1), lane, 2, [3], GREEDY)) == [4]
             assert pipeline.broken is None
 
     asyncio.run(scenario())
