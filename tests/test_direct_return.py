@@ -178,9 +178,9 @@ def test_every_hop_is_delayed_both_ways(direct: bool, links: int):
             await round_trip(chain.pipeline, SessionId(1), lane, 2, [3], GREEDY)
             return time.perf_counter() - start
 
-    round_trip = asyncio.run(scenario())
-    assert round_trip >= links * delay_ms / 1000
-    assert round_trip < (links + 1) * delay_ms / 1000 + 0.2  # not a hop more (loose: a busy CI box)
+    elapsed = asyncio.run(scenario())
+    assert elapsed >= links * delay_ms / 1000
+    assert elapsed < (links + 1) * delay_ms / 1000 + 0.2  # not a hop more (loose: a busy CI box)
 
 
 def test_jittered_frames_keep_their_order_and_jitter_repeats_by_link_name():
