@@ -47,8 +47,12 @@ N_TOKENS = 32
 #   llama -> mlx -> llama: dragon at 27 (" human" vs " complex", 0.0065), haiku at 6
 #                          (" leaves" vs ",", 0.1532); sky equal
 # Each time the mixed mesh took the reference's second choice. The in-process teacher-forced
-# runs of tests/test_mlx_engine.py saw gaps of 0.001 to 0.183 at such partings.
-NEAR_TIE = 0.25
+# runs of tests/test_mlx_engine.py saw gaps of 0.001 to 0.183 at such partings. On another
+# 2-core AMD EPYC VM (2026-11-24) mlx -> llama parted on the dragon at token 10 (" bravery"
+# vs " wonder") at a gap of 0.3695, and the teacher-forced whole model at 0.312, the latter
+# with the code before the request record too: llama.cpp's logits stand up to 1.8 from the
+# exact ones, so how near a tie must be to part depends on the host.
+NEAR_TIE = 0.4
 # A fixed window of the package draft: the default cost-aware controller measures the slow
 # MLX verify on this CPU and stops speculating (one window in 32 tokens on llama -> mlx,
 # measured), and then no window would cross the MLX stage.

