@@ -166,7 +166,9 @@ class RequestState:
         if miss is not None:
             targets = targets[: n + 1]
             state = replace(state, frames=(), epoch=self.epoch + 1)
-        return state._commit(targets, seq, miss is None), Reply(state._committed(targets), tuple(settled))
+        committed = state._committed(targets)
+        return state._commit(committed, len(committed) < len(targets), seq, miss is None), \
+            Reply(committed, tuple(settled))
 
     def _committed(self, targets: Sequence[Sampled]) -> tuple[Sampled, ...]:
         """The targets that commit: up to a stop token or the length limit."""
@@ -178,12 +180,13 @@ class RequestState:
             out.append(sampled)
         return tuple(out)
 
-    def _commit(self, targets: Sequence[Sampled], seq: tuple[int, ...], matched: bool) -> RequestState:
-        committed = self._committed(targets)
+    def _commit(self, committed: tuple[Sampled, ...], cut: bool, seq: tuple[int, ...], matched: bool
+                ) -> RequestState:
+        """Append `committed`; `cut`: a stop token or the length limit came before the rest."""
         output = (*self.output, *(s.token for s in committed))
         n = len(self.req.prompt) + len(output)
         finish: FinishReason | None = None
-        if len(committed) < len(targets):
+        if cut:
             finish = "length" if len(output) >= self.req.max_tokens else "stop"
         elif len(output) >= self.req.max_tokens:
             finish = "length"

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 
-from common.ids import LaneId
 from common.sampling import Sampled
 from mesh.backend import MeshUnavailableError
 from mesh.pipeline import Lease, Pending, Pipeline
@@ -33,7 +32,7 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft
                    window: Windows | None = None, in_flight: int = 1) -> AsyncIterator[Sampled]:
     """The tokens of one generation on one route, as `Backend.generate` documents them; the
     record in `live` moves with every frame. `in_flight` bounds the frames out at once."""
-    live.state = live.state.leased(LaneId(lease.lane), lease.cached)
+    live.state = live.state.leased(lease.lane, lease.cached)
     limit = max(in_flight, 1) if draft is not None else 1
     primary = _controller(window, draft.names[0]) if window is not None and draft is not None else None
     out: deque[Pending] = deque()  # the frames in flight, as `live.state.frames` counts them
