@@ -55,6 +55,19 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowChoice:
+    """What a cost-aware window controller chose for a proposer, and why: the window (0:
+    off) and frames in flight, with its predicted tokens per second against a plain decode's
+    (mesh/speculative/cost_model.py)."""
+
+    window: int
+    depth: int
+    predicted_tok_s: float
+    plain_tok_s: float
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class Acceptance:
     """The draft's record in one generation so far: verify windows, drafts proposed and
     accepted, in all and per proposer ("draft", "ngram"; mesh/speculative/proposer.py)."""
@@ -101,6 +114,7 @@ class Account:
     resumed: int = 0  # times the route broke under this generation and it went on
     speculative: Acceptance | None = None  # None when no proposer ran
     finish_reason: Literal["stop", "length"] | None = None
+    choices: tuple[tuple[str, WindowChoice], ...] = ()  # the cost-aware controllers' choices, by proposer
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,7 @@ class Pending:
     kind: int = pb.DECODE  # the kind its hops are summed under
     own: pb.Hop = field(default_factory=pb.Hop)  # stage 0's part of the frame
     posted_at: float = 0.0  # onto the link: the round trip the hops divide counts from here
+    hops: tuple[pb.Hop, ...] = ()  # the later stages' parts of the frame, as its reply carried them
 
     @property
     def key(self) -> tuple[SessionId, FrameId]:
@@ -306,6 +307,7 @@ class Pipeline:
         if header.kind == pb.REPLY:
             round_trip = time.perf_counter() - pending.posted_at
             self.hops.record(pending.kind, pending.own, header.timings.hops, round_trip)
+            pending.hops = tuple(header.timings.hops)
             self.deadline.observe(pending.rows, round_trip)
         pending.reply.set_result(header)
 

@@ -37,7 +37,6 @@ class Frame:
     drafts: int
     by: str = ""  # the proposer of its drafts ("" for none)
     seconds: float = 0.0  # what proposing them cost
-    alone: bool = True  # nothing else was in flight: its round trip is one verify pass
 
     @property
     def first(self) -> int:
@@ -132,7 +131,7 @@ class RequestState:
         rows = len(seq) - start
         first_row = start if drafts else start + rows - 1  # the first row sampled
         history = seq[len(self.req.prompt) : first_row + 1] if self.req.sampling.penalised else ()
-        frame = Frame(start, rows, len(drafts), by, seconds, alone=not self.frames)
+        frame = Frame(start, rows, len(drafts), by, seconds)
         state = replace(self, drafts=(*self.drafts, *drafts), frames=(*self.frames, frame))
         return state, Outgoing(start, list(seq[start:]), len(drafts), tuple(history))
 

@@ -18,6 +18,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -35,6 +36,7 @@ from mesh.backend import (
     RequestRejectedError,
     RequestTimeoutError,
     Resumed,
+    WindowChoice,
 )
 from mesh.healing import Healer
 from mesh.pipeline import Pipeline, StageFailedError
@@ -75,7 +77,19 @@ class Requests:
 
     def generate(self, req: GenerationRequest) -> Generation:
         live = Live(RequestState(req, speculative=self.host.spec is not None))
-        return Generation(self._generate(live), lambda: live.state.account())
+        return Generation(self._generate(live), lambda: self._account(live))
+
+    def _account(self, live: Live) -> Account:
+        """The record's account, with what the shared cost-aware controllers chose."""
+        account = live.state.account()
+        if account.speculative is None:
+            return account
+        return replace(account, choices=self.choices())
+
+    def choices(self) -> tuple[tuple[str, WindowChoice], ...]:
+        """Each cost-aware controller's choice, by proposer, once it has made one."""
+        made = ((name, w.choice) for name, w in sorted(self.shared_windows.items()))
+        return tuple((name, choice) for name, choice in made if choice is not None)
 
     def _refusal(self, req: GenerationRequest) -> str | None:
         if len(req.prompt) == 0:

@@ -23,7 +23,7 @@ from mesh.pipeline import Lease, Pending
 from mesh.request_state import Live, RequestState
 from mesh.speculative.loop import generate
 from mesh.speculative.proposer import Budget, Proposal
-from mesh.speculative.window import Fixed, WindowPolicy
+from mesh.speculative.window import Fixed, Observation, WindowPolicy
 
 PROMPT = [1, 2, 3]
 TARGET = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # what the target samples after PROMPT
@@ -204,18 +204,18 @@ class Recorder(Fixed):
     def __init__(self) -> None:
         super().__init__(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
         self.asked = 0
-        self.records: list[tuple[int, int, bool]] = []
+        self.records: list[tuple[int, int, int]] = []
 
     def next_window(self) -> int:
         self.asked += 1
         return 0 if 4 <= self.asked <= 8 else 2
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None,
-               stage0_s: float | None = None) -> None:
-        self.records.append((proposed, accepted, verify_s is not None))
+    def record(self, seen: Observation) -> None:
+        assert seen.stage0_s is not None  # stage 0's own time is known for every frame
+        self.records.append((seen.proposed, seen.accepted, seen.rows))
 
 
-def test_controllers_hear_of_every_frame_plain_decodes_included_and_time_only_frames_sent_alone():
+def test_controllers_hear_of_every_frame_plain_decodes_included():
     recorder = Recorder()
     req = GenerationRequest(PROMPT, 20)
 
@@ -227,8 +227,8 @@ def test_controllers_hear_of_every_frame_plain_decodes_included_and_time_only_fr
 
     events = asyncio.run(go())
     assert [e.token for e in events] == LONG[:20]
-    assert (0, 0, True) in recorder.records  # a plain decode, sent with nothing else in flight
-    assert (2, 2, False) in recorder.records  # a frame sent ahead: its round trip is not a verify time
+    assert (0, 0, 1) in recorder.records  # a plain decode: one row
+    assert (2, 2, 3) in recorder.records  # a window of 2: three rows
     done = live.state.account()
     assert done.speculative is not None
     assert done.speculative.windows == sum(1 for p, _, _ in recorder.records if p)

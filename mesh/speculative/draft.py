@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from mesh.tokenizer import Tokenizer
 
 DRAFT = "draft"  # its name in usage.speculative.by_proposer
+CATCH_UP = 96  # tokens behind past which the draft starts over on the last CONTEXT
+CONTEXT = 64
 
 
 class Draft:
@@ -47,6 +49,7 @@ class Draft:
         self.engine = engine
         self.core = StageCore(engine, 0)  # the lanes are stage 0's: a session's draft lane is its lane there
         self.held: list[list[int]] = [[] for _ in range(lanes)]  # the tokens each lane's KV holds
+        self.base = [0] * lanes  # where in the sequence each lane's KV starts
         self.step_seconds = 0.0  # what one proposal step costs, catch-ups left out
 
     @property
@@ -63,8 +66,9 @@ class Draft:
 
     async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
         """k greedy tokens to follow `sequence`; KV past what still matches is dropped."""
-        start = min(common_prefix(self.held[lane], sequence), len(sequence) - 1)
-        held, feed = sequence[:start], sequence[start:]
+        view = self._view(lane, sequence)
+        start = min(common_prefix(self.held[lane], view), len(view) - 1)
+        held, feed = view[:start], view[start:]
         out: list[int] = []
         timed: list[float] = []
         for _ in range(k):
@@ -83,13 +87,25 @@ class Draft:
             self.step_seconds = sum(timed) / len(timed)
         return out
 
+    def _view(self, lane: int, sequence: list[int]) -> list[int]:
+        """The part of `sequence` the lane's KV holds from position 0. A draft that sat out
+        more than CATCH_UP tokens of its session (speculation was off) starts over on the
+        last CONTEXT of them: a probe then costs a bounded catch-up, not one as long as the
+        time off. A session's first proposal reads its whole prompt."""
+        base = self.base[lane]
+        behind = len(sequence) - base - common_prefix(self.held[lane], sequence[base:])
+        if behind > CATCH_UP and self.held[lane]:
+            self.base[lane] = base = max(len(sequence) - CONTEXT, 0)
+            self.held[lane] = []  # its KV is replaced from position 0 (a step's start is authoritative)
+        return sequence[base:]
+
     async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
         k = budget(DRAFT)
         tokens = await self.propose(lane, sequence, k) if k > 0 else []
         return Proposal(tokens, DRAFT, self.step_seconds * len(tokens))
 
     def forget(self, lane: int) -> None:
-        self.held[lane] = []
+        self.held[lane], self.base[lane] = [], 0
         self.core.batcher.trim(lane, 0)
 
 

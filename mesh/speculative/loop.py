@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Mapping
 
 from common.sampling import Sampled
 from mesh.backend import MeshUnavailableError
+from mesh.hop_timing import hop_parts
 from mesh.pipeline import Lease, Pending, Pipeline
 from mesh.request_state import Frame, Live, RequestState
 from mesh.speculative.proposer import Proposal, Proposer
-from mesh.speculative.window import Controller
+from mesh.speculative.window import Controller, Observation
 from proto import meshpipe_pb2 as pb
 
 # One window controller for every proposer, or one per proposer name: prompt lookup and the
@@ -102,15 +103,24 @@ def _controller(window: Windows, name: str) -> Controller:
 
 
 def _record(window: Windows, frame: Frame, p: Pending, accepted: int) -> None:
-    """What a settled frame tells its proposer's window controller: its drafts, those
-    accepted, what proposing them cost, the cost of a verify pass, measured only on frames
-    that had the pipeline to themselves, and stage 0's own time for it (`send`), which
-    frames in flight cannot overlap. A frame of no drafts is a plain decode, the cost every
-    controller compares against, so each hears of it."""
-    verify_s = p.answered_at - p.sent_at if frame.alone and p.answered_at else None
+    """What a settled frame tells its proposer's window controller. A frame of no drafts is a
+    plain decode, the cost every controller compares against, so each hears of it."""
     if frame.drafts:
         controllers = [_controller(window, frame.by)]
     else:
         controllers = list({id(c): c for c in window.values()}.values()) if isinstance(window, Mapping) else [window]
+    seen = observed(frame, p, accepted)
     for controller in controllers:
-        controller.record(frame.drafts, accepted, frame.seconds, verify_s, p.left_at - p.sent_at)
+        controller.record(seen)
+
+
+def observed(frame: Frame, p: Pending, accepted: int) -> Observation:
+    """The frame's costs: stage 0's own time (`send`), each later stage's service time from
+    the hops its reply carried, and what the round trip held beyond every stage's queue and
+    service: the links."""
+    parts = [hop_parts(h) for h in p.hops]
+    later = tuple(sum(part.values()) - part["queue"] for part in parts)
+    links = None
+    if p.answered_at and p.reply is not None:
+        links = max(p.answered_at - p.left_at - sum(sum(part.values()) for part in parts), 0.0)
+    return Observation(frame.drafts, accepted, frame.seconds, frame.rows, p.left_at - p.sent_at, later, links)

@@ -2,13 +2,14 @@
 speculative window controllers.
 
 `fixed` always proposes the same number. `adaptive` grows by one after a full accept and
-shrinks by one after an early reject, within [min, max]. `cost-aware` measures draft step
-time, verify time, stage 0's own time and acceptance, and picks the window (0 = off) and the
-frames in flight that maximize expected tokens per second; when it has turned speculation
-off it probes again every so often. A round that proposed nothing (prompt lookup without
-a match) is a plain decode to all three: it moves no window and counts as no probe. Each
-reads its bounds from the one `WindowPolicy` (packages/speculative.py); the bound on frames
-in flight is the loop's.
+shrinks by one after an early reject, within [min, max]. `cost-aware` measures what a frame
+costs at each stage, what a draft costs and how often each draft position is accepted,
+prices every (window, frames in flight) with mesh/speculative/cost_model.py and keeps the
+best; when speculation does not pay it stops proposing and probes only while an optimistic
+reading of acceptance says it might. A round that proposed nothing (prompt lookup without a
+match) is a plain decode to all three: it moves no window and counts as no probe. Each reads
+its bounds from the one `WindowPolicy` (packages/speculative.py); the bound on frames in
+flight is the loop's.
 """
 
 from __future__ import annotations
@@ -16,22 +17,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mesh.backend import WindowChoice
+from mesh.speculative.cost_model import Costs, Option, options
+from mesh.speculative.estimates import Hazards, Line, Median
 from packages.speculative import WindowPolicy
 
 
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one settled frame tells a window controller (the loop's `_record` makes it)."""
+
+    proposed: int  # drafts its rows checked
+    accepted: int
+    draft_s: float  # what proposing them cost
+    rows: int  # rows it fed
+    stage0_s: float | None = None  # stage 0's own time for it (`Pipeline.send`)
+    later_s: tuple[float, ...] = ()  # each later stage's compute, codec and sampling for it
+    links_s: float | None = None  # its round trip less every stage's queue and service time
+
+
 class Controller(Protocol):
-    """`record` is called once per verify reply (DESIGN.md §6): the drafts its rows checked,
-    how many were accepted, their draft time, and the verify pass's time, or None when
-    other frames were in flight with it, so that its round trip says nothing of one pass,
-    and stage 0's own compute for it (`Pipeline.send`), when measured. `depth(limit)` is
-    how many frames to keep in flight, 1..limit."""
+    """`record` hears of every settled verify frame and plain decode (DESIGN.md §6).
+    `depth(limit)` is how many frames to keep in flight, 1..limit; `choice` says what a
+    cost-aware controller chose and why (None for the others)."""
 
     def next_window(self) -> int: ...
 
     def depth(self, limit: int) -> int: ...
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None,
-               stage0_s: float | None = None) -> None: ...
+    def record(self, seen: Observation) -> None: ...
+
+    @property
+    def choice(self) -> WindowChoice | None: ...
 
 
 @dataclass
@@ -44,9 +61,12 @@ class Fixed:
     def depth(self, limit: int) -> int:
         return limit
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None,
-               stage0_s: float | None = None) -> None:
+    def record(self, seen: Observation) -> None:
         pass
+
+    @property
+    def choice(self) -> WindowChoice | None:
+        return None
 
 
 @dataclass
@@ -63,151 +83,149 @@ class Adaptive:
     def depth(self, limit: int) -> int:
         return limit
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None,
-               stage0_s: float | None = None) -> None:
-        if proposed == 0:
+    def record(self, seen: Observation) -> None:
+        if seen.proposed == 0:
             return
-        step = 1 if accepted == proposed else -1
+        step = 1 if seen.accepted == seen.proposed else -1
         self.window = max(self.policy.min, min(self.policy.max, self.window + step))
 
+    @property
+    def choice(self) -> WindowChoice | None:
+        return None
 
-def _ewma(old: float | None, new: float, weight: float = 0.2) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
 
+@dataclass
+class Measured:
+    """What the cost-aware controller has measured (mesh/speculative/estimates.py)."""
 
-def _fit(points: dict[int, float], base: float | None, row: float) -> tuple[float | None, float]:
-    """(base, per row) of the line through the smallest and largest window timed; the base
-    is a window of 0's own time once there is one."""
-    ks = sorted(points)
-    base = points.get(0, base)
-    if len(ks) >= 2:
-        (k0, t0), (k1, t1) = (ks[0], points[ks[0]]), (ks[-1], points[ks[-1]])
-        row = max((t1 - t0) / (k1 - k0), 0.0)
-        if base is None:
-            base = max(t0 - row * k0, 1e-6)
-    return base, row
+    draft: Median = field(default_factory=Median)  # seconds per draft token
+    stage0: Line = field(default_factory=Line)
+    slowest: Line = field(default_factory=Line)  # the slowest later stage
+    later: Line = field(default_factory=Line)  # every later stage together
+    links: Median = field(default_factory=Median)
+    hazards: Hazards = field(default_factory=Hazards)
+
+    def add(self, seen: Observation) -> None:
+        if seen.proposed:
+            self.draft.add(seen.draft_s / seen.proposed)
+            self.hazards.add(seen.proposed, seen.accepted)
+        if seen.stage0_s is not None:
+            self.stage0.add(seen.rows, seen.stage0_s)
+        if seen.later_s:
+            self.slowest.add(seen.rows, max(seen.later_s))
+            self.later.add(seen.rows, sum(seen.later_s))
+        if seen.links_s is not None:
+            self.links.add(seen.links_s)
+
+    @property
+    def ready(self) -> bool:
+        """A draft step and a plain decode are timed: enough to price every setting."""
+        return self.draft.known and 1 in self.stage0.samples
+
+    def costs(self) -> Costs:
+        return Costs(self.draft.value, self.stage0.at, self.slowest.at, self.later.at, self.links.value)
 
 
 @dataclass
 class CostAware:
-    """Maximizes E[tokens per window] / E[seconds per window] over the window k and the
-    frames in flight D, from running measurements (ewma; times fitted as base + per_row·k).
+    """Keeps the (window, frames in flight) that mesh/speculative/cost_model.py prices best.
 
-    With per-token acceptance a, a window of k yields (1 - a^(k+1)) / (1 - a) tokens. Sent
-    alone it costs RT(k) = k·draft_step + verify(k). With D frames in flight and all
-    accepted it costs T(k, D) = max(k·draft_step + stage0(k), RT(k) / D): stage 0 drafts and
-    computes the window's k+1 rows on its one engine thread, the rest of the round trip
-    overlaps. It is fully accepted with p = a^k; after a rejection the next goes alone, so a
-    window costs p·T + (1 - p)·RT on average. D = 1 is the one-at-a-time choice exactly.
-    D ranges over 1..the loop's bound. Until stage0 has been measured, D = 1; D > 1 must
-    promise `deeper_gain` times the tokens per second of one at a time, since void frames
-    cost compute the model does not count.
+    Stable by construction: estimates are medians and pooled counts, and a new setting must
+    promise `switch_gain` over the current one, so noise does not flip the choice. Each frame
+    more in flight must earn `deeper_gain`: void frames cost compute other sessions could use.
+    Off, it probes with the window an optimistic acceptance (two standard deviations up)
+    would pick, every `probe_every` rounds, doubling while probes fail, and only while that
+    optimistic reading beats a plain decode; otherwise it re-checks every `max_probe_every`.
+    A plain decode is re-timed every `replain_every` rounds, since it is what speculation
+    must beat.
     """
 
     policy: WindowPolicy
-    probe_every: int = 32  # rounds spent off before trying again; doubles while probes fail
+    probe_every: int = 16
     max_probe_every: int = 1024
-    deeper_gain: float = 1.1
-    accept: float | None = None
-    draft_step: float | None = None
-    verify_base: float | None = None  # seconds for a window of 0 (a plain decode)
-    verify_row: float = 0.0
-    stage0_base: float | None = None  # stage 0's own compute for a window of 0
-    stage0_row: float = 0.0
-    off_for: int = 0
+    switch_gain: float = 1.03
+    deeper_gain: float = 1.02
+    replain_every: int = 256
+    seen: Measured = field(default_factory=Measured)
     window: int = 0
     frames: int = 1  # the chosen depth
     limit: int = 1  # the loop's bound on depth, as `depth` last heard it
-    _verify: dict[int, float] = field(default_factory=dict)
-    _stage0: dict[int, float] = field(default_factory=dict)
+    chosen: WindowChoice | None = None
+    off_for: int = 0
+    since_plain: int = 0
     _probe_base: int = 0
+    _probe_window: int = 0
     _probing: bool = False  # a probe was asked for and nothing proposed yet (prompt lookup found no match)
+    _plain_due: bool = True
 
     def __post_init__(self) -> None:
         self.window = self.policy.initial
         self._probe_base = self.probe_every
+        self._probe_window = self.policy.min
+
+    @property
+    def choice(self) -> WindowChoice | None:
+        return self.chosen
 
     def next_window(self) -> int:
-        if self._verify and 0 not in self._verify:
-            return 0  # one plain decode, to know what speculation must beat
-        if self.window == 0:
-            if self._probing:
-                return self.policy.min  # the last probe's proposer had nothing to propose: still due
-            self.off_for += 1
-            if self.off_for >= self.probe_every:
-                self.off_for = 0
-                self._probing = True
-                return self.policy.min  # re-probe: conditions may have changed
-        return self.window
+        self.since_plain += 1
+        self._plain_due = self._plain_due or self.since_plain > self.replain_every
+        if self._plain_due and self.seen.draft.known:
+            return 0  # a plain decode, timed: what speculation must beat
+        if self.window or self._probing:
+            return self.window or self._probe_window
+        self.off_for += 1
+        if self.off_for >= self.probe_every:
+            self.off_for, self._probing = 0, True
+            return self._probe_window
+        return 0
 
     def depth(self, limit: int) -> int:
         self.limit = limit  # the depths the next `record` weighs
         return max(1, min(self.frames, limit))
 
-    def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None,
-               stage0_s: float | None = None) -> None:
-        if verify_s is not None:  # pipelined frames overlap: their round trips would skew the fit
-            self._verify[proposed] = _ewma(self._verify.get(proposed), verify_s)
-        if stage0_s is not None:
-            self._stage0[proposed] = _ewma(self._stage0.get(proposed), stage0_s)
-        if proposed:
+    def record(self, seen: Observation) -> None:
+        self.seen.add(seen)
+        if seen.proposed == 0 and seen.rows == 1:
+            self._plain_due, self.since_plain = False, 0
+        if not self.seen.ready:
+            return  # keep exploring at the initial window
+        probed = self.window == 0 and seen.proposed > 0
+        if seen.proposed:
             self._probing = False
-            self.accept = _ewma(self.accept, min(accepted / proposed, 0.99))
-            self.draft_step = _ewma(self.draft_step, draft_s / proposed)
-        self.verify_base, self.verify_row = _fit(self._verify, self.verify_base, self.verify_row)
-        self.stage0_base, self.stage0_row = _fit(self._stage0, self.stage0_base, self.stage0_row)
-        was_off = self.window == 0
-        self.window, self.frames = self._best()
-        if was_off and proposed and self.window == 0:
-            self.probe_every = min(self.probe_every * 2, self.max_probe_every)
-        elif self.window:
-            self.probe_every = self._probe_base
+        self._decide()
+        if probed:
+            self.probe_every = self._probe_base if self.window else min(self.probe_every * 2, self.max_probe_every)
 
-    def _best(self) -> tuple[int, int]:
-        """(k, D): the best pair, if it beats one at a time by `deeper_gain`, else D = 1."""
-        if self.accept is None or self.draft_step is None or self.verify_base is None:
-            return self.window, 1  # not enough measurements yet: keep exploring
-        costs = _Costs(self.accept, self.draft_step, self.verify_base, self.verify_row,
-                       self.stage0_base or 0.0, self.stage0_row)
-        (best_k, best_rate), best_d = costs.best_window(1, self.policy), 1
-        bar = best_rate * self.deeper_gain
-        # stage 0's compute unmeasured, frames ahead might only queue behind it: stay at 1
-        for d in range(2, self.limit + 1) if self.stage0_base is not None else ():
-            k, rate = costs.best_window(d, self.policy)
-            if rate > max(bar, best_rate):
-                best_k, best_d, best_rate = k, d, rate
-        return best_k, best_d
+    def _decide(self) -> None:
+        costs = self.seen.costs()
+        windows = range(self.policy.min, self.policy.max + 1)
+        priced = options(costs, self.seen.hazards.chances(windows.stop), windows, self.limit)
+        plain, best = priced[0], max(priced, key=self._score)
+        current = next((o for o in priced if (o.window, o.depth) == (self.window, self.frames)), plain)
+        if self._score(best) > self._score(current) * self.switch_gain:
+            current = best
+        self.window, self.frames = current.window, current.depth
+        if current.window == 0:
+            hopeful = max(options(costs, self.seen.hazards.chances(windows.stop, optimistic=True), windows,
+                                  self.limit), key=self._score)
+            self._probe_window = max(hopeful.window, self.policy.min)
+            if hopeful.tok_s < plain.tok_s * self.switch_gain:
+                self.probe_every = self.max_probe_every  # not even an optimistic reading pays
+        self.chosen = _choice(current, plain, self.seen.hazards.overall(), self.probe_every)
+
+    def _score(self, option: Option) -> float:
+        return option.tok_s / self.deeper_gain ** (option.depth - 1)
 
 
-@dataclass(frozen=True)
-class _Costs:
-    """What `CostAware` has measured, to price windows with (its docstring has the model)."""
-
-    accept: float
-    draft_step: float
-    verify_base: float
-    verify_row: float
-    stage0_base: float
-    stage0_row: float
-
-    def best_window(self, d: int, policy: WindowPolicy) -> tuple[int, float]:
-        """(k, tokens per second) of the best window with d frames in flight; 0 is a plain decode."""
-        best_k, best_rate = 0, 1.0 / self.verify_base
-        for k in range(policy.min, policy.max + 1):
-            rate = self.rate(k, d)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k, best_rate
-
-    def rate(self, k: int, d: int) -> float:
-        a, drafting = self.accept, k * self.draft_step
-        tokens = (1 - a ** (k + 1)) / (1 - a)
-        alone = drafting + self.verify_base + self.verify_row * k
-        if d == 1:
-            return tokens / alone
-        stage0 = self.stage0_base + self.stage0_row * k
-        ahead = min(alone, max(drafting + stage0, alone / d))  # never worse than waiting
-        return tokens / (a**k * ahead + (1 - a**k) * alone)
+def _choice(option: Option, plain: Option, accept: float, probe_every: int) -> WindowChoice:
+    if option.window == 0:
+        why = (f"off: no window beats a plain decode at acceptance {accept:.2f}; "
+               f"probing every {probe_every} rounds")
+    else:
+        why = (f"window {option.window}, {option.depth} in flight at acceptance {accept:.2f}: "
+               f"{option.tok_s:.1f} tok/s predicted against {plain.tok_s:.1f} without")
+    return WindowChoice(option.window, option.depth, round(option.tok_s, 2), round(plain.tok_s, 2), why)
 
 
 def controller_for(policy: WindowPolicy) -> Controller:

@@ -1,0 +1,74 @@
+"""What a speculative setting earns: tokens per second of a window of k drafts with d frames
+in flight, from measured costs (DESIGN.md §6 derives it).
+
+A frame of k drafts feeds k + 1 rows. Stage 0 drafts them on its one engine thread and
+computes its layers: `own(k)` = k·c + S0(k + 1). Alone, the frame's round trip is
+A(k) = own(k) + ΣS_i(k + 1) + W, the later stages' service times plus the links (W).
+With d frames in flight and every draft accepted, replies come one period apart:
+T(k, d) = max(own(k), max_i S_i(k + 1), A(k) / d): stage 0, the slowest later stage, or
+the round trip shared by d frames, whichever binds. A frame whose drafts are all accepted
+(chance P_k) costs T; one that rejects voids the frames behind it, so the next one starts
+alone and costs A, plus, with frames ahead, half a frame at the slowest stage, which may
+still be running a void one. With P_j the chance the first j drafts are accepted, a frame
+yields 1 + ΣP_j tokens, so
+
+    rate(k, d) = (1 + Σ_{j≤k} P_j) / (P_k·T(k, d) + (1 - P_k)·(A(k) + void(d)))
+
+and a plain decode (k = 0) runs at 1 / A(0). d = 1 gives (1 + ΣP_j) / A(k) exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Seconds = Callable[[int], float]  # seconds as a function of rows
+
+
+@dataclass(frozen=True)
+class Costs:
+    draft_step: float  # c: one draft token
+    stage0: Seconds  # S0(rows): stage 0's own time for a frame
+    slowest: Seconds  # max_i S_i(rows) over the later stages (0 with none)
+    later: Seconds  # Σ S_i(rows) over the later stages
+    links: float  # W: the round trip less every stage's time
+
+    def alone(self, k: int) -> float:
+        """A(k): a frame of k drafts sent with nothing else in flight, drafting included."""
+        return k * self.draft_step + self.stage0(k + 1) + self.later(k + 1) + self.links
+
+
+def rates(costs: Costs, chances: list[float], limit: int) -> list[float]:
+    """Tokens per second of windows of len(chances) drafts with 1..limit frames in flight,
+    `chances` being P_1..P_k; a window of 0 is a plain decode, never sent ahead."""
+    k, rows = len(chances), len(chances) + 1
+    own = k * costs.draft_step + costs.stage0(rows)
+    slowest = costs.slowest(rows)
+    alone = own + costs.later(rows) + costs.links
+    if k == 0:
+        return [1.0 / alone]
+    full, tokens = chances[-1], 1 + sum(chances)
+    out = []
+    for d in range(1, limit + 1):
+        void = slowest / 2 if d > 1 else 0.0
+        ahead = min(max(own, slowest, alone / d), alone)  # never worse than waiting
+        out.append(tokens / (full * ahead + (1 - full) * (alone + void)))
+    return out
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting priced: a window of `window` drafts with `depth` frames in flight."""
+
+    window: int
+    depth: int
+    tok_s: float
+
+
+def options(costs: Costs, chances: list[float], windows: range, limit: int) -> list[Option]:
+    """Every (window, depth) within the bounds priced, a plain decode first; `chances` are
+    P_1.. up to the largest window."""
+    out = [Option(0, 1, rates(costs, [], 1)[0])]
+    for k in windows:
+        out += [Option(k, d + 1, r) for d, r in enumerate(rates(costs, chances[:k], limit))]
+    return out
