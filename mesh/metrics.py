@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from mesh.admission import Admission
-from mesh.backend import Acceptance
+from mesh.backend import Acceptance, WindowChoice
 from mesh.hop_timing import HopTotals
 from mesh.recovery import Recoveries
 
@@ -59,6 +59,10 @@ class Metrics:
         """Export route recoveries: how many, how long breaks went unnoticed and took to heal."""
         self.registry.register(_RecoveryCollector(recoveries))
 
+    def watch_windows(self, choices: Callable[[], tuple[tuple[str, WindowChoice], ...]]) -> None:
+        """Export what each cost-aware window controller chose and what it predicted."""
+        self.registry.register(_WindowCollector(choices))
+
     def watch_hops(self, totals: HopTotals) -> None:
         """Export where frames spent their time: per stage and part, plus the wire."""
         self.registry.register(_HopCollector(totals))
@@ -96,6 +100,24 @@ class _AdmissionCollector:
         buckets = [("+Inf" if b == float("inf") else repr(b), n) for b, n in waits.cumulative()]
         yield HistogramMetricFamily("meshpipe_queue_wait_seconds", "time admitted requests waited for a lane",
                                     buckets=buckets, sum_value=waits.total_s)
+
+
+class _WindowCollector:
+    GAUGES = (("window", "window", "drafts per verify window the controller chose (0: off)"),
+              ("frames_in_flight", "depth", "verify frames in flight the controller chose"),
+              ("predicted_tokens_per_second", "predicted_tok_s", "its predicted decode rate with that choice"),
+              ("plain_tokens_per_second", "plain_tok_s", "its predicted decode rate without speculation"))
+
+    def __init__(self, choices: Callable[[], tuple[tuple[str, WindowChoice], ...]]) -> None:
+        self.choices = choices
+
+    def collect(self) -> Iterator[Metric]:
+        made = self.choices()
+        for name, field, doc in self.GAUGES:
+            gauge = GaugeMetricFamily(f"meshpipe_speculative_{name}", doc, labels=["proposer"])
+            for proposer, choice in made:
+                gauge.add_metric([proposer], getattr(choice, field))
+            yield gauge
 
 
 class _HopCollector:

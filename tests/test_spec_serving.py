@@ -77,8 +77,10 @@ def test_logprobs_penalties_and_bias_with_the_draft_equal_no_draft(serve_cache, 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
 def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_texts, stages):
-    # three verify frames in flight per session: the serving path with the pipeline kept full
-    with mesh_serve(serve_cache, "--local-stages", str(stages), "--frames-in-flight", "3") as (url, _):
+    # a fixed window, so that every prompt is verified whatever a cost-aware controller would
+    # choose on this machine, and three verify frames in flight per session: the pipeline kept full
+    with mesh_serve(serve_cache, "--local-stages", str(stages), "--frames-in-flight", "3",
+                    "--draft-window", "3") as (url, _):
         assert "package default" in httpx.get(f"{url}/health").json()["speculative"]
         proposed = accepted = 0
         for p in PROMPTS:
@@ -86,6 +88,7 @@ def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_tex
             assert text == no_draft_texts[p], p
             proposed += usage["speculative"]["proposed"]
             accepted += usage["speculative"]["accepted"]
+            assert "controller" not in usage["speculative"]  # a fixed window chooses nothing
         assert proposed > accepted > 0
         if stages == 2:  # four sessions at once, each with its own window, batched at every stage
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -93,6 +96,22 @@ def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_tex
             assert outs == [no_draft_texts[p] for p in PROMPTS[:4]]
             metrics = httpx.get(f"{url}/metrics").text
             assert "meshpipe_speculative_accepted_tokens_total" in metrics
+
+
+def test_the_cost_aware_controller_says_what_it_chose_and_output_stays_plain(serve_cache, no_draft_texts):
+    """The package's own window (cost-aware) on 2 stages: whatever it chooses on this machine,
+    output equals no-draft, and usage and /metrics say what it chose and why."""
+    with mesh_serve(serve_cache, "--local-stages", "2") as (url, _):
+        for p in PROMPTS[:2]:
+            text, usage = _complete(url, p)
+            assert text == no_draft_texts[p], p
+        choice = usage["speculative"]["controller"]["draft"]
+        assert choice["plain_tok_s"] > 0
+        assert "a plain decode" in choice["why"]
+        assert (choice["window"] == 0) == choice["why"].startswith("off")
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'meshpipe_speculative_predicted_tokens_per_second{proposer="draft"}' in metrics
+        assert f'meshpipe_speculative_window{{proposer="draft"}} {float(choice["window"])}' in metrics
 
 
 def test_unresolvable_draft_serves_on_without_speculation(serve_cache, no_draft_texts):

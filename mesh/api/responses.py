@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mesh.backend import Acceptance, Account
+from mesh.backend import Acceptance, Account, WindowChoice
 
 
 def _absent(value: Any) -> bool:
@@ -35,6 +35,21 @@ class ProposerUsage(_Body):
         return cls(windows=a.windows, proposed=a.proposed, accepted=a.accepted, accept_rate=round(a.accept_rate, 4))
 
 
+class ControllerUsage(_Body):
+    """What a cost-aware window controller chose for a proposer, and why."""
+
+    window: int  # 0: off
+    frames_in_flight: int
+    predicted_tok_s: float
+    plain_tok_s: float  # its prediction without speculation
+    why: str
+
+    @classmethod
+    def of(cls, c: WindowChoice) -> ControllerUsage:
+        return cls(window=c.window, frames_in_flight=c.depth, predicted_tok_s=c.predicted_tok_s,
+                   plain_tok_s=c.plain_tok_s, why=c.why)
+
+
 class SpeculativeUsage(_Body):
     """meshpipe's own usage field: how the draft did, in all and by proposer ("draft", "ngram")."""
 
@@ -44,13 +59,15 @@ class SpeculativeUsage(_Body):
     accept_rate: float
     mean_window: float
     by_proposer: dict[str, ProposerUsage] | None = Field(default=None, exclude_if=_absent)  # absent: none proposed
+    controller: dict[str, ControllerUsage] | None = Field(default=None, exclude_if=_absent)  # cost-aware only
 
     @classmethod
-    def of(cls, acceptance: Acceptance) -> SpeculativeUsage:
+    def of(cls, acceptance: Acceptance, choices: tuple[tuple[str, WindowChoice], ...] = ()) -> SpeculativeUsage:
         a = acceptance
         by = {name: ProposerUsage.of(record) for name, record in a.by} or None
-        return cls(windows=a.windows, proposed=a.proposed, accepted=a.accepted,
-                   accept_rate=round(a.accept_rate, 4), mean_window=round(a.mean_window, 3), by_proposer=by)
+        chose = {name: ControllerUsage.of(choice) for name, choice in choices} or None
+        return cls(windows=a.windows, proposed=a.proposed, accepted=a.accepted, accept_rate=round(a.accept_rate, 4),
+                   mean_window=round(a.mean_window, 3), by_proposer=by, controller=chose)
 
 
 class PromptTokensDetails(_Body):
@@ -68,7 +85,7 @@ class Usage(_Body):
 
     @classmethod
     def of(cls, done: Account) -> Usage:
-        spec = SpeculativeUsage.of(done.speculative) if done.speculative is not None else None
+        spec = SpeculativeUsage.of(done.speculative, done.choices) if done.speculative is not None else None
         return cls(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
                    total_tokens=done.prompt_tokens + done.completion_tokens,
                    prompt_tokens_details=PromptTokensDetails(cached_tokens=done.cached_tokens), speculative=spec,

@@ -154,6 +154,7 @@ def _run(args: argparse.Namespace) -> int:
     metrics.watch_hops(coordinator.hops)
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
+    metrics.watch_windows(coordinator.requests.choices)
     app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access)
     try:
         asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say))

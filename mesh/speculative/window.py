@@ -212,19 +212,20 @@ class CostAware:
             self._probe_window = max(hopeful.window, self.policy.min)
             if hopeful.tok_s < plain.tok_s * self.switch_gain:
                 self.probe_every = self.max_probe_every  # not even an optimistic reading pays
-        self.chosen = _choice(current, plain, self.seen.hazards.overall(), self.probe_every)
+        self.chosen = _choice(current, plain, self.seen, self.probe_every)
 
     def _score(self, option: Option) -> float:
         return option.tok_s / self.deeper_gain ** (option.depth - 1)
 
 
-def _choice(option: Option, plain: Option, accept: float, probe_every: int) -> WindowChoice:
+def _choice(option: Option, plain: Option, seen: Measured, probe_every: int) -> WindowChoice:
+    costs = (f"acceptance {seen.hazards.overall():.2f}, a draft token {seen.draft.value * 1e3:.1f} ms, "
+             f"a plain decode {1e3 / plain.tok_s:.1f} ms")
     if option.window == 0:
-        why = (f"off: no window beats a plain decode at acceptance {accept:.2f}; "
-               f"probing every {probe_every} rounds")
+        why = f"off: no window beats a plain decode ({costs}); probing every {probe_every} rounds"
     else:
-        why = (f"window {option.window}, {option.depth} in flight at acceptance {accept:.2f}: "
-               f"{option.tok_s:.1f} tok/s predicted against {plain.tok_s:.1f} without")
+        why = (f"window {option.window}, {option.depth} in flight: {option.tok_s:.1f} tok/s predicted "
+               f"against {plain.tok_s:.1f} without ({costs})")
     return WindowChoice(option.window, option.depth, round(option.tok_s, 2), round(plain.tok_s, 2), why)
 
 
