@@ -113,7 +113,8 @@ async def serve(coordinator: Coordinator, app: FastAPI, sock: socket.socket, gra
     config = uvicorn.Config(app, log_level="warning",
                             timeout_graceful_shutdown=grace)  # type: ignore[arg-type]
     logging.getLogger("uvicorn.error").addFilter(_QuietCancel())  # after Config set up logging
-    server = _Server(config, lambda: say(f"serving {coordinator.model_id} on {url_of(sock)}/v1"))
+    server = _Server(config, lambda: say(f"serving {coordinator.model_id} on {url_of(sock)}/v1 "
+                                         f"(the mesh's page: {url_of(sock)}/ui)"))
     main = asyncio.current_task()
     assert main is not None
     signals = _Signals(server, main, say)

@@ -22,6 +22,7 @@ from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
 from mesh.peer_probe import discovered_peers
 from mesh.route import RouteSettings
+from mesh.sampler import Sampler
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, resolve_plan
 from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address
@@ -154,7 +155,8 @@ def _run(args: argparse.Namespace) -> int:
     metrics.watch_hops(coordinator.hops)
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
-    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access)
+    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access,
+                    ui=Sampler(coordinator, metrics))
     try:
         asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say))
     finally:

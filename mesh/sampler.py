@@ -1,0 +1,174 @@
+"""The snapshot (mesh/snapshot.py), built once a second and handed to every watcher at once.
+
+One task reads the coordinator's state (mesh/readings.py: nothing is asked of any stage;
+the healer's pings keep their Status fresh), builds the snapshot and serializes it once;
+every open event stream (/ui/events) is woken with those same bytes. A watcher costs the
+server a wake-up and a socket write a second, however many there are; the sampler runs with
+none, so the chart has its history when a page opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+from mesh.coordinator import Coordinator, stage_rows
+from mesh.health import StageHealth
+from mesh.metrics import Metrics
+from mesh.readings import Readings, per_s, read
+from mesh.snapshot import Healing, Link, Point, Proposer, Requests, Snapshot, Speculation, Stage
+
+log = logging.getLogger("meshpipe.sampler")
+
+TICK_S = 1.0
+HISTORY = 180  # the chart's points: three minutes
+TTFT_WINDOW = 60  # readings: the time to first token is the mean over about this many seconds
+
+
+class Sampler:
+    def __init__(self, mesh: Coordinator, metrics: Metrics) -> None:
+        self.mesh, self.metrics = mesh, metrics
+        self.readings: deque[Readings] = deque(maxlen=TTFT_WINDOW + 1)
+        self.history: deque[Point] = deque(maxlen=HISTORY)
+        self.last_stages: tuple[Stage, ...] = ()  # the route's, shown while it is rebuilt
+        self.snapshot: Snapshot | None = None
+        self.event = b""  # the snapshot as one server-sent event
+        self._tick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.watchers = 0
+
+    def start(self) -> None:
+        self.sample()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="ui sampler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.sample()
+            except Exception:  # a bug here must not end the page's updates for good
+                log.exception("snapshot failed")
+
+    def sample(self) -> Snapshot:
+        """Build the snapshot now, and wake every watcher with it."""
+        snap = self.build()
+        self.snapshot, self.event = snap, b"data: " + snap.model_dump_json().encode() + b"\n\n"
+        woken, self._tick = self._tick, asyncio.Event()
+        woken.set()
+        return snap
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The latest snapshot at once, then each new one; ends only when its reader goes."""
+        self.watchers += 1
+        try:
+            yield self.event
+            while True:
+                tick = self._tick
+                await tick.wait()
+                yield self.event
+        finally:
+            self.watchers -= 1
+
+    def build(self) -> Snapshot:
+        m = self.mesh
+        rows = stage_rows(m.route, m.pipeline, m.settings)
+        now = read(rows, m.hops, self.metrics, m.requests.generated)
+        before = self.readings[-1] if self.readings else None
+        oldest = self.readings[0] if self.readings else None
+        self.readings.append(now)
+        spec = self._speculation(now, before, oldest)
+        self.history.append(Point(t=time.time(), tok_s=spec.tok_s, in_flight=spec.frames_in_flight,
+                                  accept=_accept(now, before)))
+        stages = self._stages(rows, now, before)
+        layers = m.manifest.layer_count
+        return Snapshot(at=time.time(), model=m.model_id, layers=layers, stages=stages,
+                        links=tuple(Link(to=s.stage, bytes_per_s=_link_rate(now, before) if rows else None)
+                                    for s in stages[1:]),
+                        spares=m.topology.spares, speculation=spec, requests=self._requests(now),
+                        healing=self._healing(), history=tuple(self.history))
+
+    def _stages(self, rows: tuple[StageHealth, ...], now: Readings, before: Readings | None) -> tuple[Stage, ...]:
+        if not rows:  # no route: being rebuilt; show the last one so
+            return tuple(s.model_copy(update={"state": "REBUILDING" if s.state != "UNREACHABLE" else s.state,
+                                              "busy": None, "frame_ms": None}) for s in self.last_stages)
+        replaced = dict(self.mesh.recoveries.timeline[-1].replaced) if self.mesh.recoveries.timeline else {}
+        took_over = {new: old for old, new in replaced.items() if new}
+        self.last_stages = tuple(_stage(r, now, before, took_over.get(r.endpoint)) for r in rows)
+        return self.last_stages
+
+    def _speculation(self, now: Readings, before: Readings | None, oldest: Readings | None) -> Speculation:
+        m, p = self.mesh, self.mesh.pipeline
+        proposers = tuple(Proposer(name=name, accept_rate=t.accepted / t.proposed, proposed=int(t.proposed),
+                                   mean_window=t.proposed / t.windows if t.windows else 0.0)
+                          for name, t in now.proposers if t.proposed)
+        frames = now.frames - before.frames if before else 0
+        stage_s = sum(s for _, s in now.stage_s) - (sum(s for _, s in before.stage_s) if before else 0.0)
+        wire = now.wire_s - before.wire_s if before else 0.0
+        ttft = oldest is not None and now.ttft_count > oldest.ttft_count
+        return Speculation(
+            plan=m.spec.describe() if m.spec else m.spec_note, tok_s=round(per_s(now, before, "generated"), 2),
+            ttft_s=(now.ttft_sum - oldest.ttft_sum) / (now.ttft_count - oldest.ttft_count)
+            if ttft and oldest else None,
+            frames_in_flight=len(p.waiters) if p is not None else 0,
+            stale=now.rows_voided / now.rows_sent if now.rows_sent else 0.0,
+            round_trip_ms=(stage_s + wire) * 1e3 / frames if frames else None,
+            wire_ms=wire * 1e3 / frames if frames else None, proposers=proposers)
+
+    def _requests(self, now: Readings) -> Requests:
+        admission, pipeline = self.mesh.requests.admission, self.mesh.pipeline
+        lanes = pipeline.core.lanes if pipeline is not None else None
+        return Requests(generating=admission.inside - admission.waiting, queued=admission.waiting,
+                        lanes=admission.lanes, lanes_used=len(lanes.by_session) if lanes is not None else 0,
+                        prefix_hit=now.prompt_cached / now.prompt_tokens if now.prompt_tokens else 0.0)
+
+    def _healing(self) -> Healing:
+        r, p = self.mesh.recoveries, self.mesh.pipeline
+        broken = (p.broken if p is not None else None) or (self.mesh.healer.last_error or None)
+        if p is None and broken is None:
+            broken = "route is being rebuilt"
+        since = r.broken_at
+        return Healing(ok=broken is None, broken=broken,
+                       broken_for_s=round(time.monotonic() - since, 1) if since is not None else None,
+                       recoveries=r.count, sessions_resumed=r.sessions, timeline=tuple(r.timeline))
+
+
+def _stage(row: StageHealth, now: Readings, before: Readings | None, replaced: str | None) -> Stage:
+    busy = dict(now.busy_s).get(row.endpoint)
+    was = dict(before.busy_s).get(row.endpoint) if before else None
+    spent, spent_before = dict(now.stage_s).get(str(row.stage)), dict(before.stage_s).get(str(row.stage)) if before \
+        else None
+    frames = now.frames - before.frames if before else 0
+    return Stage(stage=row.stage, endpoint=row.endpoint, engine=row.engine, start=row.start, end=row.end,
+                 state=row.state, rss_bytes=row.rss_bytes, mem_available_bytes=row.mem_available_bytes,
+                 busy=_fraction(busy, was, now, before),
+                 frame_ms=(spent - (spent_before or 0.0)) * 1e3 / frames if frames and spent is not None else None,
+                 replaced=replaced)
+
+
+def _fraction(busy: float | None, was: float | None, now: Readings, before: Readings | None) -> float | None:
+    """Engine seconds per second between two readings; None where either lacks the stage (a
+    new route's stage restarts its count)."""
+    if busy is None or was is None or before is None or busy < was or now.at <= before.at:
+        return None
+    return round(min((busy - was) / (now.at - before.at), 1.0), 3)
+
+
+def _accept(now: Readings, before: Readings | None) -> float | None:
+    if before is None:
+        return None
+    proposed = now.tally.proposed - before.tally.proposed
+    return (now.tally.accepted - before.tally.accepted) / proposed if proposed > 0 else None
+
+
+def _link_rate(now: Readings, before: Readings | None) -> float | None:
+    return round(per_s(now, before, "bytes_sent"), 1) if before is not None else None
