@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from mesh.health import StageHealth
 from mesh.hop_timing import WIRE, HopTotals
 from mesh.metrics import Metrics
 from mesh.speculative.draft import DRAFT
@@ -33,7 +32,6 @@ class Tally:
 class Readings:
     at: float  # monotonic
     generated: int  # tokens handed on
-    busy_s: tuple[tuple[str, float], ...]  # (endpoint, engine seconds), stage 0 as "coordinator"
     stage_s: tuple[tuple[str, float], ...]  # (stage index, seconds of every frame's hops there)
     frames: int
     wire_s: float
@@ -53,11 +51,10 @@ class Readings:
         return Tally(sum(x.proposed for x in t), sum(x.accepted for x in t), sum(x.windows for x in t))
 
 
-def read(stages: tuple[StageHealth, ...], hops: HopTotals, metrics: Metrics, generated: int) -> Readings:
+def read(hops: HopTotals, metrics: Metrics, generated: int) -> Readings:
     value = metrics.registry.get_sample_value
     return Readings(
         at=time.monotonic(), generated=generated,
-        busy_s=tuple((s.endpoint, s.busy_s) for s in stages if s.busy_s is not None),
         stage_s=_stage_seconds(hops), frames=sum(hops.frames.values()),
         wire_s=sum(v for (_, stage, part), v in hops.seconds.items() if (stage, part) == WIRE),
         rows_sent=hops.rows_sent, rows_voided=hops.rows_voided, bytes_sent=hops.bytes_sent,

@@ -35,6 +35,8 @@ class Sampler:
         self.readings: deque[Readings] = deque(maxlen=TTFT_WINDOW + 1)
         self.history: deque[Point] = deque(maxlen=HISTORY)
         self.last_stages: tuple[Stage, ...] = ()  # the route's, shown while it is rebuilt
+        # endpoint -> its last (busy seconds, reply time) and the one before, for the busy fraction
+        self.busy_seen: dict[str, tuple[tuple[float, float], tuple[float, float] | None]] = {}
         self.snapshot: Snapshot | None = None
         self.event = b""  # the snapshot as one server-sent event
         self._tick = asyncio.Event()
@@ -82,7 +84,7 @@ class Sampler:
     def build(self) -> Snapshot:
         m = self.mesh
         rows = stage_rows(m.route, m.pipeline, m.settings)
-        now = read(rows, m.hops, self.metrics, m.requests.generated)
+        now = read(m.hops, self.metrics, m.requests.generated)
         before = self.readings[-1] if self.readings else None
         oldest = self.readings[0] if self.readings else None
         self.readings.append(now)
@@ -103,8 +105,20 @@ class Sampler:
                                               "busy": None, "frame_ms": None}) for s in self.last_stages)
         replaced = dict(self.mesh.recoveries.timeline[-1].replaced) if self.mesh.recoveries.timeline else {}
         took_over = {new: old for old, new in replaced.items() if new}
-        self.last_stages = tuple(_stage(r, now, before, took_over.get(r.endpoint)) for r in rows)
+        self.last_stages = tuple(_stage(r, now, before, self._busy(r), took_over.get(r.endpoint)) for r in rows)
+        for gone in self.busy_seen.keys() - {r.endpoint for r in rows}:
+            del self.busy_seen[gone]
         return self.last_stages
+
+    def _busy(self, row: StageHealth) -> float | None:
+        """The stage's busy fraction between its last two Status replies (stage 0: two ticks)."""
+        if row.busy_s is None:
+            return None
+        now, was = (row.busy_s, row.status_at), self.busy_seen.get(row.endpoint)
+        if was is None or now[1] > was[0][1]:  # a new reply: the one before it is the base
+            self.busy_seen[row.endpoint] = (now, was[0] if was else None)
+            return busy_fraction(now, was[0] if was else None)
+        return busy_fraction(was[0], was[1])
 
     def _speculation(self, now: Readings, before: Readings | None, oldest: Readings | None) -> Speculation:
         m, p = self.mesh, self.mesh.pipeline
@@ -142,25 +156,24 @@ class Sampler:
                        recoveries=r.count, sessions_resumed=r.sessions, timeline=tuple(r.timeline))
 
 
-def _stage(row: StageHealth, now: Readings, before: Readings | None, replaced: str | None) -> Stage:
-    busy = dict(now.busy_s).get(row.endpoint)
-    was = dict(before.busy_s).get(row.endpoint) if before else None
-    spent, spent_before = dict(now.stage_s).get(str(row.stage)), dict(before.stage_s).get(str(row.stage)) if before \
-        else None
+def _stage(row: StageHealth, now: Readings, before: Readings | None, busy: float | None,
+           replaced: str | None) -> Stage:
+    spent = dict(now.stage_s).get(str(row.stage))
+    spent_before = dict(before.stage_s).get(str(row.stage), 0.0) if before else 0.0
     frames = now.frames - before.frames if before else 0
     return Stage(stage=row.stage, endpoint=row.endpoint, engine=row.engine, start=row.start, end=row.end,
                  state=row.state, rss_bytes=row.rss_bytes, mem_available_bytes=row.mem_available_bytes,
-                 busy=_fraction(busy, was, now, before),
-                 frame_ms=(spent - (spent_before or 0.0)) * 1e3 / frames if frames and spent is not None else None,
+                 busy=busy, frame_ms=(spent - spent_before) * 1e3 / frames if frames and spent is not None else None,
                  replaced=replaced)
 
 
-def _fraction(busy: float | None, was: float | None, now: Readings, before: Readings | None) -> float | None:
-    """Engine seconds per second between two readings; None where either lacks the stage (a
-    new route's stage restarts its count)."""
-    if busy is None or was is None or before is None or busy < was or now.at <= before.at:
+def busy_fraction(now: tuple[float, float], before: tuple[float, float] | None) -> float | None:
+    """Engine seconds per second between two (busy seconds, wall time of the Status reply)
+    of a stage: a remote stage's count moves only when a ping's reply comes, so its own
+    times divide it. None without two replies apart, or where the count restarted (a new route)."""
+    if before is None or now[1] <= before[1] or now[0] < before[0]:
         return None
-    return round(min((busy - was) / (now.at - before.at), 1.0), 3)
+    return round(min((now[0] - before[0]) / (now[1] - before[1]), 1.0), 3)
 
 
 def _accept(now: Readings, before: Readings | None) -> float | None:
