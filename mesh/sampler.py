@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from mesh.coordinator import Coordinator, stage_rows
 from mesh.health import StageHealth
@@ -69,7 +69,7 @@ class Sampler:
         woken.set()
         return snap
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncGenerator[bytes, None]:
         """The latest snapshot at once, then each new one; ends only when its reader goes."""
         self.watchers += 1
         try:
