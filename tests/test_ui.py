@@ -17,6 +17,7 @@ from mesh.admission import Admission
 from mesh.api.app import Access, build_app
 from mesh.api.ui import MAX_STREAMS
 from mesh.backend import Acceptance
+from mesh.cli.watch import format_snapshot
 from mesh.coordinator import Coordinator
 from mesh.healing import replacements
 from mesh.hop_timing import HopTotals
@@ -205,3 +206,21 @@ def test_streams_beyond_the_limit_are_refused(page):
     r = client.get("/ui/events", headers=GOOD)
     assert r.status_code == 503
     assert r.headers["retry-after"] == "5"
+
+
+def test_status_watch_draws_the_snapshot_as_a_table():
+    mesh = _mesh()
+    sampler = _sampler(mesh)
+    sampler.sample()
+    mesh.recoveries.broke("stage 127.0.0.1:7001 exited (code -9)")
+    mesh.route.stages = [_remote("127.0.0.1:7009", 0.0)]
+    mesh.recoveries.healed(replacements(("127.0.0.1:7001",), ("127.0.0.1:7009",)))
+    text = format_snapshot(sampler.sample())
+    lines = text.splitlines()
+    assert lines[0].startswith("model: m   route: ok")
+    stage_rows = [line.split() for line in lines if line[:1].isdigit()]
+    assert [row[:4] for row in stage_rows] == [["0", "coordinator", "[0,13)", "llama"],
+                                               ["1", "127.0.0.1:7009", "[13,30)", "llama"]]
+    assert stage_rows[1][-2:] == ["replaced", "127.0.0.1:7001"]
+    assert "spare: 127.0.0.1:7009" in lines
+    assert "stage 127.0.0.1:7001 exited (code -9)" in lines[-1]

@@ -14,6 +14,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,7 @@ from browser import Page, browser, chromium
 from mesh_server import mesh_serve, wait_for
 
 from mesh.bench.local_server import stage_pids
+from mesh.cli.watch import CLEAR, WatchError, watch
 from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh
@@ -78,7 +80,7 @@ def test_the_page_shows_three_stages_with_their_layers_and_engines(mesh, page):
     assert [s[2] for s in stages] == ["llama"] * 3
     bounds = [tuple(int(x) for x in s[1].strip("[)").split(",")) for s in stages]
     assert bounds[0][0] == 0
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))  # contiguous ranges
+    assert all(a[1] == b[0] for a, b in pairwise(bounds))  # contiguous ranges
     assert bounds[-1][1] == int(page.evaluate("document.getElementById('model').textContent").split(", ")[1].split()[0])
     _shot(page, mesh[2], "stages")
 
@@ -140,3 +142,17 @@ def test_a_killed_stage_shows_in_the_timeline_and_as_replaced(mesh, page):
     assert any(text.startswith("replaced 127.0.0.1:") for text in replaced)
     assert page.evaluate("document.getElementById('heal-state').className") == "ok"
     _shot(page, tmp, "healed")
+
+
+def test_status_watch_redraws_from_the_same_snapshot(mesh):
+    url = mesh[0]
+    with pytest.raises(WatchError, match="needs an API key"):
+        watch(url, "not-the-key", frames=1)
+    screens: list[str] = []
+    watch(url, KEY, frames=2, write=screens.append)
+    assert len(screens) == 2
+    assert all(s.startswith(CLEAR) for s in screens)
+    table = [line.split() for line in screens[-1].splitlines() if line[:1].isdigit()]
+    assert [row[0] for row in table] == ["0", "1", "2"]
+    assert "replaced" in screens[-1]  # the recovery before this test
+    assert "recoveries: 1," in screens[-1]
