@@ -42,6 +42,7 @@ class Sampler:
         self._tick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.watchers = 0
+        self.closed = False
 
     def start(self) -> None:
         self.sample()
@@ -52,6 +53,12 @@ class Sampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def close(self) -> None:
+        """End every event stream: the server is stopping, and an endless response would
+        hold its graceful shutdown for the whole grace period."""
+        self.closed = True
+        self._tick.set()
 
     async def _run(self) -> None:
         while True:
@@ -74,10 +81,11 @@ class Sampler:
         self.watchers += 1
         try:
             yield self.event
-            while True:
+            while not self.closed:
                 tick = self._tick
                 await tick.wait()
-                yield self.event
+                if not self.closed:
+                    yield self.event
         finally:
             self.watchers -= 1
 
@@ -100,7 +108,7 @@ class Sampler:
                         healing=self._healing(), history=tuple(self.history))
 
     def _stages(self, rows: tuple[StageHealth, ...], now: Readings, before: Readings | None) -> tuple[Stage, ...]:
-        if not rows:  # no route: being rebuilt; show the last one so
+        if not rows:  # no route while it is rebuilt: the last route's stages, marked so
             return tuple(s.model_copy(update={"state": "REBUILDING" if s.state != "UNREACHABLE" else s.state,
                                               "busy": None, "frame_ms": None}) for s in self.last_stages)
         replaced = dict(self.mesh.recoveries.timeline[-1].replaced) if self.mesh.recoveries.timeline else {}

@@ -224,3 +224,20 @@ def test_status_watch_draws_the_snapshot_as_a_table():
     assert stage_rows[1][-2:] == ["replaced", "127.0.0.1:7001"]
     assert "spare: 127.0.0.1:7009" in lines
     assert "stage 127.0.0.1:7001 exited (code -9)" in lines[-1]
+
+
+def test_closing_the_sampler_ends_every_stream():
+    """At the server's first stop signal: an endless response would hold the graceful stop."""
+
+    async def close() -> None:
+        sampler = _sampler(_mesh())
+        sampler.sample()
+        stream = sampler.events()
+        await anext(stream)
+        rest = asyncio.ensure_future(anext(stream, None))
+        await asyncio.sleep(0)
+        sampler.close()
+        assert await asyncio.wait_for(rest, 1) is None
+        assert sampler.watchers == 0
+
+    asyncio.run(close())

@@ -155,10 +155,10 @@ def _run(args: argparse.Namespace) -> int:
     metrics.watch_hops(coordinator.hops)
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
-    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access,
-                    ui=Sampler(coordinator, metrics))
+    sampler = Sampler(coordinator, metrics)  # the web page's snapshots
+    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access, ui=sampler)
     try:
-        asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say))
+        asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say, on_stop=sampler.close))
     finally:
         kill_children()  # normally none are left; a forced or abandoned stop may leave some
     return 0
