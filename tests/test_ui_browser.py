@@ -31,6 +31,7 @@ pytestmark = pytest.mark.mesh
 
 KEY = "page-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+GRACE_S = 30
 SHOWN_WITHIN_S = 5.0  # a change in the mesh is on the page within this long (a snapshot a second)
 
 
@@ -38,8 +39,10 @@ SHOWN_WITHIN_S = 5.0  # a change in the mesh is on the page within this long (a 
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, Path]]:
     tmp = tmp_path_factory.mktemp("ui-mesh")
     # a fixed window: the cost-aware one may stop drafting on a loaded machine, and the test needs drafts
+    # a long grace: an event stream that held the server's stop would hold it that long
     with mesh_serve(tmp, "--local-stages", "3", "--lanes", "4", "--ctx-size", "512", "--draft-window", "4",
-                    "--api-key", KEY, env={"MESHPIPE_TOKEN": "ui-test-token"}) as (url, proc):
+                    "--api-key", KEY, "--shutdown-grace", str(GRACE_S),
+                    env={"MESHPIPE_TOKEN": "ui-test-token"}) as (url, proc):
         yield url, proc.pid, tmp
 
 
@@ -156,3 +159,17 @@ def test_status_watch_redraws_from_the_same_snapshot(mesh):
     assert [row[0] for row in table] == ["0", "1", "2"]
     assert "replaced" in screens[-1]  # the recovery before this test
     assert "recoveries: 1," in screens[-1]
+
+
+def test_a_stop_signal_ends_the_open_streams_at_once(mesh):
+    """Last: it stops the module's server. An event stream never ends by itself; the server's
+    first SIGTERM ends it, or the stop would wait out the whole grace period."""
+    url, pid, _ = mesh
+    with httpx.stream("GET", f"{url}/ui/events", headers=AUTH, timeout=GRACE_S) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        os.kill(pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        for _ in lines:
+            pass
+    assert time.monotonic() - signalled < GRACE_S / 3
