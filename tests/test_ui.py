@@ -4,8 +4,11 @@ state, the event stream's fan-out, the recovery timeline, and the routes behind 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import time
+import tomllib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -30,6 +33,7 @@ from mesh.snapshot import Snapshot
 from mesh.tokenizer import Tokenizer
 from proto import meshpipe_pb2 as pb
 
+ROOT = Path(__file__).resolve().parent.parent
 KEY = "page-key"
 GOOD = {"authorization": f"Bearer {KEY}"}
 
@@ -241,3 +245,14 @@ def test_closing_the_sampler_ends_every_stream():
         assert sampler.watchers == 0
 
     asyncio.run(close())
+
+
+def test_the_page_files_are_package_data():
+    """A wheel carries mesh/ui only when pyproject names the package and its files' patterns
+    (checked by hand with `pip wheel . --no-deps`; building one here would start a process)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "mesh.ui" in setuptools["packages"]
+    patterns = setuptools["package-data"]["mesh.ui"]
+    files = [p for p in (ROOT / "mesh" / "ui").iterdir() if p.suffix != ".py" and p.is_file()]
+    assert {p.name for p in files} >= {"index.html", "ui.css", "ui.js"}
+    assert all(any(fnmatch.fnmatch(p.name, pattern) for pattern in patterns) for p in files)
