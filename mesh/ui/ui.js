@@ -91,8 +91,14 @@ function renderChart(history) {
   const top = Math.max(1, ...history.map((p) => p.tok_s));
   const x = (i) => (n > 1 ? (360 * i) / (n - 1) : 0);
   $("chart-tok").setAttribute("points", history.map((p, i) => `${x(i)},${88 - (84 * p.tok_s) / top}`).join(" "));
-  $("chart-acc").setAttribute("points", history.flatMap((p, i) =>
-    p.accept == null ? [] : [`${x(i)},${88 - 84 * p.accept}`]).join(" "));
+  // acceptance is known only for seconds in which windows settled: a gap breaks the line
+  let path = "";
+  history.forEach((p, i) => {
+    if (p.accept == null) return;
+    const at = `${x(i)},${88 - 84 * p.accept}`;
+    path += i && history[i - 1].accept != null ? `L${at} ` : `M${at} L${at} `;  // a lone second: a dot
+  });
+  $("chart-acc").setAttribute("d", path);
   $("chart-max").textContent = top.toFixed(0);
 }
 
