@@ -47,10 +47,16 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, P
 
 
 @pytest.fixture(scope="module")
-def page(mesh: tuple[str, int, Path]) -> Iterator[Page]:
-    binary = chromium()
-    if binary is None:
+def binary() -> str:
+    """Chromium, or a skip: asked for first, so that no mesh starts for a browser there is not."""
+    found = chromium()
+    if found is None:
         pytest.skip("no chromium on this machine: `apt-get install chromium` (.ci/run does)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def page(binary: str, mesh: tuple[str, int, Path]) -> Iterator[Page]:
     url, _, tmp = mesh
     with browser(binary, tmp / "profile") as p:
         p.navigate(f"{url}/")  # redirects to /ui, which asks for the key: the stream needs it
@@ -76,7 +82,7 @@ def _chat(url: str, prompt: str, tokens: int = 48) -> None:
                                    max_tokens=tokens, temperature=0, extra_body={"ignore_eos": True})
 
 
-def test_the_page_shows_three_stages_with_their_layers_and_engines(mesh, page):
+def test_the_page_shows_three_stages_with_their_layers_and_engines(binary, mesh, page):
     stages = page.wait("[...document.querySelectorAll('.stage')].map(s => [s.dataset.stage, "
                        "s.querySelector('.layers').textContent, s.querySelector('.engine').textContent])", 10)
     assert [s[0] for s in stages] == ["0", "1", "2"]
@@ -88,7 +94,7 @@ def test_the_page_shows_three_stages_with_their_layers_and_engines(mesh, page):
     _shot(page, mesh[2], "stages")
 
 
-def test_acceptance_updates_without_a_reload(mesh, page):
+def test_acceptance_updates_without_a_reload(binary, mesh, page):
     url = mesh[0]
     assert page.evaluate("document.querySelector('[data-proposer=draft]') === null")  # nothing proposed yet
     _chat(url, "Write a Python function that returns the sum of a list of numbers.")
@@ -117,7 +123,7 @@ def _abandoned_stream(url: str) -> None:
     sock.close()
 
 
-def test_the_stream_survives_clients_that_disconnect(mesh, page):
+def test_the_stream_survives_clients_that_disconnect(binary, mesh, page):
     url = mesh[0]
     for _ in range(5):
         _abandoned_stream(url)
@@ -129,7 +135,7 @@ def test_the_stream_survives_clients_that_disconnect(mesh, page):
     assert "Traceback" not in next(mesh[2].glob("serve-*.log")).read_text()
 
 
-def test_a_killed_stage_shows_in_the_timeline_and_as_replaced(mesh, page):
+def test_a_killed_stage_shows_in_the_timeline_and_as_replaced(binary, mesh, page):
     url, pid, tmp = mesh
     victim = stage_pids(pid)[1]  # the final stage
     os.kill(victim, signal.SIGKILL)
