@@ -107,6 +107,7 @@ class Healer:
     async def _rebuild(self) -> None:
         """Withdraw the broken route and build a fresh one, retrying with backoff."""
         try:
+            before = endpoints(self.served.route)
             with anyio.CancelScope(shield=True):  # a route being dropped is dropped whole
                 await self.served.drop_route(quick=True)
             delay = 1.0
@@ -114,7 +115,7 @@ class Healer:
                 try:
                     await self.served.build_route(healing=True)
                     self.last_error = ""
-                    self.recoveries.healed()
+                    self.recoveries.healed(replacements(before, endpoints(self.served.route)))
                     return
                 except Exception as exc:  # noqa: BLE001 -- a stage killed mid-build can fail it any way; try again
                     self.last_error = f"rebuilding route: {exc}"
@@ -149,6 +150,20 @@ class Healer:
                 self.say(f"spare {endpoint}: layers [{route.stage0.end},{route.manifest.layer_count}) fetched")
             except Exception as exc:  # noqa: BLE001 -- a spare that cannot prefetch may still take over later
                 self.say(f"WARNING: spare {endpoint} could not prefetch: {exc}")
+
+
+def endpoints(route: Route | None) -> tuple[str, ...]:
+    """The route's stages past stage 0, in pipeline order."""
+    return tuple(s.endpoint for s in route.stages) if route is not None else ()
+
+
+def replacements(before: tuple[str, ...], after: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(gone, in its place), in pipeline order: each stage not in the new route with the next
+    new one; a stage left out with no spare in its place pairs with "" (the others took its
+    layers). Local stages are spawned anew at every rebuild: each is a replacement."""
+    gone = [e for e in before if e not in after]
+    new = [e for e in after if e not in before]
+    return tuple((old, new[i] if i < len(new) else "") for i, old in enumerate(gone))
 
 
 async def ping(route: Route) -> str | None:

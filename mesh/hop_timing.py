@@ -30,6 +30,12 @@ class HopTotals:
     frames: dict[str, int] = field(default_factory=dict)  # kind -> frames
     seconds: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (kind, stage, part) -> s
     batch_rows: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, stage) -> rows, summed
+    # what stage 0 sent: rows fed in frames, those of frames voided before their reply counted
+    # (sent ahead past a rejected draft, or out when a request ended: stale work), and the
+    # activation bytes down its link, which every later link carries as well
+    rows_sent: int = 0
+    rows_voided: int = 0
+    bytes_sent: int = 0
 
     def record(self, kind: int, own: pb.Hop, downstream: Iterable[pb.Hop] = (), round_trip_s: float = 0.0) -> None:
         """Add one frame: stage 0's hop, the hops its reply carried, and the round trip."""

@@ -39,6 +39,8 @@ class Metrics:
                                          "draft tokens proposed, by proposer", ["proposer"], registry=r)
         self.proposer_accepted = Counter("meshpipe_speculative_proposer_accepted_tokens",
                                          "draft tokens accepted, by proposer", ["proposer"], registry=r)
+        self.proposer_windows = Counter("meshpipe_speculative_proposer_windows", "verify windows, by proposer",
+                                        ["proposer"], registry=r)
 
     def record_prompt(self, tokens: int, cached: int) -> None:
         self.prompt_tokens.inc(tokens)
@@ -54,6 +56,7 @@ class Metrics:
         for name, record in spec.by:
             self.proposer_proposed.labels(name).inc(record.proposed)
             self.proposer_accepted.labels(name).inc(record.accepted)
+            self.proposer_windows.labels(name).inc(record.windows)
 
     def watch_recoveries(self, recoveries: Recoveries) -> None:
         """Export route recoveries: how many, how long breaks went unnoticed and took to heal."""

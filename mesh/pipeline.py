@@ -184,6 +184,7 @@ class Pipeline:
         frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind)
+        self.hops.rows_sent += len(tokens)
         if self.link is None:
             return self._answer_here(pending, header, work, out, frame, len(last))
         await self._forward(header, work, out, pending)
@@ -208,6 +209,7 @@ class Pipeline:
     def void(self, pending: Pending) -> None:
         """Forget a frame whose reply can no longer count: it is dropped when it comes."""
         self.waiters.pop(pending.key, None)
+        self.hops.rows_voided += pending.rows
         if pending.reply is not None:
             if pending.reply.done() and not pending.reply.cancelled():
                 pending.reply.exception()  # retrieved: a void frame's failure is nobody's error
@@ -245,6 +247,7 @@ class Pipeline:
             pending.reply = asyncio.get_running_loop().create_future()
             pending.reply.add_done_callback(pending._answered)
             self.waiters[pending.key] = pending
+        self.hops.bytes_sent += len(encoded.data)
         try:
             await self.link.send(header, encoded.data)
         except ConnectionError as exc:

@@ -74,6 +74,7 @@ class Requests:
         self.admission = Admission(settings.lanes, settings.max_queue)
         self.ids = itertools.count(1)  # session ids, one per request
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
+        self.generated = 0  # tokens handed on, counted as they go: the web page's tok/s (mesh/sampler.py)
 
     def generate(self, req: GenerationRequest) -> Generation:
         live = Live(RequestState(req, speculative=self.host.spec is not None))
@@ -116,6 +117,7 @@ class Requests:
                         # must free the session on every stage before the next request comes
                         async with contextlib.aclosing(self._attempt(pipeline, session, live)) as tokens:
                             while (sampled := await _until(deadline, anext(tokens, None))) is not None:
+                                self.generated += 1
                                 yield sampled
                         return
                     except MeshUnavailableError:

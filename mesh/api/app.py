@@ -7,15 +7,18 @@ Every response, errors included, is counted in /metrics, and no exception escape
 (one that did would make the server drop the keep-alive connection).
 
 The front door, outermost first: a web origin not allowed is refused (mesh/api/origins.py);
-every /v1 route needs an API key when keys are set (mesh/api/keys.py), and so do /metrics
-and /health's details; a POST must be JSON (mesh/api/media.py); then the body's size.
+every /v1 route needs an API key when keys are set (mesh/api/keys.py), and so do /metrics,
+/health's details and the web page's data (mesh/api/ui.py); a POST must be JSON
+(mesh/api/media.py); then the body's size.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,7 @@ from mesh.api.media import json_required
 from mesh.api.origins import OriginGuard
 from mesh.api.request import Prepared, prepare
 from mesh.api.responder import Responder, as_api_error
+from mesh.api.ui import Feed, ui_router
 from mesh.backend import Backend
 from mesh.metrics import Metrics
 
@@ -49,9 +53,10 @@ class Access:
 
 
 def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BODY,
-              access: Access | None = None) -> FastAPI:
+              access: Access | None = None, ui: Feed | None = None) -> FastAPI:
+    """The API; with `ui`, the web page of the mesh too (mesh/api/ui.py)."""
     access = access or Access()
-    app = FastAPI(title="meshpipe", docs_url=None, redoc_url=None)
+    app = FastAPI(title="meshpipe", docs_url=None, redoc_url=None, lifespan=_sampling(ui))
     app.add_middleware(OriginGuard, origins=access.cors_origins)
     app.add_middleware(_CountResponses, metrics=metrics)  # outermost: counts the guard's refusals too
     keys = ApiKeys(access.api_keys)
@@ -67,7 +72,25 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
 
     app.include_router(_operations(backend, metrics, keys, access.public_metrics))
     app.include_router(_v1(backend, metrics, max_body), dependencies=[Depends(keys.required)])
+    if ui is not None:
+        app.include_router(ui_router(ui, keys))
     return app
+
+
+def _sampling(ui: Feed | None) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The server's life: the page's snapshots are taken while it serves."""
+
+    @contextlib.asynccontextmanager
+    async def life(_: FastAPI) -> AsyncIterator[None]:
+        if ui is not None:
+            ui.start()
+        try:
+            yield
+        finally:
+            if ui is not None:
+                await ui.stop()
+
+    return life
 
 
 def error_response(err: ApiError) -> JSONResponse:

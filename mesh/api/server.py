@@ -78,8 +78,9 @@ class _Server(uvicorn.Server):
 class _Signals:
     """First signal: stop gracefully. Second: force."""
 
-    def __init__(self, server: _Server, main: asyncio.Task[None], say: Callable[[str], None]):
-        self.server, self.main, self.say = server, main, say
+    def __init__(self, server: _Server, main: asyncio.Task[None], say: Callable[[str], None],
+                 on_stop: Callable[[], None]):
+        self.server, self.main, self.say, self.on_stop = server, main, say, on_stop
         self.count = 0
 
     def __call__(self, sig: signal.Signals) -> None:
@@ -87,6 +88,7 @@ class _Signals:
         self.server.should_exit = True
         if self.count == 1:
             self.say(f"{sig.name}: shutting down (send it again to force)")
+            self.on_stop()
             if not self.server.started:
                 self.main.cancel()  # mid-build: abandon it; the build tears down what it started
             return
@@ -107,16 +109,18 @@ def kill_children() -> None:
 
 
 async def serve(coordinator: Coordinator, app: FastAPI, sock: socket.socket, grace: float,
-                say: Callable[[str], None]) -> None:
-    """Build the route, serve until a signal, then stop everything. Returns normally on a signal."""
+                say: Callable[[str], None], on_stop: Callable[[], None] = lambda: None) -> None:
+    """Build the route, serve until a signal, then stop everything. Returns normally on a signal.
+    `on_stop` is told at the first signal (the web page's endless event streams end then)."""
     # uvicorn annotates the grace as int but only hands it to asyncio.wait_for: a float works
     config = uvicorn.Config(app, log_level="warning",
                             timeout_graceful_shutdown=grace)  # type: ignore[arg-type]
     logging.getLogger("uvicorn.error").addFilter(_QuietCancel())  # after Config set up logging
-    server = _Server(config, lambda: say(f"serving {coordinator.model_id} on {url_of(sock)}/v1"))
+    server = _Server(config, lambda: say(f"serving {coordinator.model_id} on {url_of(sock)}/v1 "
+                                         f"(the mesh's page: {url_of(sock)}/ui)"))
     main = asyncio.current_task()
     assert main is not None
-    signals = _Signals(server, main, say)
+    signals = _Signals(server, main, say, on_stop)
     loop = asyncio.get_running_loop()
     for sig in SIGNALS:
         loop.add_signal_handler(sig, signals, sig)

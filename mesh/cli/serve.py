@@ -22,6 +22,7 @@ from mesh.metrics import Metrics
 from mesh.model_source import resolve_model
 from mesh.peer_probe import discovered_peers
 from mesh.route import RouteSettings
+from mesh.sampler import Sampler
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, resolve_plan
 from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address
@@ -155,9 +156,10 @@ def _run(args: argparse.Namespace) -> int:
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
     metrics.watch_windows(coordinator.requests.choices)
-    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access)
+    sampler = Sampler(coordinator, metrics)  # the web page's snapshots
+    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access, ui=sampler)
     try:
-        asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say))
+        asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say, on_stop=sampler.close))
     finally:
         kill_children()  # normally none are left; a forced or abandoned stop may leave some
     return 0

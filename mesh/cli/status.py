@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from config.errors import MeshpipeError
 from config.settings import UsageError
 from mesh.bearer import KEY_ENV, auth_headers
+from mesh.cli.watch import watch
 from mesh.discovery import Found, browse
 from mesh.health import Health
 from packages.describe import human_bytes
@@ -25,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the coordinator's HTTP address; the .../v1 URL `mesh serve` prints works too")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"the API key the coordinator asks for (default: ${KEY_ENV})")
+    p.add_argument("--watch", action="store_true",
+                   help="redraw once a second from the snapshot the web page shows (/ui/snapshot): "
+                   "speculation, requests and recoveries too; Ctrl-C ends it")
     p.add_argument("--discover", action="store_true",
                    help="list the stages announced on the LAN (`mesh stage --announce`) instead; "
                    "no coordinator needed")
@@ -39,6 +43,11 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError("--discover-seconds must be more than 0 and at most 60")
         print(format_found(browse(args.discover_seconds)))
         return 0
+    if args.watch:
+        try:
+            return watch(_base_url(args.url), args.api_key)
+        except KeyboardInterrupt:
+            return 0
     print(format_health(fetch_health(_base_url(args.url), args.api_key)))
     return 0
 
