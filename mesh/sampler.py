@@ -130,8 +130,9 @@ class Sampler:
 
     def _speculation(self, now: Readings, before: Readings | None, oldest: Readings | None) -> Speculation:
         m, p = self.mesh, self.mesh.pipeline
+        chose = {name: choice.why for name, choice in m.requests.choices()}
         proposers = tuple(Proposer(name=name, accept_rate=t.accepted / t.proposed, proposed=int(t.proposed),
-                                   mean_window=t.proposed / t.windows if t.windows else 0.0)
+                                   mean_window=t.proposed / t.windows if t.windows else 0.0, choice=chose.get(name))
                           for name, t in now.proposers if t.proposed)
         frames = now.frames - before.frames if before else 0
         stage_s = sum(s for _, s in now.stage_s) - (sum(s for _, s in before.stage_s) if before else 0.0)

@@ -48,6 +48,7 @@ class Proposer(_Frozen):
     accept_rate: float  # accepted / proposed, since start
     mean_window: float  # proposed / windows, since start
     proposed: int
+    choice: str | None = None  # what its cost-aware window controller chose and why, now
 
 
 class Speculation(_Frozen):

@@ -83,7 +83,8 @@ function renderSpeculation(spec) {
   $("wire").textContent = ms(spec.wire_ms);
   $("proposers").tBodies[0].replaceChildren(...spec.proposers.map((p) =>
     el("tr", { "data-proposer": p.name }, el("td", {}, p.name), el("td", { class: "accept" }, pct(p.accept_rate)),
-      el("td", {}, p.mean_window.toFixed(2)), el("td", {}, String(p.proposed)))));
+      el("td", {}, p.mean_window.toFixed(2)), el("td", {}, String(p.proposed)),
+      el("td", { class: "choice" }, p.choice ?? "—"))));
 }
 
 function renderChart(history) {
