@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from mesh.admission import Admission
 from mesh.api.app import Access, build_app
 from mesh.api.ui import MAX_STREAMS
-from mesh.backend import Acceptance
+from mesh.backend import Acceptance, WindowChoice
 from mesh.cli.watch import format_snapshot
 from mesh.coordinator import Coordinator
 from mesh.healing import replacements
@@ -51,7 +51,7 @@ def _mesh() -> Any:
     return SimpleNamespace(
         route=SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote("127.0.0.1:7001", 0.0)]),
         pipeline=pipeline, settings=SimpleNamespace(engine=lambda _: "llama"), hops=HopTotals(),
-        requests=SimpleNamespace(generated=0, admission=Admission(4, 16)), recoveries=Recoveries(),
+        requests=SimpleNamespace(generated=0, admission=Admission(4, 16), choices=lambda: ()), recoveries=Recoveries(),
         healer=SimpleNamespace(last_error=""), manifest=SimpleNamespace(layer_count=30), model_id="m",
         topology=SimpleNamespace(spares=("127.0.0.1:7009",)), spec=None, spec_note="off: --no-draft")
 
@@ -82,9 +82,12 @@ def test_the_snapshot_shows_the_route_and_its_rates_between_ticks():
 def test_acceptance_is_read_per_proposer_from_the_metrics():
     metrics, mesh = Metrics(), _mesh()
     metrics.record_speculative(Acceptance().add(4, 3, "draft").add(4, 1, "draft").add(2, 2, "ngram"))
+    chose = WindowChoice(2, 3, 30.0, 17.0, "window 2, 3 in flight: 30.0 tok/s predicted against 17.0 without")
+    mesh.requests.choices = lambda: (("draft", chose),)  # the draft's window is cost-aware, prompt lookup's not
     (draft, ngram) = _sampler(mesh, metrics).sample().speculation.proposers
     assert (draft.name, draft.accept_rate, draft.mean_window, draft.proposed) == ("draft", 0.5, 4.0, 8)
-    assert (ngram.name, ngram.accept_rate) == ("ngram", 1.0)
+    assert draft.choice == chose.why
+    assert (ngram.name, ngram.accept_rate, ngram.choice) == ("ngram", 1.0, None)
 
 
 def test_a_rebuilt_route_shows_rebuilding_then_the_stage_that_replaced_one():
