@@ -85,9 +85,12 @@ def test_measured_time_per_decode_from_hops():
     for _ in range(4):
         hops.record(pb.DECODE, pb.Hop(stage_index=0, compute_us=5000, queue_us=9000, batch_rows=4),
                     [pb.Hop(stage_index=1, compute_us=6000, sample_us=1000, batch_rows=4)], round_trip_s=0.02)
-    assert measured(hops, 0).time_s == pytest.approx(5e-3)  # the queue is not the stage's time
-    assert measured(hops, 1).time_s == pytest.approx(7e-3)
-    assert measured(hops, 1).rows == 4
+    own, final = measured(hops, 0), measured(hops, 1)
+    assert own is not None
+    assert final is not None
+    assert own.time_s == pytest.approx(5e-3)  # the queue is not the stage's time
+    assert final.time_s == pytest.approx(7e-3)
+    assert final.rows == 4
     assert measured(hops, 2) is None
 
 
