@@ -1,7 +1,7 @@
 """A short calibration decode of a loaded range, for the planner (DESIGN.md §3, where to cut).
 
 Run once at Load, before the stage serves: a warm-up and a few single-row decodes on lane 0,
-one decode of a few rows (one per lane where the lanes allow, as concurrent sessions batch),
+a few decodes of several rows (one per lane where the lanes allow, as concurrent sessions batch),
 and the work a stage does per decode besides its layers (packing hidden states for the wire,
 or sampling at the final stage). Every lane it used is emptied afterwards, so no KV is left
 behind and later generations compute exactly as without it. It works through the engine's
@@ -22,7 +22,7 @@ from stage.engine import RangeEngine, Step
 from stage.sampling import sample_rows
 from stage.transport import encode_tensor
 
-SINGLE_REPEATS = 3  # single-row decodes timed, after one warm-up; the median counts
+REPEATS = 3  # decodes timed of each size (single-row after one warm-up); the median counts
 BATCH_ROWS = 4  # rows in the one multi-row decode: eight streams on two groups batch four
 
 
@@ -61,10 +61,10 @@ def calibrate(engine: RangeEngine, work_layers: float, wire_dtype: int = pb.F32)
     per_lane = -(-BATCH_ROWS // len(lanes))  # one row a lane when there are lanes enough
     rng = np.random.default_rng(0)
     try:
-        single = [_timed(engine, [_step(engine, 0, i, 1, rng)]) for i in range(SINGLE_REPEATS + 1)][1:]
+        single = [_timed(engine, [_step(engine, 0, i, 1, rng)]) for i in range(REPEATS + 1)][1:]
         start = engine.position(0)
         batch = [_step(engine, lane, start if lane == 0 else 0, per_lane, rng) for lane in lanes]
-        batch_s = _timed(engine, batch)
+        batch_s = statistics.median(_timed(engine, batch) for _ in range(REPEATS))  # each trims the last
         fixed_s = _fixed_cost(engine, engine.step(batch), wire_dtype)
     finally:
         for lane in lanes:
