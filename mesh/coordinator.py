@@ -29,6 +29,7 @@ from mesh.backend import (
 from mesh.healing import Healer
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
+from mesh.own_work import WorkMark, other_per_frame, work_mark
 from mesh.pipeline import Pipeline
 from mesh.planner import StageCost, plan_measured, predicted_times, worth_recut
 from mesh.recovery import Recoveries
@@ -46,7 +47,7 @@ from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
-from mesh.stage_cost import cost_at, measured
+from mesh.stage_cost import cost_at, decode_frames, measured
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
@@ -96,6 +97,8 @@ class Coordinator:
         self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
         self.stage_costs: tuple[StageCost, ...] = ()  # measured at the last Load; later plans cut on them
+        self.work_mark: WorkMark | None = None  # when the route began serving
+        self.own_work_s = 0.0  # stage 0's work besides its engines per decode frame, on the last route
         self.status_checked = 0.0  # monotonic time of the last Status round
         self.recoveries = Recoveries()
         self.healer = Healer(self, settings.resume_s, topology.spares, self.recoveries, say)
@@ -185,7 +188,9 @@ class Coordinator:
         calibrations = [route.calibration0, *(s.calibration for s in route.stages)]
         if any(c is None for c in calibrations):
             return None
-        self.stage_costs = tuple(cost_at(c, BATCH_ROWS) for c in calibrations if c is not None)
+        known = [c for c in calibrations if c is not None]
+        own = [self.own_work_s * BATCH_ROWS] + [0.0] * (len(known) - 1)  # stage 0's work besides its layers
+        self.stage_costs = tuple(cost_at(c, BATCH_ROWS, o) for c, o in zip(known, own, strict=True))
         ranges = [route.stage0, *(s.range for s in route.stages if s.range is not None)]
         current = predicted_times(ranges, route.work, self.stage_costs)
         best = plan_measured(route.manifest.allowed_cuts, route.work, self.stage_costs)
@@ -210,6 +215,7 @@ class Coordinator:
                 await teardown(route)
             raise
         self.route = route
+        self.work_mark = work_mark(self._engine_s(), decode_frames(self.hops))
         self.say("route ready: " + describe(route))
 
     async def _start_stage0(self, route: Route) -> None:
@@ -247,7 +253,15 @@ class Coordinator:
         if self.artifact_server is not None:
             await self.artifact_server.stop(grace=1)
 
+    def _engine_s(self) -> float:
+        """Engine seconds at stage 0, its layers' and the draft's."""
+        own = self.pipeline.core.batcher.busy_s if self.pipeline else 0.0
+        return own + (self.draft.busy_s if self.draft else 0.0)
+
     async def drop_route(self, quick: bool = False) -> None:
+        if self.work_mark is not None:  # what the route's life says of stage 0's own work
+            other = other_per_frame(self.work_mark, work_mark(self._engine_s(), decode_frames(self.hops)))
+            self.own_work_s, self.work_mark = other if other is not None else self.own_work_s, None
         if self.pipeline is not None:
             pipeline, self.pipeline = self.pipeline, None
             await pipeline.stop()

@@ -189,7 +189,6 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
     tried again at every build, so it rejoins. `measured`, one cost per stage (stage 0
     first), cuts on measured time; without it, or for another number of stages, the
     plan follows parameters and memory."""
-    m = route.manifest
     standby = list(spares)
     for i, stage in enumerate(list(route.stages)):
         try:
@@ -205,20 +204,12 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
             say(f"WARNING: {exc}; " + (f"spare {spare.endpoint} takes its place" if spare else "planning without it"))
     weights = [float(own_memory)] + [float(s.status.mem_available_bytes) if s.status else 1.0
                                      for s in route.stages]
-    costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
-    route.work = LayerWork(tuple(costs), head)
-    if len(measured) == len(weights):
-        ranges = plan_measured(m.allowed_cuts, route.work, measured)
-    else:
-        ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)
-    await _check_fit(route, ranges, own_memory)
+    ranges = await _plan(route, weights, own_memory, measured, say)
     route.stage0 = ranges[0]
     route.term = time.time_ns() // 1000
     for stage, rng in zip(route.stages, ranges[1:], strict=True):
         stage.range = rng
         await _claim(route, stage)
-    basis = "measured time" if len(measured) == len(weights) else "parameters"
-    say(f"plan ({basis}): " + ", ".join(f"[{r.start},{r.end})" for r in ranges))
     for stage in route.stages:
         await _prepare(route, stage, artifact_source)
     await _await_prepared(route, say)
@@ -227,6 +218,27 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
         stage = route.stages[index - 1]
         await _load(route, stage, index, downstream)
         downstream = stage.activation
+
+
+async def _plan(route: Route, weights: list[float], own_memory: int, measured: Sequence[StageCost],
+                say: Callable[[str], None]) -> list[StageRange]:
+    """The ranges, one per stage: on measured time when there is a cost per stage and
+    that cut fits, else on parameters and memory. Raises RouteError when neither fits."""
+    m = route.manifest
+    costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
+    route.work = LayerWork(tuple(costs), head)
+    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)
+    basis = "parameters"
+    if len(measured) == len(weights):
+        timed = plan_measured(m.allowed_cuts, route.work, measured)
+        try:  # measured time knows nothing of memory: a cut that does not fit keeps to parameters
+            await _check_fit(route, timed, own_memory)
+            ranges, basis = timed, "measured time"
+        except RouteError as exc:
+            say(f"WARNING: the cut on measured time does not fit ({exc}); cutting on parameters")
+    await _check_fit(route, ranges, own_memory)
+    say(f"plan ({basis}): " + ", ".join(f"[{r.start},{r.end})" for r in ranges))
+    return ranges
 
 
 async def _check_fit(route: Route, ranges: list[StageRange], own_memory: int) -> None:

@@ -6,7 +6,6 @@ so a plan whose prediction drifts from what the stages measure is visible (DESIG
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mesh.hop_timing import WIRE, HopTotals
@@ -37,11 +36,15 @@ class Measured:
     rows: float
 
 
+def decode_frames(hops: HopTotals) -> int:
+    return sum(hops.frames.get(kind, 0) for kind in DECODE_KINDS)
+
+
 def measured(hops: HopTotals, stage: int) -> Measured | None:
     """Stage `stage`'s measured time per decode from the hop sums; None before any decode.
     A frame batched with others carries its whole decode's time: the mean per frame is the
     mean decode's time."""
-    frames = sum(hops.frames.get(kind, 0) for kind in DECODE_KINDS)
+    frames = decode_frames(hops)
     key = str(stage)
     seen = sum(hops.batch_rows.get((kind, key), 0) for kind in DECODE_KINDS)
     if not frames or not seen:
@@ -53,10 +56,6 @@ def measured(hops: HopTotals, stage: int) -> Measured | None:
 
 def wire_per_frame(hops: HopTotals) -> float | None:
     """The round trip's part beyond the stages' own times, per decode frame: the links."""
-    frames = sum(hops.frames.get(kind, 0) for kind in DECODE_KINDS)
+    frames = decode_frames(hops)
     wire = sum(hops.seconds.get((kind, *WIRE), 0.0) for kind in DECODE_KINDS)
     return wire / frames if frames else None
-
-
-def predicted(costs: Sequence[StageCost], work: Sequence[float]) -> list[float]:
-    return [c.time(w) for c, w in zip(costs, work, strict=True)]
