@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from toy_engine import ToyEngine
 
 from mesh.hop_timing import HopTotals
+from mesh.own_work import WorkMark, other_per_frame
 from mesh.planner import LayerWork, PlanError, StageCost, StageRange, plan_measured, predicted_times, worth_recut
 from mesh.stage_cost import cost_at, measured
 from proto import meshpipe_pb2 as pb
@@ -108,3 +109,15 @@ def test_calibration_times_the_range_and_leaves_no_kv(first, final):
     assert back.single_s == pytest.approx(cal.single_s)
     assert back.per_layer_s == pytest.approx(cal.single_s / 15)
     assert calibration_of(pb.Calibration(), 15.0) is None  # a stage that did not calibrate
+
+
+def test_stage_0s_own_work_is_cpu_beyond_its_engines_per_frame():
+    before, after = WorkMark(10.0, 4.0, 100), WorkMark(13.0, 6.0, 300)
+    assert other_per_frame(before, after) == pytest.approx(1.0 / 200)  # 3 s of CPU, 2 in the engines
+    assert other_per_frame(before, WorkMark(11.0, 6.0, 300)) == 0.0  # decodes that waited on a CPU lock
+    assert other_per_frame(before, WorkMark(12.0, 4.0, 100)) is None  # no frames: nothing to divide by
+    # as stage 0's fixed cost, it moves layers to the other stage
+    cal = Calibration(single_s=10e-3, batch_s=16e-3, batch_rows=4, fixed_s=0.0, work_layers=19.0)
+    plain = plan_measured(EVERY, SMOL, [cost_at(cal, 4), cost_at(cal, 4)])
+    loaded = plan_measured(EVERY, SMOL, [cost_at(cal, 4, 4 * 0.5e-3), cost_at(cal, 4)])
+    assert loaded[0].end < plain[0].end
