@@ -170,7 +170,7 @@ class Coordinator:
         is re-cut once when its stages' calibrations predict a clearly faster plan."""
         await self._build_once(healing)
         plans = self._measured_plan()
-        if healing or plans is None or not worth_recut(*plans):
+        if healing or plans is None or not self.settings.cut_on_measured or not worth_recut(*plans):
             return
         current, better = plans
         self.say(f"re-cut on measured time: the slowest stage {max(current) * 1e3:.2f} -> "
@@ -208,7 +208,8 @@ class Coordinator:
             route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
             spares = [RemoteStage(endpoint=p) for p in self.topology.spares] if healing else []
             await build(route, psutil.virtual_memory().available, self.artifact_source, self.say,
-                        without_unreachable=healing, spares=spares, measured=self.stage_costs)
+                        without_unreachable=healing, spares=spares,
+                        measured=self.stage_costs if self.settings.cut_on_measured else ())
             await self._start_stage0(route)
         except BaseException:
             with anyio.CancelScope(shield=True):  # cancelled by a stopping server, it still ends them

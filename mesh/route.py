@@ -85,6 +85,7 @@ class RouteSettings:
     micro_batches: int | None = None  # session groups in flight (DESIGN.md §3); None: one per stage
     resume_s: float = 60.0  # how long a generation waits for a new route after a break (0: it fails)
     prefix_cache: bool = True  # a finished request's tokens stay in its lane for the next (DESIGN.md §2)
+    cut_on_measured: bool = True  # re-cut the first route and cut rebuilds on measured time (DESIGN.md §3)
     engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
     max_queue: int | None = None  # requests that may wait for a lane; beyond them, 429 (None: any number)
     request_timeout_s: float | None = None  # a request's whole life, waits included (None: no limit)
