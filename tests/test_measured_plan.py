@@ -121,3 +121,11 @@ def test_stage_0s_own_work_is_cpu_beyond_its_engines_per_frame():
     plain = plan_measured(EVERY, SMOL, [cost_at(cal, 4), cost_at(cal, 4)])
     loaded = plan_measured(EVERY, SMOL, [cost_at(cal, 4, 4 * 0.5e-3), cost_at(cal, 4)])
     assert loaded[0].end < plain[0].end
+
+
+def test_calibration_on_one_lane_puts_the_batch_rows_on_it():
+    engine = ToyEngine(first=True, final=True)
+    engine.lanes, engine.positions = 1, [0]
+    cal = calibrate(engine, work_layers=30.0)
+    assert cal.batch_rows == BATCH_ROWS
+    assert engine.positions == [0]
