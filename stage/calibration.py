@@ -1,7 +1,7 @@
 """A short calibration decode of a loaded range, for the planner (DESIGN.md §3, where to cut).
 
-Run once at Load, before the stage serves: a warm-up and a few single-row decodes on lane 0,
-a few decodes of several rows (one per lane where the lanes allow, as concurrent sessions batch),
+Run once at Load, before the stage serves: a warm-up and 5 single-row decodes on lane 0,
+5 decodes of several rows (one per lane where the lanes allow, as concurrent sessions batch),
 and the work a stage does per decode besides its layers (packing hidden states for the wire,
 or sampling at the final stage). Every lane it used is emptied afterwards, so no KV is left
 behind and later generations compute exactly as without it. It works through the engine's
@@ -10,7 +10,6 @@ own interface (step, trim), so every engine calibrates the same way.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -22,7 +21,9 @@ from stage.engine import RangeEngine, Step
 from stage.sampling import sample_rows
 from stage.transport import encode_tensor
 
-REPEATS = 3  # decodes timed of each size (single-row after one warm-up); the median counts
+# decodes timed of each size (single-row after one warm-up). The fastest counts: other work on
+# the machine only ever adds time, and stages calibrate one after another, at different moments
+REPEATS = 5
 BATCH_ROWS = 4  # rows in the one multi-row decode: eight streams on two groups batch four
 
 
@@ -30,8 +31,8 @@ BATCH_ROWS = 4  # rows in the one multi-row decode: eight streams on two groups 
 class Calibration:
     """What the stage measured, in seconds."""
 
-    single_s: float  # one decode of one row
-    batch_s: float  # one decode of `batch_rows` rows
+    single_s: float  # one decode of one row, the fastest of REPEATS
+    batch_s: float  # one decode of `batch_rows` rows, the fastest of REPEATS
     batch_rows: int
     fixed_s: float  # per decode, outside the layers: framing, or sampling at the final stage
     work_layers: float  # the range's work in layers, the head counted as the layers it is worth
@@ -64,12 +65,12 @@ def calibrate(engine: RangeEngine, work_layers: float, wire_dtype: int = pb.F32)
         # every decode starts at position 0, trimming the one before: the smallest context will do
         single = [_timed(engine, [_step(engine, 0, 1, rng)]) for _ in range(REPEATS + 1)][1:]
         batch = [_step(engine, lane, per_lane, rng) for lane in lanes]
-        batch_s = statistics.median(_timed(engine, batch) for _ in range(REPEATS))
+        batch_s = min(_timed(engine, batch) for _ in range(REPEATS))
         fixed_s = _fixed_cost(engine, engine.step(batch), wire_dtype)
     finally:
         for lane in lanes:
             engine.trim(lane, 0)
-    return Calibration(statistics.median(single), batch_s, per_lane * len(lanes), fixed_s, work_layers)
+    return Calibration(min(single), batch_s, per_lane * len(lanes), fixed_s, work_layers)
 
 
 def _step(engine: RangeEngine, lane: int, rows: int, rng: np.random.Generator) -> Step:
