@@ -29,7 +29,9 @@ from mesh.backend import (
 from mesh.healing import Healer
 from mesh.health import Health, StageHealth, StageState
 from mesh.hop_timing import HopTotals
+from mesh.own_work import WorkMark, other_per_frame, work_mark
 from mesh.pipeline import Pipeline
+from mesh.planner import StageCost, plan_measured, predicted_times, worth_recut
 from mesh.recovery import Recoveries
 from mesh.requests import Requests
 from mesh.route import (
@@ -45,11 +47,13 @@ from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
+from mesh.stage_cost import cost_at, decode_frames, measured
 from mesh.tokenizer import Tokenizer
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.batcher import close_engine, on_engine_thread
+from stage.calibration import BATCH_ROWS, calibrate
 from stage.control import split_endpoint
 from stage.engine import EngineConfig, RangeEngine
 from stage.engine_choice import open_engine
@@ -92,6 +96,9 @@ class Coordinator:
         self.draft: Draft | None = None
         self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
+        self.stage_costs: tuple[StageCost, ...] = ()  # measured at the last Load; later plans cut on them
+        self.work_mark: WorkMark | None = None  # when the route began serving
+        self.own_work_s = 0.0  # stage 0's work besides its engines per decode frame, on the last route
         self.status_checked = 0.0  # monotonic time of the last Status round
         self.recoveries = Recoveries()
         self.healer = Healer(self, settings.resume_s, topology.spares, self.recoveries, say)
@@ -159,6 +166,40 @@ class Coordinator:
         self.artifact_source = f"{self.topology.advertise}:{port}"
 
     async def build_route(self, healing: bool = False) -> None:
+        """Build a route on the last measured costs (parameters at first). The first route
+        is re-cut once when its stages' calibrations predict a clearly faster plan."""
+        await self._build_once(healing)
+        plans = self._measured_plan()
+        if healing or plans is None or not self.settings.cut_on_measured or not worth_recut(*plans):
+            return
+        current, better = plans
+        self.say(f"re-cut on measured time: the slowest stage {max(current) * 1e3:.2f} -> "
+                 f"{max(better) * 1e3:.2f} ms a decode of {BATCH_ROWS} rows, predicted")
+        await self.drop_route()
+        await self._build_once(healing=False)
+        self._measured_plan()
+
+    def _measured_plan(self) -> tuple[list[float], list[float]] | None:
+        """Keep the route's measured costs for later plans; return the predicted stage times
+        of its plan and of the best plan on them. None when a stage did not calibrate."""
+        route = self.route
+        if route is None or route.work is None or route.stage0 is None:
+            return None
+        calibrations = [route.calibration0, *(s.calibration for s in route.stages)]
+        if any(c is None for c in calibrations):
+            return None
+        known = [c for c in calibrations if c is not None]
+        own = [self.own_work_s * BATCH_ROWS] + [0.0] * (len(known) - 1)  # stage 0's work besides its layers
+        self.stage_costs = tuple(cost_at(c, BATCH_ROWS, o) for c, o in zip(known, own, strict=True))
+        ranges = [route.stage0, *(s.range for s in route.stages if s.range is not None)]
+        current = predicted_times(ranges, route.work, self.stage_costs)
+        best = plan_measured(route.manifest.allowed_cuts, route.work, self.stage_costs)
+        predicted = predicted_times(best, route.work, self.stage_costs)
+        self.say("calibrated: " + ", ".join(f"{t * 1e3:.2f}" for t in current) + f" ms a decode of {BATCH_ROWS} rows "
+                 "per stage, predicted; the best cut on them: " + ", ".join(f"{t * 1e3:.2f}" for t in predicted))
+        return current, predicted
+
+    async def _build_once(self, healing: bool) -> None:
         route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings)
         try:
             for index in range(1, self.topology.local_stages):
@@ -167,13 +208,15 @@ class Coordinator:
             route.stages += [RemoteStage(endpoint=p) for p in self.topology.peers]
             spares = [RemoteStage(endpoint=p) for p in self.topology.spares] if healing else []
             await build(route, psutil.virtual_memory().available, self.artifact_source, self.say,
-                        without_unreachable=healing, spares=spares)
+                        without_unreachable=healing, spares=spares,
+                        measured=self.stage_costs if self.settings.cut_on_measured else ())
             await self._start_stage0(route)
         except BaseException:
             with anyio.CancelScope(shield=True):  # cancelled by a stopping server, it still ends them
                 await teardown(route)
             raise
         self.route = route
+        self.work_mark = work_mark(self._engine_s(), decode_frames(self.hops))
         self.say("route ready: " + describe(route))
 
     async def _start_stage0(self, route: Route) -> None:
@@ -187,6 +230,8 @@ class Coordinator:
         cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,
                            ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.own_threads, cpu_lock=s.cpu_lock)
         self.engine = await on_engine_thread(open_engine, s.engine(0), gguf, cfg)
+        assert route.work is not None
+        route.calibration0 = await on_engine_thread(calibrate, self.engine, route.work.of(route.stage0), s.wire_dtype)
         link = replies = None
         if route.stages:
             link = await _link(s, route.stages[0], "coordinator", "stage0->downstream")
@@ -209,7 +254,15 @@ class Coordinator:
         if self.artifact_server is not None:
             await self.artifact_server.stop(grace=1)
 
+    def _engine_s(self) -> float:
+        """Engine seconds at stage 0, its layers' and the draft's."""
+        own = self.pipeline.core.batcher.busy_s if self.pipeline else 0.0
+        return own + (self.draft.busy_s if self.draft else 0.0)
+
     async def drop_route(self, quick: bool = False) -> None:
+        if self.work_mark is not None:  # what the route's life says of stage 0's own work
+            other = other_per_frame(self.work_mark, work_mark(self._engine_s(), decode_frames(self.hops)))
+            self.own_work_s, self.work_mark = other if other is not None else self.own_work_s, None
         if self.pipeline is not None:
             pipeline, self.pipeline = self.pipeline, None
             await pipeline.stop()
@@ -230,7 +283,7 @@ class Coordinator:
         await self._refresh_stages()
         broken = self.pipeline is None or self.pipeline.broken is not None
         return Health(ok=not broken, model=self.model_id, route=describe(self.route),
-                      stages=stage_rows(self.route, self.pipeline, self.settings),
+                      stages=stage_rows(self.route, self.pipeline, self.settings, self.hops),
                       error=self.healer.last_error or None,
                       speculative=self.spec.describe() if self.spec else self.spec_note,
                       draft_busy_s=self.draft.busy_s if self.draft else None,
@@ -266,7 +319,8 @@ def describe(route: Route | None) -> str:
     return " -> ".join(hops)
 
 
-def stage_rows(route: Route | None, pipeline: Pipeline | None, settings: RouteSettings) -> tuple[StageHealth, ...]:
+def stage_rows(route: Route | None, pipeline: Pipeline | None, settings: RouteSettings,
+               hops: HopTotals | None = None) -> tuple[StageHealth, ...]:
     if route is None or route.stage0 is None:
         return ()
     vm = psutil.virtual_memory()
@@ -277,7 +331,21 @@ def stage_rows(route: Route | None, pipeline: Pipeline | None, settings: RouteSe
                       busy_s=pipeline.core.batcher.busy_s if pipeline else None,
                       engine=settings.engine(0))
     ready: StageState = "READY" if pipeline and not pipeline.broken else "BROKEN"
-    return (own, *(_remote_row(i, s, ready) for i, s in enumerate(route.stages, 1)))
+    rows = (own, *(_remote_row(i, s, ready) for i, s in enumerate(route.stages, 1)))
+    return tuple(row.model_copy(update=_timing(route, hops, row.stage)) for row in rows)
+
+
+def _timing(route: Route, hops: HopTotals | None, index: int) -> dict[str, float | None]:
+    """A stage's predicted and measured time per decode, in ms, and its link's round trip."""
+    stage = route.stages[index - 1] if index else None
+    cal = stage.calibration if stage else route.calibration0
+    rng = stage.range if stage else route.stage0
+    seen = measured(hops, index) if hops is not None else None
+    predicted = None
+    if cal is not None and rng is not None and route.work is not None:
+        predicted = cost_at(cal, seen.rows if seen else BATCH_ROWS).time(route.work.of(rng)) * 1e3
+    return {"predicted_ms": predicted, "measured_ms": seen.time_s * 1e3 if seen else None,
+            "link_ms": stage.ping_s * 1e3 if stage and stage.ping_s is not None else None}
 
 
 def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
@@ -289,5 +357,3 @@ def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
                        mem_available_bytes=s.status.mem_available_bytes if s.status else None,
                        status_at=s.status_at, busy_s=s.status.busy_seconds if s.status else None,
                        engine=s.status.engine or None if s.status else None)
-
-

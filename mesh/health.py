@@ -36,6 +36,12 @@ class StageHealth(_Frozen):
     # over a while, divided by that while, is the stage's busy fraction (stage 0: its layers)
     busy_s: float | None = None
     engine: str | None = None  # "llama" or "mlx"; None before the stage's first Status reply
+    # time per decode: predicted from the stage's Load calibration for decodes as large as the
+    # measured ones (DESIGN.md §3), and measured from the hop timings (compute, codec and
+    # sampling per decode frame, no queue); None without a calibration or before any decode
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+    link_ms: float | None = None  # round trip of the last Status call: the link to this stage
 
 
 class RecoveryHealth(_Frozen):

@@ -58,3 +58,65 @@ def plan_ranges(layer_count: int, allowed_cuts: Sequence[int], weights: list[flo
         chosen.append(min(window, key=lambda c: (abs(done[c] - ideal), c)))
     bounds = [0, *chosen, layer_count]
     return [StageRange(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What one decode measurably costs a stage (DESIGN.md §3, where to cut): `fixed_s`
+    whatever its range, plus `per_layer_s` for each layer of work it holds."""
+
+    fixed_s: float
+    per_layer_s: float
+
+    def time(self, work_layers: float) -> float:
+        return self.fixed_s + self.per_layer_s * work_layers
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """Each layer's work and the output head's, in parameters (packages/parameters.py)."""
+
+    costs: tuple[float, ...]
+    head: float = 0.0
+
+    def of(self, r: StageRange) -> float:
+        """The range's work in layers of average size, the head counted at the final stage."""
+        mean = sum(self.costs) / len(self.costs)
+        head = self.head if r.end == len(self.costs) else 0.0
+        return (sum(self.costs[r.start : r.end]) + head) / mean
+
+
+def predicted_times(ranges: Sequence[StageRange], work: LayerWork, stages: Sequence[StageCost]) -> list[float]:
+    """Each stage's predicted time per decode on `ranges`."""
+    return [cost.time(work.of(r)) for r, cost in zip(ranges, stages, strict=True)]
+
+
+def plan_measured(allowed_cuts: Sequence[int], work: LayerWork, stages: Sequence[StageCost]) -> list[StageRange]:
+    """The ranges, one per stage in order, whose slowest stage is the fastest: a pipeline
+    runs at its bottleneck's pace. Exhaustive over the allowed cuts, by dynamic programming."""
+    layer_count, n = len(work.costs), len(stages)
+    points = [0, *sorted(c for c in set(allowed_cuts) if 0 < c < layer_count), layer_count]
+    if n == 0 or n > len(points) - 1:
+        raise PlanError(f"cannot split {layer_count} layers into {n} stages at cuts {points[1:-1]}")
+    # best[i][j]: (bottleneck, previous point) for stages 0..i covering layers [0, points[j])
+    inf = (float("inf"), -1)
+    best = [[inf] * len(points) for _ in range(n)]
+    for j in range(1, len(points)):
+        best[0][j] = (stages[0].time(work.of(StageRange(0, points[j]))), 0)
+    for i in range(1, n):
+        for j in range(i + 1, len(points)):
+            options = [(max(best[i - 1][k][0], stages[i].time(work.of(StageRange(points[k], points[j])))), k)
+                       for k in range(i, j)]
+            best[i][j] = min(options)
+    bounds, j = [layer_count], len(points) - 1
+    for i in range(n - 1, 0, -1):
+        j = best[i][j][1]
+        bounds.append(points[j])
+    bounds.append(0)
+    return [StageRange(a, b) for a, b in itertools.pairwise(reversed(bounds))]
+
+
+def worth_recut(current: Sequence[float], measured: Sequence[float], margin: float = 0.10) -> bool:
+    """Re-cut a loaded route only when the measured plan's bottleneck is clearly lower: a
+    re-cut reloads every stage, and calibration is noisy by a few percent."""
+    return max(measured) < (1.0 - margin) * max(current)

@@ -23,13 +23,14 @@ import grpc
 from google.protobuf.message import Message
 
 from config.errors import MeshpipeError
-from mesh.planner import StageRange, plan_ranges
+from mesh.planner import LayerWork, StageCost, StageRange, plan_measured, plan_ranges
 from mesh.stage_fit import StageNeed, misfits, package_sizes
 from packages.manifest import Manifest
 from packages.parameters import layer_parameters
 from proto import meshpipe_pb2 as pb
 from proto.clients import StageControlClient, Unary, rpc_name, stage_control
 from proto.version import PROTOCOL_VERSION
+from stage.calibration import Calibration, calibration_of
 from stage.engine_choice import Engine
 from stage.grpc_auth import token_metadata
 from stage.tls import MeshTls, channel
@@ -58,6 +59,8 @@ class RemoteStage:
     status: pb.StatusReply | None = None
     reachable: bool = True  # the last Status call answered
     status_at: float = 0.0  # wall time of the last Status reply
+    ping_s: float | None = None  # the round trip of the last Status call that answered: the link's
+    calibration: Calibration | None = None  # what the stage timed at Load, for the planner
 
     @property
     def control(self) -> StageControlClient:
@@ -82,6 +85,7 @@ class RouteSettings:
     micro_batches: int | None = None  # session groups in flight (DESIGN.md §3); None: one per stage
     resume_s: float = 60.0  # how long a generation waits for a new route after a break (0: it fails)
     prefix_cache: bool = True  # a finished request's tokens stay in its lane for the next (DESIGN.md §2)
+    cut_on_measured: bool = True  # re-cut the first route and cut rebuilds on measured time (DESIGN.md §3)
     engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
     max_queue: int | None = None  # requests that may wait for a lane; beyond them, 429 (None: any number)
     request_timeout_s: float | None = None  # a request's whole life, waits included (None: no limit)
@@ -112,6 +116,8 @@ class Route:
     settings: RouteSettings
     stages: list[RemoteStage] = field(default_factory=list)
     stage0: StageRange | None = None
+    work: LayerWork | None = None  # each layer's work, which the plan and the calibrations count in
+    calibration0: Calibration | None = None  # stage 0's, timed as it loads in the coordinator
     term: int = 0
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
@@ -165,21 +171,25 @@ async def connect_stage(route: Route, stage: RemoteStage) -> None:
 
 async def refresh_status(route: Route, stage: RemoteStage, deadline_s: float) -> None:
     """Ask the stage for its state and memory; `reachable` says whether it answered."""
+    asked = time.perf_counter()
     try:
         stage.status = await route.rpc(stage, stage.control.Status, pb.StatusRequest(protocol_version=V), deadline_s)
     except RouteError:
         stage.reachable = False
         raise
+    stage.ping_s = time.perf_counter() - asked
     stage.reachable, stage.status_at = True, time.time()
 
 
 async def build(route: Route, own_memory: int, artifact_source: str, say: Callable[[str], None],
-                without_unreachable: bool = False, spares: Sequence[RemoteStage] = ()) -> None:
+                without_unreachable: bool = False, spares: Sequence[RemoteStage] = (),
+                measured: Sequence[StageCost] = ()) -> None:
     """Claim → plan → Prepare → Inventory → Load (final first). Raises RouteError.
     `without_unreachable` (healing): a peer that does not answer is replaced by the first
     spare that does, else left out while the others take its layers. A configured peer is
-    tried again at every build, so it rejoins."""
-    m = route.manifest
+    tried again at every build, so it rejoins. `measured`, one cost per stage (stage 0
+    first), cuts on measured time; without it, or for another number of stages, the
+    plan follows parameters and memory."""
     standby = list(spares)
     for i, stage in enumerate(list(route.stages)):
         try:
@@ -195,15 +205,12 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
             say(f"WARNING: {exc}; " + (f"spare {spare.endpoint} takes its place" if spare else "planning without it"))
     weights = [float(own_memory)] + [float(s.status.mem_available_bytes) if s.status else 1.0
                                      for s in route.stages]
-    costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
-    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)
-    await _check_fit(route, ranges, own_memory)
+    ranges = await _plan(route, weights, own_memory, measured, say)
     route.stage0 = ranges[0]
     route.term = time.time_ns() // 1000
     for stage, rng in zip(route.stages, ranges[1:], strict=True):
         stage.range = rng
         await _claim(route, stage)
-    say("plan: " + ", ".join(f"[{r.start},{r.end})" for r in ranges))
     for stage in route.stages:
         await _prepare(route, stage, artifact_source)
     await _await_prepared(route, say)
@@ -212,6 +219,27 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
         stage = route.stages[index - 1]
         await _load(route, stage, index, downstream)
         downstream = stage.activation
+
+
+async def _plan(route: Route, weights: list[float], own_memory: int, measured: Sequence[StageCost],
+                say: Callable[[str], None]) -> list[StageRange]:
+    """The ranges, one per stage: on measured time when there is a cost per stage and
+    that cut fits, else on parameters and memory. Raises RouteError when neither fits."""
+    m = route.manifest
+    costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
+    route.work = LayerWork(tuple(costs), head)
+    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)
+    basis = "parameters"
+    if len(measured) == len(weights):
+        timed = plan_measured(m.allowed_cuts, route.work, measured)
+        try:  # measured time knows nothing of memory: a cut that does not fit keeps to parameters
+            await _check_fit(route, timed, own_memory)
+            ranges, basis = timed, "measured time"
+        except RouteError as exc:
+            say(f"WARNING: the cut on measured time does not fit ({exc}); cutting on parameters")
+    await _check_fit(route, ranges, own_memory)
+    say(f"plan ({basis}): " + ", ".join(f"[{r.start},{r.end})" for r in ranges))
+    return ranges
 
 
 async def _check_fit(route: Route, ranges: list[StageRange], own_memory: int) -> None:
@@ -307,15 +335,18 @@ async def _await_prepared(route: Route, say: Callable[[str], None]) -> None:
 async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -> None:
     s = route.settings
     assert stage.range is not None
+    assert route.work is not None
+    work_layers = route.work.of(stage.range)
     reply = await route.rpc(stage, stage.control.Load, pb.LoadRequest(
         protocol_version=V, term=route.term, layer_start=stage.range.start,
         layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
         downstream=downstream, stage_index=index, wire_delay_ms=s.wire.delay_ms,
-        wire_jitter_ms=s.wire.jitter_ms))
+        wire_jitter_ms=s.wire.jitter_ms, work_layers=work_layers))
     if not reply.ready:
         raise RouteError(f"stage {stage.endpoint} failed to load: {reply.message}")
     stage.activation = reply.endpoint
+    stage.calibration = calibration_of(reply.calibration, work_layers)
 
 
 async def teardown(route: Route, stop_s: float = STOP_TIMEOUT, exit_s: float = EXIT_TIMEOUT) -> None:

@@ -144,7 +144,7 @@ class InventoryReply(_message.Message):
     def __init__(self, state: _Optional[_Union[PrepareState, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms")
+    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms", "work_layers")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,7 @@ class LoadRequest(_message.Message):
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     WIRE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     WIRE_JITTER_MS_FIELD_NUMBER: _ClassVar[int]
+    WORK_LAYERS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
     layer_start: int
@@ -175,17 +176,34 @@ class LoadRequest(_message.Message):
     stage_index: int
     wire_delay_ms: float
     wire_jitter_ms: float
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ...) -> None: ...
+    work_layers: float
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ..., work_layers: _Optional[float] = ...) -> None: ...
+
+class Calibration(_message.Message):
+    __slots__ = ("single_us", "batch_us", "batch_rows", "fixed_us", "per_layer_us")
+    SINGLE_US_FIELD_NUMBER: _ClassVar[int]
+    BATCH_US_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    FIXED_US_FIELD_NUMBER: _ClassVar[int]
+    PER_LAYER_US_FIELD_NUMBER: _ClassVar[int]
+    single_us: float
+    batch_us: float
+    batch_rows: int
+    fixed_us: float
+    per_layer_us: float
+    def __init__(self, single_us: _Optional[float] = ..., batch_us: _Optional[float] = ..., batch_rows: _Optional[int] = ..., fixed_us: _Optional[float] = ..., per_layer_us: _Optional[float] = ...) -> None: ...
 
 class LoadReply(_message.Message):
-    __slots__ = ("ready", "endpoint", "message")
+    __slots__ = ("ready", "endpoint", "message", "calibration")
     READY_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     endpoint: str
     message: str
-    def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    calibration: Calibration
+    def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ..., calibration: _Optional[_Union[Calibration, _Mapping]] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("protocol_version", "term")

@@ -26,6 +26,7 @@ from proto.clients import artifact_transfer
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
 from stage.batcher import close_engine, on_engine_thread
+from stage.calibration import Calibration, calibrate
 from stage.engine import EngineConfig, RangeEngine
 from stage.engine_choice import Engine, open_engine
 from stage.grpc_auth import token_metadata
@@ -65,6 +66,7 @@ class StageControl(pb_grpc.StageControlServicer):
         self.active: ActivationStage | None = None
         self.listener: asyncio.Server | None = None
         self.engine: RangeEngine | None = None
+        self.calibration: Calibration | None = None  # of the loaded range, timed at Load
         self.range = (0, 0)
 
     # -- fencing -------------------------------------------------------------------------
@@ -165,7 +167,8 @@ class StageControl(pb_grpc.StageControlServicer):
             await self._unload(keep_state=True)
             return pb.LoadReply(ready=False, message=self.message)
         self.state = pb.READY
-        return pb.LoadReply(ready=True, endpoint=endpoint)
+        assert self.calibration is not None
+        return pb.LoadReply(ready=True, endpoint=endpoint, calibration=self.calibration.to_wire())
 
     def _check_load(self, r: pb.LoadRequest) -> str | None:
         p = self.prepared
@@ -186,6 +189,9 @@ class StageControl(pb_grpc.StageControlServicer):
                            ctx_per_lane=r.ctx_size, batch=r.batch or 256,
                            threads=r.threads or self.opt.threads, cpu_lock=self.opt.cpu_lock)
         self.engine = await on_engine_thread(open_engine, self.opt.engine, p.gguf, cfg)
+        # before the listener opens: no session's lane can be in use yet
+        self.calibration = await on_engine_thread(calibrate, self.engine, r.work_layers or p.end - p.start,
+                                                  r.wire_dtype)
         emulation = WireEmulation(r.wire_delay_ms, r.wire_jitter_ms)  # benchmark-only; 0 on real meshes
         downstream = None
         if r.downstream:

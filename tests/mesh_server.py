@@ -18,9 +18,12 @@ __all__ = ["free_port", "mesh_serve", "metric", "wait_for"]
 @contextlib.contextmanager
 def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None
                ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Yield (base URL, process); one engine thread per stage keeps 2-core machines calm."""
+    """Yield (base URL, process); one engine thread per stage keeps 2-core machines calm. The
+    model is cut on parameters unless `args` say `--cut-on`: a re-cut on measured time loads
+    every stage twice, which a test that is not about it need not wait for."""
     env = {"MESHPIPE_CACHE": str(cache), **(env or {})}
-    with local_serve(["--threads", "1", *args], cache, env, timeout) as server:
+    cut = () if "--cut-on" in args else ("--cut-on", "parameters")
+    with local_serve(["--threads", "1", *cut, *args], cache, env, timeout) as server:
         yield server.url, server.process
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 
 import httpx
@@ -14,6 +15,7 @@ from mesh_server import mesh_serve, metric
 from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.bench.breakdown import measure
+from mesh.cli.main import main
 from mesh.coordinator import STATUS_TTL
 from mesh.health import Health
 from mesh.model_source import EMBEDDED_ID
@@ -34,7 +36,8 @@ def test_split_serving_matches_unsplit_model(serve_cache, expected_texts, stages
 
 @pytest.fixture(scope="module")
 def two_stage(serve_cache):
-    with mesh_serve(serve_cache, "--local-stages", "2", "--lanes", "8", "--ctx-size", "512") as s:
+    with mesh_serve(serve_cache, "--local-stages", "2", "--lanes", "8", "--ctx-size", "512",
+                    "--cut-on", "measured") as s:
         yield s
 
 
@@ -42,8 +45,11 @@ DECODE_ROWS_AT_0 = 'meshpipe_hop_batch_rows_total{kind="decode",stage="0"}'
 DECODES = 'meshpipe_frames_total{kind="decode"}'
 
 
-def test_eight_concurrent_streams_match_solo_runs_in_micro_batches(two_stage, expected_texts):
-    """Two stages with their own cores (no CPU lock): the 8 sessions go in two groups of 4."""
+def test_eight_concurrent_streams_match_solo_runs_in_micro_batches(two_stage, serve_cache, expected_texts, capsys):
+    """Two stages with their own cores (no CPU lock): the 8 sessions go in two groups of 4.
+    Every stage calibrated its range at Load, on lanes these sessions then use: their output
+    is still the unsplit model's, and `mesh status` shows each stage's time per decode,
+    predicted from that calibration and measured from the hop timings."""
     url, _ = two_stage
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
@@ -58,6 +64,16 @@ def test_eight_concurrent_streams_match_solo_runs_in_micro_batches(two_stage, ex
     time.sleep(STATUS_TTL)  # /health asks the stages again
     stages = Health.model_validate_json(httpx.get(f"{url}/health").content).stages
     assert all(s.busy_s is not None and s.busy_s > 0 for s in stages)
+    assert all(s.predicted_ms is not None and s.predicted_ms > 0 for s in stages)  # Load reported a calibration
+    assert all(s.measured_ms is not None and s.measured_ms > 0 for s in stages)
+    assert stages[1].link_ms is not None
+    log = (serve_cache / f"serve-{url.rsplit(':', 1)[1]}.log").read_text()
+    assert re.search(r"calibrated: [\d.]+, [\d.]+ ms a decode", log)  # both stages' Load calibrations
+    assert "plan (measured time)" in log or "re-cut" not in log  # a re-cut cuts on them
+    assert main(["status", "--url", url]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "decode predicted" in table[-3]
+    assert [row.count(" ms") for row in table[-2:]] == [2, 3]  # stage 0 has no link of its own
 
 
 def test_bad_requests_get_openai_errors_and_server_survives(two_stage, expected_texts):

@@ -115,6 +115,10 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="drop every finished request's KV: by default it stays in its lane on every stage, "
                    "and a later request whose prompt starts the same way (a chat's next turn) prefills "
                    "only the rest")
+    p.add_argument("--cut-on", choices=("measured", "parameters"), default="measured",
+                   help="where to cut the model: on the time each stage measures at load (the first route "
+                   "is re-cut once when that is clearly faster; rebuilds cut on it) or on parameters and "
+                   "memory alone (no re-cut: a faster start)")
     p.add_argument("--resume-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="when a stage dies or hangs, in-flight requests wait this long for the rebuilt route "
                    "and go on where they stopped; past it they fail naming the cause (0: fail at once)")
@@ -230,6 +234,7 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()),
                              micro_batches=args.micro_batches, resume_s=args.resume_timeout,
                              prefix_cache=not args.no_prefix_cache, engines=_engines(args),
+                             cut_on_measured=args.cut_on == "measured",
                              max_queue=4 * args.lanes if args.max_queue is None else args.max_queue,
                              request_timeout_s=args.request_timeout)
     remote = bool(args.peer)

@@ -82,13 +82,19 @@ def format_health(state: Health) -> str:
     if (last := state.last_recovery) is not None:
         lines.append(f"recoveries: {state.recoveries}, {state.sessions_resumed} sessions resumed; last: "
                      f"{last.cause} (noticed after {last.detect_s:.1f}s, serving again after {last.resume_s:.1f}s)")
-    rows = [("stage", "endpoint", "layers", "engine", "state", "rss", "mem free", "busy")]
+    rows = [("stage", "endpoint", "layers", "engine", "state", "rss", "mem free", "busy",
+             "decode predicted", "decode measured", "link rtt")]
     for s in state.stages:
         busy = "" if s.busy_s is None else f"{s.busy_s:.1f} s"  # engine time since the route was built
         rows.append((str(s.stage), s.endpoint, f"[{s.start},{s.end})", s.engine or "?", s.state,
-                     human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0), busy))
+                     human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0), busy,
+                     _ms(s.predicted_ms), _ms(s.measured_ms), _ms(s.link_ms)))
     lines += _table(rows)
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f} ms"
 
 
 def format_found(found: Found) -> str:
