@@ -44,12 +44,17 @@ def _remote(endpoint: str, busy: float) -> RemoteStage:
                                              mem_available_bytes=1 << 30))
 
 
+def _route(remote: str) -> Any:
+    """Stage 0 and one remote stage, neither calibrated (the planner's costs are not read)."""
+    return SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote(remote, 0.0)], calibration0=None, work=None)
+
+
 def _mesh() -> Any:
     """The coordinator's state a sampler reads, and nothing else: no route is built."""
     pipeline = SimpleNamespace(broken=None, waiters={}, core=SimpleNamespace(
         batcher=SimpleNamespace(busy_s=0.0), lanes=SimpleNamespace(by_session={})))
     return SimpleNamespace(
-        route=SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote("127.0.0.1:7001", 0.0)]),
+        route=_route("127.0.0.1:7001"),
         pipeline=pipeline, settings=SimpleNamespace(engine=lambda _: "llama"), hops=HopTotals(),
         requests=SimpleNamespace(generated=0, admission=Admission(4, 16), choices=lambda: ()), recoveries=Recoveries(),
         healer=SimpleNamespace(last_error=""), manifest=SimpleNamespace(layer_count=30), model_id="m",
@@ -99,7 +104,7 @@ def test_a_rebuilt_route_shows_rebuilding_then_the_stage_that_replaced_one():
     down = sampler.sample()
     assert [s.state for s in down.stages] == ["REBUILDING", "REBUILDING"]
     assert not down.healing.ok
-    mesh.route = SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote("127.0.0.1:7009", 0.0)])
+    mesh.route = _route("127.0.0.1:7009")
     mesh.pipeline = _mesh().pipeline
     mesh.recoveries.healed(replacements(("127.0.0.1:7001",), ("127.0.0.1:7009",)))
     up = sampler.sample()
