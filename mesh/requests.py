@@ -74,7 +74,8 @@ class Requests:
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
 
     def generate(self, req: GenerationRequest) -> Generation:
-        live = Live(RequestState(req, speculative=self.host.spec is not None))
+        # a constrained request's forced tokens are a proposer of their own
+        live = Live(RequestState(req, speculative=self.host.spec is not None or req.constraint is not None))
         return Generation(self._generate(live), lambda: live.state.account())
 
     def _refusal(self, req: GenerationRequest) -> str | None:
