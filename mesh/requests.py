@@ -74,8 +74,7 @@ class Requests:
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
 
     def generate(self, req: GenerationRequest) -> Generation:
-        # a constrained request's forced tokens are a proposer of their own
-        live = Live(RequestState(req, speculative=self.host.spec is not None or req.constraint is not None))
+        live = Live(RequestState(req, speculative=self.host.spec is not None))
         return Generation(self._generate(live), lambda: live.state.account())
 
     def _refusal(self, req: GenerationRequest) -> str | None:
@@ -132,8 +131,9 @@ class Requests:
         try:
             in_flight = frames_in_flight(self.host.spec, pipeline.link is not None, self.settings.cpu_lock)
             draft = self.host.proposer if self.host.spec is not None else None
+            # a constrained request's forced tokens are drafts wherever speculation is on
             async for sampled in generate(pipeline, lease, live, self.host.ctx_per_session, draft, self._window(),
-                                          in_flight):
+                                          in_flight, forced=self.host.spec is not None):
                 yield sampled
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
