@@ -28,11 +28,11 @@ def schema_grammar(schema: Any, param: str) -> str:
     checked against the vocabulary (`compile.compile_grammar` does that)."""
     if not isinstance(schema, dict | bool):
         raise ConstraintError(f"{param} must be a JSON Schema object", param)
+    if (depth := _depth(schema)) > MAX_SCHEMA_DEPTH:  # first: measuring the size recurses
+        raise ConstraintError(f"{param} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are accepted", param)
     size = len(json.dumps(schema))
     if size > MAX_SCHEMA_BYTES:
         raise ConstraintError(f"{param} is {size} bytes of JSON; at most {MAX_SCHEMA_BYTES} are accepted", param)
-    if (depth := _depth(schema)) > MAX_SCHEMA_DEPTH:
-        raise ConstraintError(f"{param} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are accepted", param)
     _check_meta(schema, param)
     # JSON as OpenAI's models write it: one space after ':' and ',', nothing else between tokens.
     # Free whitespace would let a sampled run wander in newlines until max_tokens.

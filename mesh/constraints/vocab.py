@@ -8,6 +8,7 @@ done once, off the event loop, on the first constrained request.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -15,6 +16,10 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 
 if TYPE_CHECKING:
     from mesh.tokenizer import Tokenizer
+
+# llguidance reads each token's attributes through a call llama.cpp has renamed; one warning
+# per token of the vocabulary says nothing
+warnings.filterwarnings("ignore", message="llama_token_get_attr is deprecated", category=DeprecationWarning)
 
 _built: dict[int, llguidance.LLTokenizer] = {}
 _lock = threading.Lock()  # two first requests at once build it once
