@@ -60,7 +60,7 @@ def _response_format(rf: dict[str, Any] | None) -> Structure | None:
         return _schema(_ANY_OBJECT, "json_object", "response_format")
     if kind != "json_schema":
         raise bad_request(f"response_format type {kind!r} is not one of 'text', 'json_object', 'json_schema'",
-                          "response_format.type")
+                          "response_format")
     spec = rf.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise bad_request("response_format.json_schema needs a 'name' and a 'schema'", "response_format.json_schema")

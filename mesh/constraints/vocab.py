@@ -17,10 +17,6 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 if TYPE_CHECKING:
     from mesh.tokenizer import Tokenizer
 
-# llguidance reads each token's attributes through a call llama.cpp has renamed; one warning
-# per token of the vocabulary says nothing
-warnings.filterwarnings("ignore", message="llama_token_get_attr is deprecated", category=DeprecationWarning)
-
 _built: dict[int, llguidance.LLTokenizer] = {}
 _lock = threading.Lock()  # two first requests at once build it once
 
@@ -33,6 +29,10 @@ def grammar_tokenizer(tok: Tokenizer) -> llguidance.LLTokenizer:
     with _lock:
         found = _built.get(id(tok))
         if found is None:
-            found = lltokenizer_from_vocab(tok.vocab, n_vocab=tok.n_vocab, eos_token=sorted(tok.eos_tokens()))
+            with warnings.catch_warnings():
+                # llguidance reads each token's attributes through a call llama.cpp has
+                # renamed: one warning per token of the vocabulary says nothing
+                warnings.simplefilter("ignore", DeprecationWarning)
+                found = lltokenizer_from_vocab(tok.vocab, n_vocab=tok.n_vocab, eos_token=sorted(tok.eos_tokens()))
             _built[id(tok)] = found
         return found
