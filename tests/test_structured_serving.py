@@ -25,7 +25,7 @@ from mesh.model_source import EMBEDDED_ID
 pytestmark = pytest.mark.mesh
 
 # no speculation on one stage; prompt lookup, else the draft, and forced tokens, on two
-SERVERS = {"plain": ("--no-draft",), "spec": ("--strategy", "ngram+draft", "--local-stages", "2")}
+SERVERS = {"plain": ("--no-draft", "--no-forced-drafts"), "spec": ("--strategy", "ngram+draft", "--local-stages", "2")}
 
 
 class Pet(BaseModel):
