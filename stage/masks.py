@@ -27,7 +27,7 @@ def pack(allowed: Sequence[int], vocab: int) -> bytes:
 
 def unpack(mask: bytes, vocab: int) -> np.ndarray:
     """The tokens `mask` allows, as a bool per token."""
-    return np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[:vocab].astype(bool)
+    return np.unpackbits(np.frombuffer(mask, dtype=np.uint8), count=vocab, bitorder="little").view(bool)
 
 
 def masks_problem(masks: Sequence[bytes], vocab: int, rows: int) -> str | None:
@@ -49,9 +49,8 @@ def apply_masks(logits: np.ndarray, masks: Sequence[bytes]) -> np.ndarray:
     (a copy otherwise: the engine's logits stay as it returned them)."""
     if not any(masks):
         return logits
-    out = np.array(logits, dtype=np.float64 if logits.dtype == np.float64 else np.float32)
-    vocab = out.shape[1]
-    for row, mask in zip(out, masks, strict=True):
+    allowed = np.ones(logits.shape, dtype=bool)
+    for i, mask in enumerate(masks):
         if mask:
-            row[~unpack(mask, vocab)] = -np.inf
-    return out
+            allowed[i] = unpack(mask, logits.shape[1])
+    return np.where(allowed, logits, logits.dtype.type(-np.inf))  # one pass: cheaper than indexing by ~mask
