@@ -19,4 +19,8 @@ def forced_proposal(guide: Guide, room: int) -> Proposal:
     leaves a choice."""
     began = time.perf_counter()
     tokens = guide.forced(room)
+    # the forced bytes are tokenized by llama.cpp, which may spell them in tokens the grammar
+    # reads differently (an SPM vocabulary without a space token escapes it as U+2581): keep
+    # only what the matcher itself takes
+    tokens = tokens[: guide.legal(tokens)]
     return Proposal(tokens, FORCED, time.perf_counter() - began)

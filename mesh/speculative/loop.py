@@ -136,7 +136,9 @@ async def _propose(by: _Proposers, state: RequestState, ctx: int) -> Proposal:
     budget = lambda name: max(0, min(_controller(window, name).next_window(), room))  # noqa: E731
     if guide is None:
         return await draft.proposal(state.lane, list(state.sequence), budget)
-    return await draft.proposal(state.lane, list(state.sequence), budget, guide)
+    found = await draft.proposal(state.lane, list(state.sequence), budget, guide)
+    # every proposer keeps to the grammar; this holds one that does not to it too
+    return Proposal(found.tokens[: guide.legal(found.tokens)], found.by, found.seconds)
 
 
 def _controller(window: Windows, name: str) -> Controller:
