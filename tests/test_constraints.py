@@ -216,3 +216,13 @@ def test_the_parser_reads_content_then_calls_and_drops_a_call_cut_short():
     content, calls = parse_calls('{"name": "add", "arguments": {"a": 2}}', BARE)
     assert content is None
     assert calls[0].arguments == '{"a": 2}'
+
+
+def test_an_earlier_call_is_written_back_in_the_models_own_format():
+    from mesh.api.tool_format import written_calls
+
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]
+    written = written_calls(calls, HERMES)
+    assert written == '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    assert parse_calls(written, HERMES)[1][0].arguments == '{"a": 1}'  # it reads back as it was sent
+    assert json.loads(written_calls(calls, None)) == calls  # no known format: OpenAI's JSON

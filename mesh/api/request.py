@@ -7,7 +7,6 @@ default. Unknown fields are refused too, as OpenAI does: nothing is silently ign
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from common.sampling import SamplingParams
 from mesh.api.error import ApiError, bad_request
 from mesh.api.invalid import invalid_request
 from mesh.api.structured import Structure, structure
+from mesh.api.tool_format import tool_format, written_calls
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
@@ -277,7 +277,7 @@ def _message(i: int, m: Message, tok: Tokenizer) -> dict[str, Any]:
         out["role"] = "system"  # OpenAI's new name for it; templates know "system"
     if m.tool_calls and "tool_calls" not in (tok.template or ""):
         # A template that cannot show tool calls would drop them: keep them as text.
-        calls = json.dumps(m.tool_calls, ensure_ascii=False)
+        calls = written_calls(m.tool_calls, tool_format(tok))
         out["content"] = f"{out['content']}\n{calls}" if out["content"] else calls
     return out
 

@@ -8,6 +8,7 @@ gets the bare call object, under `required` or a named function only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -50,3 +51,20 @@ def tools_message(functions: list[dict[str, Any]], fmt: ToolFormat) -> str:
 
 def functions_of(tools: list[dict[str, Any]]) -> list[Function]:
     return [Function(t["function"]["name"], t["function"].get("parameters") or {"type": "object"}) for t in tools]
+
+
+def written_calls(calls: list[dict[str, Any]], fmt: ToolFormat | None) -> str:
+    """An assistant turn's `tool_calls` as the model writes calls, for a template that cannot
+    show them: in its own format when known (so a follow-up turn reads as its training did),
+    else as OpenAI's JSON."""
+    if fmt is None or fmt.begin is None or fmt.end is None:
+        return json.dumps(calls, ensure_ascii=False)
+    written = []
+    for call in calls:
+        fn = call.get("function") or {}
+        arguments = fn.get("arguments", {})
+        with contextlib.suppress(json.JSONDecodeError):  # else kept as the string it is
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        body = json.dumps({"name": fn.get("name"), "arguments": arguments}, ensure_ascii=False)
+        written.append(f"{fmt.begin.text}{fmt.pad}{body}{fmt.pad}{fmt.end.text}")
+    return fmt.between.join(written)
