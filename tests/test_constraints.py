@@ -12,7 +12,7 @@ import pytest
 from common.sampling import SamplingParams
 from mesh.api.error import ApiError
 from mesh.api.structured import structure
-from mesh.api.tool_calls import parse_calls
+from mesh.api.tool_calls import is_text, parse_calls
 from mesh.constraints.compile import Constraint, build
 from mesh.constraints.errors import ConstraintError
 from mesh.constraints.guide import Guide, frame_masks
@@ -206,13 +206,15 @@ def test_a_bad_tool_choice_is_a_400(byte_tokenizer, choice, param):
     assert err.value.param == param
 
 
-def test_the_parser_reads_content_then_calls_and_drops_a_call_cut_short():
+def test_the_parser_reads_calls_and_drops_a_call_cut_short():
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
-    content, calls = parse_calls(f"Adding.\n{call}\n{call}\n<tool_call>\n{{\"name\": \"ad", HERMES)
-    assert content == "Adding."
+    content, calls = parse_calls(f"{call}\n{call}\n<tool_call>\n{{\"name\": \"ad", HERMES)
+    assert content is None
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1})] * 2
     assert len({c.id for c in calls}) == 2
     assert parse_calls("just text", HERMES) == ("just text", [])
+    assert parse_calls(f"text, then {call}", HERMES) == (f"text, then {call}", [])  # as auto's grammar reads it
+    assert [is_text(s, HERMES) for s in ("<to", "<tool_call>\n{", "<b", "Hi", "")] == [False, False, True, True, False]
     content, calls = parse_calls('{"name": "add", "arguments": {"a": 2}}', BARE)
     assert content is None
     assert calls[0].arguments == '{"a": 2}'

@@ -179,3 +179,15 @@ def test_a_grammar_cut_by_max_tokens_ends_with_length(urls):
     assert r.choices[0].finish_reason == "length"
     assert r.choices[0].message.content
     assert not r.choices[0].message.content.endswith("}")
+
+
+def test_auto_free_text_streams_as_content_and_equals_the_whole_response(urls):
+    """Under `auto` the model may answer in text: it streams as it comes, once it cannot be a call."""
+    ask = [{"role": "user", "content": "Write a sentence about the sea."}]
+    args = dict(model=EMBEDDED_ID, messages=ask, tools=TOOLS, tool_choice="auto", max_tokens=12, temperature=0)
+    whole = _client(urls["plain"]).chat.completions.create(**args)
+    pieces = [c.choices[0].delta.content for c in _client(urls["plain"]).chat.completions.create(**args, stream=True)
+              if c.choices and c.choices[0].delta.content]
+    assert whole.choices[0].message.tool_calls is None
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert len(pieces) > 2  # streamed, not held to the end

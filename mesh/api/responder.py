@@ -31,7 +31,7 @@ from mesh.api.responses import (
     Usage,
 )
 from mesh.api.stop_strings import find_stop, held_back
-from mesh.api.tool_calls import ToolCall, parse_calls
+from mesh.api.tool_calls import ToolCall, is_text, parse_calls
 from mesh.backend import (
     Account,
     Backend,
@@ -180,11 +180,17 @@ class Responder:
         return (text, []) if self._tools is None else parse_calls(text, self._tools)
 
     async def _tool_chunks(self) -> AsyncIterator[str]:
-        """A tool-offering stream: the text is read whole (a call is known once its JSON
-        closes), then leaves as OpenAI streams calls: the content, then per call its id and
-        name, then its arguments."""
-        parts = [text async for text, _ in self.deltas()]
-        content, calls = self._calls("".join(parts))
+        """A tool-offering stream: free text streams as content once it cannot be a call;
+        calls are read whole (a call is known once its JSON closes), then leave as OpenAI
+        streams them: per call its id and name, then its arguments."""
+        assert self._tools is not None
+        held, free = "", False
+        async for text, _ in self.deltas():
+            held += text
+            if free or is_text(held, self._tools):
+                yield _sse(self.chunk(held))
+                held, free = "", True
+        content, calls = ("", []) if free else self._calls(held)
         if content:
             yield _sse(self.chunk(content))
         for i, call in enumerate(calls):

@@ -1,8 +1,9 @@
 """A completion's text read back into OpenAI tool calls.
 
-The grammar made the text well-formed, so reading it is exact: the calls are the marked
-JSON objects in order, and any text before the first is the message's content. A bare
-call (a model of unknown format) is the whole text.
+The grammar made the text well-formed, so reading it is exact: under `auto` the output is
+either free text (which never begins with the call marker) or calls from its first byte;
+the calls are the marked JSON objects in order. A bare call (a model of unknown format) is
+the whole text. `is_text` tells a stream which of the two it is as soon as it can.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[ToolCall]]
         call = _call(text)
         return (None, [call]) if call is not None else (text, [])
     begin, end = fmt.begin.text, fmt.end.text
-    first = text.find(begin)
-    if first < 0:
+    if not text.startswith(begin):
         return text, []
-    calls, at = [], first
+    calls, at = [], 0
     while (at := text.find(begin, at)) >= 0:
         close = text.find(end, at + len(begin))
         call = _call(text[at + len(begin) : close if close >= 0 else len(text)])
@@ -43,8 +43,13 @@ def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[ToolCall]]
             break  # cut short (max_tokens): what is whole is returned, the rest is dropped
         calls.append(call)
         at = close + len(end) if close >= 0 else len(text)
-    content = text[:first].strip()
-    return content or None, calls
+    return None, calls
+
+
+def is_text(start: str, fmt: ToolFormat) -> bool:
+    """Whether an output beginning `start` is free text: it cannot be the call marker's beginning."""
+    begin = fmt.begin.text if fmt.begin is not None else ""
+    return bool(begin) and bool(start) and not begin.startswith(start[: len(begin)])
 
 
 def _call(body: str) -> ToolCall | None:
