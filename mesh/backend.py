@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 from common.sampling import Sampled, SamplingParams
 from config.errors import MeshpipeError
 from mesh.health import Health
 from mesh.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mesh.constraints.compile import Constraint
 
 __all__ = ["Acceptance", "Account", "Backend", "Generation", "GenerationEvent", "GenerationRequest",
            "MeshBusyError", "MeshUnavailableError", "RequestRejectedError", "RequestTimeoutError", "Resumed"]
@@ -49,6 +52,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    constraint: Constraint | None = None  # a grammar every token must follow (mesh/constraints/)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(self.prompt))

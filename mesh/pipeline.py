@@ -162,10 +162,11 @@ class Pipeline:
 
     async def send(self, session: SessionId, lane: LaneId, start: int, tokens: list[int], sampling: SamplingParams,
                    all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = (),
-                   epoch: int = 0) -> Pending:
+                   epoch: int = 0, masks: Sequence[bytes] = ()) -> Pending:
         """Feed `tokens` at `start` up to the point where the frame has left stage 0; `wait` gives its tokens, so
         several frames of a session can be in flight (DESIGN.md §6). `epoch` tags the frame:
-        a stage skips a session's queued frames of an older epoch than the newest it saw."""
+        a stage skips a session's queued frames of an older epoch than the newest it saw. `masks`:
+        a grammar's allowed tokens per sampled row (stage/masks.py)."""
         sent_at = time.perf_counter()
         if self.broken:
             raise MeshUnavailableError(self.broken)
@@ -181,7 +182,7 @@ class Pipeline:
         last = pieces[-1]
         work, out = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
                                              all_logits=all_logits))
-        frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1)
+        frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1, masks)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind)
         self.hops.rows_sent += len(tokens)

@@ -77,7 +77,7 @@ class Requests:
         self.generated = 0  # tokens handed on, counted as they go: the web page's tok/s (mesh/sampler.py)
 
     def generate(self, req: GenerationRequest) -> Generation:
-        live = Live(RequestState(req, speculative=self.host.spec is not None))
+        live = Live(RequestState(req, speculative=self.host.spec is not None or self._forced(req)))
         return Generation(self._generate(live), lambda: self._account(live))
 
     def _account(self, live: Live) -> Account:
@@ -148,7 +148,7 @@ class Requests:
             in_flight = frames_in_flight(self.host.spec, pipeline.link is not None, self.settings.cpu_lock)
             draft = self.host.proposer if self.host.spec is not None else None
             async for sampled in generate(pipeline, lease, live, self.host.ctx_per_session, draft, self._window(),
-                                          in_flight):
+                                          in_flight, forced=self._forced(live.state.req)):
                 yield sampled
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
@@ -157,6 +157,10 @@ class Requests:
             held = live.state.tokens[: live.state.computed]
             with anyio.move_on_after(END_S, shield=True), contextlib.suppress(Exception):
                 await pipeline.end(lease.session, held)
+
+    def _forced(self, req: GenerationRequest) -> bool:
+        """A constrained request's forced tokens are drafts, a proposer of their own (usage counts them)."""
+        return self.settings.forced_drafts and req.constraint is not None
 
     def _window(self) -> Windows | None:
         """Window controllers for a new session, one per proposer. Cost-aware is shared by

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 5  # 5: FrameHeader.lane is the lane itself, optional (4 sent lane + 1, 0 for unset):
+PROTOCOL_VERSION = 6  # 6: Sampling.masks (grammar masks); a 5 peer would sample a constrained frame free
+# 5: FrameHeader.lane is the lane itself, optional (4 sent lane + 1, 0 for unset):
 # a 4 peer would read every lane one off, so the two must not share a route
 # 4: FrameHeader.lane and .keep (the prefix cache)
 # 3: the reply link (direct return), wire emulation at Load, FrameHeader.epoch

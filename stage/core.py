@@ -165,7 +165,7 @@ class StageCore:
         """The final stage's tokens for a step of `rows` input rows fed at `start`."""
         sampling = time.perf_counter()
         try:
-            picks = sample_rows(logits, frame.params, start, rows, frame.history, frame.drafts)
+            picks = sample_rows(logits, frame.params, start, rows, frame.history, frame.drafts, frame.masks)
         except ValueError as exc:  # finite but extreme values can still overflow to NaN probabilities
             raise CannotSampleError(f"stage {self.index}: cannot sample: {exc}") from None
         return picks, self._hop(work, sample_s=time.perf_counter() - sampling)

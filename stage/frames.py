@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from proto import meshpipe_pb2 as pb
+from stage.masks import masks_problem
 
 
 @dataclass(frozen=True)
@@ -24,16 +25,17 @@ class FrameSampling:
     params: SamplingParams
     history: tuple[int, ...] = ()  # row i of the logits counts history + drafts[:i]
     drafts: tuple[int, ...] = ()
+    masks: tuple[bytes, ...] = ()  # per sampled row, a grammar's allowed tokens (stage/masks.py)
 
     @classmethod
     def for_rows(cls, params: SamplingParams, history: Sequence[int], tokens: Sequence[int],
-                 rows: int) -> FrameSampling:
+                 rows: int, masks: Sequence[bytes] = ()) -> FrameSampling:
         """A frame feeding `tokens` whose last `rows` rows are sampled; `history` is the
         completion the penalties count at the first sampled row (fed tokens[-rows]), that
         row's token included. Each later row adds the token fed before it."""
         if not params.penalised:
-            return cls(params)
-        return cls(params, tuple(history), tuple(tokens[len(tokens) - rows + 1 :]))
+            return cls(params, masks=tuple(masks))
+        return cls(params, tuple(history), tuple(tokens[len(tokens) - rows + 1 :]), tuple(masks))
 
     def to_wire(self) -> pb.Sampling:
         p = self.params
@@ -45,6 +47,7 @@ class FrameSampling:
         if p.penalised:  # the history costs bytes on every frame: only when it counts
             wire.history.extend(self.history)
             wire.drafts.extend(self.drafts)
+        wire.masks.extend(self.masks)
         return wire
 
     def problem(self, vocab: int, ctx: int, rows: int) -> str | None:
@@ -56,7 +59,7 @@ class FrameSampling:
                     f"{rows} logits rows in a context of {ctx}")
         if any(not 0 <= t < vocab for t in (*self.history, *self.drafts)):
             return f"penalty history holds a token outside the vocabulary of {vocab}"
-        return None
+        return masks_problem(self.masks, vocab, rows)
 
 
 def sampling_of(header: pb.FrameHeader) -> FrameSampling:
@@ -64,7 +67,7 @@ def sampling_of(header: pb.FrameHeader) -> FrameSampling:
     params = SamplingParams(s.temperature, s.top_p or 1.0, s.top_k, s.seed, s.presence_penalty, s.frequency_penalty,
                             tuple((b.token, b.bias) for b in s.logit_bias),
                             s.logprobs if s.HasField("logprobs") else -1)
-    return FrameSampling(params, tuple(s.history), tuple(s.drafts))
+    return FrameSampling(params, tuple(s.history), tuple(s.drafts), tuple(s.masks))
 
 
 def input_rows(h: pb.FrameHeader) -> int:

@@ -18,16 +18,21 @@ from collections.abc import Sequence
 import numpy as np
 
 from common.sampling import Sampled, SamplingParams
+from stage.masks import apply_masks
 
 
 def sample_rows(logits: np.ndarray, params: SamplingParams, start: int, rows: int,
-                committed: Sequence[int] = (), drafts: Sequence[int] = ()) -> list[Sampled]:
-    """The tokens for the last len(logits) of `rows` input rows fed at `start`.
+                committed: Sequence[int] = (), drafts: Sequence[int] = (),
+                masks: Sequence[bytes] = ()) -> list[Sampled]:
+    """The tokens for the last len(logits) of `rows` input rows fed at `start`; a grammar's
+    `masks` (one per logits row, or none) apply after bias and penalties.
 
     Input row i sits at position start + i, so its logits pick the token at start + i + 1.
     """
     first = start + rows - len(logits) + 1
     processed = _processed(logits, params, committed, drafts)
+    if masks:
+        processed = apply_masks(processed, masks)
     tokens = [_draw(row, params, first + i) for i, row in enumerate(processed)]
     if params.logprobs < 0:
         return [Sampled(t) for t in tokens]
@@ -89,4 +94,5 @@ def _top(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
         return ()
     best = np.argpartition(-logprobs, n - 1)[:n] if n < len(logprobs) else np.arange(len(logprobs))
     best = best[np.lexsort((best, -logprobs[best]))]  # best first; ties by token id, as argmax
+    best = best[np.isfinite(logprobs[best])]  # a token a grammar masks out is no alternative
     return tuple((int(t), float(logprobs[t])) for t in best)

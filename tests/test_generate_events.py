@@ -48,7 +48,8 @@ class ScriptedPipeline:
         return [Sampled(self.target[start + i + 1 - len(PROMPT)]) for i in rows]
 
     async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: Any,
-                   all_logits: bool = False, kind: int = 0, history: Any = (), epoch: int = 0) -> Pending:
+                   all_logits: bool = False, kind: int = 0, history: Any = (), epoch: int = 0,
+                   masks: Any = ()) -> Pending:
         self.out.add(start)
         self.most = max(self.most, len(self.out))
         self.epochs.append(epoch)
@@ -80,7 +81,7 @@ class ScriptedDraft:
         return [t + 1000 if self.wrong or done + i in self.misses else t
                 for i, t in enumerate(self.target[done:done + k])]
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None) -> Proposal:
         return Proposal(await self.propose(lane, sequence, budget("draft")), "draft", 0.001)
 
     def forget(self, lane: int) -> None:

@@ -121,7 +121,7 @@ def test_no_seed_is_a_fresh_draw_and_a_seed_reproduces(server):
 
 
 @pytest.mark.parametrize(("param", "value"), [
-    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("response_format", {"type": "xml"}), ("functions", [{"name": "f"}]),
     ("tool_choice", "required"), ("n", 2), ("best_of", 3), ("reasoning_effort", "high"),
     ("frobnicate", 1),
 ])

@@ -158,8 +158,7 @@ def test_logprobs_in_a_chat_body(client: TestClient):
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("n", 2), ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}), ("store", True), ("audio", {"voice": "x"}),
+    ("n", 2), ("functions", [{"name": "f"}]), ("function_call", "auto"), ("store", True), ("audio", {"voice": "x"}),
     ("reasoning_effort", "low"), ("best_of", 2),
 ])
 def test_unsupported_values_are_refused_by_name(backend: FakeBackend, client: TestClient, field: str, value: Any):

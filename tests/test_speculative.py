@@ -118,8 +118,8 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
     prompt = chat_prompt(smollm2_gguf, "List three colours.")
 
     class WrongDraft(Draft):
-        async def propose(self, lane, sequence, k):
-            return [(t + 1) % 1000 for t in await super().propose(lane, sequence, k)]
+        async def propose(self, lane, sequence, k, guide=None):
+            return [(t + 1) % 1000 for t in await super().propose(lane, sequence, k, guide)]
 
     async def scenario():
         async with two_stages(smollm2_package, stage_cache, None) as (pipeline, _, final):

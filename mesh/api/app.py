@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
@@ -34,6 +35,7 @@ from mesh.api.media import json_required
 from mesh.api.origins import OriginGuard
 from mesh.api.request import Prepared, prepare
 from mesh.api.responder import Responder, as_api_error
+from mesh.api.structured import constrain
 from mesh.api.ui import Feed, ui_router
 from mesh.backend import Backend
 from mesh.metrics import Metrics
@@ -138,6 +140,9 @@ def _v1(backend: Backend, metrics: Metrics, max_body: int) -> APIRouter:
             raw = await read_body(request, max_body)
             loop = asyncio.get_running_loop()
             prepared = await loop.run_in_executor(prompts, _prepare, backend, raw, chat)
+            if prepared.structure is not None:  # compiled in a worker thread, bounded in time
+                generation = await constrain(backend.tok(), prepared.structure, prepared.generation)
+                prepared = dataclasses.replace(prepared, generation=generation)
             return await _respond(request, Responder(backend, metrics, prepared, endpoint), prepared)
         except ApiError as err:
             return error_response(err)

@@ -7,7 +7,6 @@ default. Unknown fields are refused too, as OpenAI does: nothing is silently ign
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from common.sampling import SamplingParams
 from mesh.api.error import ApiError, bad_request
 from mesh.api.invalid import invalid_request
+from mesh.api.structured import Structure, structure
+from mesh.api.tool_format import tool_format, written_calls
 from mesh.backend import GenerationRequest
 from mesh.chat_tokens import chat_tokens
 from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
@@ -94,6 +95,7 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool | None = None
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None
 
 
 # field -> is this value one we serve as asked? Anything else is a 400 naming the field.
@@ -102,9 +104,6 @@ _SUPPORTED_VALUES: dict[str, Callable[[Any], bool]] = {
     "best_of": lambda v: v in (None, 1),
     "echo": lambda v: not v,
     "suffix": lambda v: not v,
-    "response_format": lambda v: v in (None, {"type": "text"}),
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v in (None, "none"),
     "functions": lambda v: not v,
     "function_call": lambda v: v in (None, "none"),
     "store": lambda v: not v,
@@ -117,11 +116,8 @@ _SUPPORTED_VALUES: dict[str, Callable[[Any], bool]] = {
 _REASONS = {
     "n": "only n=1 is supported",
     "best_of": "only best_of=1 is supported",
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "response_format": "structured output (response_format) is not supported",
+    "functions": "the legacy 'functions' is not supported; send 'tools'",
+    "function_call": "the legacy 'function_call' is not supported; send 'tool_choice'",
     "store": "this server stores nothing",
 }
 
@@ -135,6 +131,7 @@ class Prepared:
     chat: bool
     stream: bool
     include_usage: bool
+    structure: Structure | None = None  # a grammar to compile in before generating (mesh/api/structured.py)
 
 
 def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> Prepared:
@@ -146,10 +143,14 @@ def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> P
                        "model_not_found", "model")
     stops = _stops(body.stop)
     sampling = _sampling(body, tok.n_vocab)
+    shape = _structure(tok, body)
     where = "messages" if chat else "prompt"
     try:
         if isinstance(body, ChatRequest):
-            prompt = chat_tokens(tok, _messages(body.messages, tok), ctx)
+            messages = _messages(body.messages, tok)
+            if shape is not None and shape.tools is not None:
+                messages = _offer(messages, shape.tools.message)
+            prompt = chat_tokens(tok, messages, ctx)
         else:
             assert isinstance(body, CompletionRequest)
             prompt = _completion_prompt(tok, body.prompt, ctx)
@@ -161,7 +162,26 @@ def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> P
     stream = bool(body.stream)
     include_usage = bool(stream and body.stream_options and body.stream_options.include_usage)
     generation = GenerationRequest(prompt, max_tokens, sampling, tok.eos_tokens(), bool(body.ignore_eos))
-    return Prepared(generation, stops, chat, stream, include_usage)
+    return Prepared(generation, stops, chat, stream, include_usage, shape)
+
+
+def _structure(tok: Tokenizer, body: _Common) -> Structure | None:
+    if isinstance(body, ChatRequest):
+        shape = structure(tok, body.response_format, body.tools, body.tool_choice, body.parallel_tool_calls)
+    else:
+        assert isinstance(body, CompletionRequest)
+        shape = structure(tok, body.response_format, None, None, None)
+    if shape is not None and body.ignore_eos:
+        raise bad_request("ignore_eos cannot be combined with structured output: the grammar ends the output",
+                          "ignore_eos")
+    return shape
+
+
+def _offer(messages: list[dict[str, Any]], offer: str) -> list[dict[str, Any]]:
+    """The messages with the tools offered in the system message (a new one if there is none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{offer}"}, *messages[1:]]
+    return [{"role": "system", "content": offer}, *messages]
 
 
 # fields holding objects whose own fields a 400's `param` names
@@ -257,7 +277,7 @@ def _message(i: int, m: Message, tok: Tokenizer) -> dict[str, Any]:
         out["role"] = "system"  # OpenAI's new name for it; templates know "system"
     if m.tool_calls and "tool_calls" not in (tok.template or ""):
         # A template that cannot show tool calls would drop them: keep them as text.
-        calls = json.dumps(m.tool_calls, ensure_ascii=False)
+        calls = written_calls(m.tool_calls, tool_format(tok))
         out["content"] = f"{out['content']}\n{calls}" if out["content"] else calls
     return out
 

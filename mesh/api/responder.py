@@ -31,6 +31,7 @@ from mesh.api.responses import (
     Usage,
 )
 from mesh.api.stop_strings import find_stop, held_back
+from mesh.api.tool_calls import ToolCall, is_text, parse_calls
 from mesh.backend import (
     Account,
     Backend,
@@ -40,6 +41,7 @@ from mesh.backend import (
     RequestRejectedError,
     RequestTimeoutError,
 )
+from mesh.constraints.tools import ToolFormat
 from mesh.metrics import Metrics
 from mesh.tokenizer import TextStream
 
@@ -123,8 +125,10 @@ class Responder:
     def _body(self, text: str, made: list[Sampled]) -> ChatCompletion | Completion:
         reason, usage = self.finish_reason(), self.usage()
         if self.p.chat:
-            chat = ChatChoice(finish_reason=reason, logprobs=self._chat_logprobs(made),
-                              message=ChatMessage(content=text))
+            content, calls = self._calls(text)
+            reason = "tool_calls" if calls and reason == "stop" else reason
+            message = ChatMessage(content=content, tool_calls=[c.as_dict() for c in calls] or None)
+            chat = ChatChoice(finish_reason=reason, logprobs=self._chat_logprobs(made), message=message)
             return ChatCompletion(id=self.id, created=self.created, model=self.backend.model_id, choices=[chat],
                                   usage=usage)
         choice = CompletionChoice(finish_reason=reason, logprobs=self._completion_logprobs(made), text=text)
@@ -136,9 +140,13 @@ class Responder:
         try:
             if self.p.chat:
                 yield _sse(self.chunk("", role="assistant"))
-            async for text, made in self.deltas():
-                yield _sse(self.chunk(text, made=made))
-            yield _sse(self.chunk(None, self.finish_reason()))
+            if self._tools is not None:
+                async for chunk in self._tool_chunks():
+                    yield chunk
+            else:
+                async for text, made in self.deltas():
+                    yield _sse(self.chunk(text, made=made))
+                yield _sse(self.chunk(None, self.finish_reason()))
             if self.p.include_usage:
                 yield _sse(self._usage_chunk())
             failed = False
@@ -161,6 +169,40 @@ class Responder:
             return ChatCompletionChunk(id=self.id, created=self.created, model=self.backend.model_id, choices=[chat])
         choice = CompletionChoice(finish_reason=finish, logprobs=self._completion_logprobs(made), text=text or "")
         return Completion(id=self.id, created=self.created, model=self.backend.model_id, choices=[choice])
+
+    @property
+    def _tools(self) -> ToolFormat | None:
+        s = self.p.structure
+        return s.tools.format if s is not None and s.tools is not None else None
+
+    def _calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """The message's content and tool calls; all content when no tools were offered."""
+        return (text, []) if self._tools is None else parse_calls(text, self._tools)
+
+    async def _tool_chunks(self) -> AsyncIterator[str]:
+        """A tool-offering stream: free text streams as content once it cannot be a call;
+        calls are read whole (a call is known once its JSON closes), then leave as OpenAI
+        streams them: per call its id and name, then its arguments."""
+        assert self._tools is not None
+        held, free = "", False
+        async for text, _ in self.deltas():
+            held += text
+            if free or is_text(held, self._tools):
+                yield _sse(self.chunk(held))
+                held, free = "", True
+        content, calls = ("", []) if free else self._calls(held)
+        if content:
+            yield _sse(self.chunk(content))
+        for i, call in enumerate(calls):
+            head = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            yield _sse(self._delta(ChatDelta(tool_calls=[head])))
+            yield _sse(self._delta(ChatDelta(tool_calls=[{"index": i, "function": {"arguments": call.arguments}}])))
+        reason = self.finish_reason()
+        yield _sse(self.chunk(None, "tool_calls" if calls and reason == "stop" else reason))
+
+    def _delta(self, delta: ChatDelta) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(finish_reason=None, logprobs=None, delta=delta)
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.backend.model_id, choices=[choice])
 
     def _usage_chunk(self) -> ChatCompletionChunk | Completion:
         body = ChatCompletionChunk if self.p.chat else Completion

@@ -116,8 +116,9 @@ class CompletionLogprobs(_Body):
 
 class ChatMessage(_Body):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None beside tool calls with no text before them
     refusal: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=_absent)
 
 
 class ChatChoice(_Body):
@@ -139,6 +140,7 @@ class ChatCompletion(_Body):
 class ChatDelta(_Body):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_absent)  # the first chunk's only
     content: str | None = Field(default=None, exclude_if=_absent)  # absent from the last chunk
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=_absent)
 
 
 class ChatChunkChoice(_Body):

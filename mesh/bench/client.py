@@ -51,8 +51,9 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int) -> StreamTim
 
 
 def stream_messages(url: str, model: str, messages: list[dict[str, str]], max_tokens: int,
-                    ignore_eos: bool = True, sampling: dict[str, float] | None = None) -> StreamTiming:
-    """Greedy unless `sampling` says otherwise (with a seed, every run draws the same tokens).
+                    ignore_eos: bool = True, sampling: dict[str, Any] | None = None) -> StreamTiming:
+    """Greedy unless `sampling` says otherwise (with a seed, every run draws the same tokens;
+    it may hold any other body field, `response_format`).
     EOS is ignored unless asked, so every run decodes the same number of tokens."""
     body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": ignore_eos, "stream_options": {"include_usage": True}, **(sampling or {})}

@@ -96,7 +96,8 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
 
 def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
           lanes: int = 8, relay: bool = False, in_flight: int | None = None, strategy: str | None = None,
-          prefix_cache: bool = True, engines: tuple[str, ...] = ()) -> contextlib.AbstractContextManager[LocalServer]:
+          prefix_cache: bool = True, engines: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+          ) -> contextlib.AbstractContextManager[LocalServer]:
     """`mesh serve --local-stages N`; without speculation unless a draft or a `--strategy` is asked
     for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it.
     `engines`: `--engine`, one for all stages or one per stage (default: mesh serve's)."""
@@ -114,6 +115,7 @@ def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: f
     args += ["--relay-replies"] if relay else []
     args += ["--frames-in-flight", str(in_flight)] if in_flight is not None else []
     args += ["--engine", *engines] if engines else []
+    args += list(extra)  # a scenario's own flags
     if setup.model:
         args += ["--model", setup.model]
     return local_serve(args, tmp)

@@ -33,6 +33,7 @@ from mesh.bench import numerics
 from mesh.bench.breakdown import measure
 from mesh.bench.busy import Busy, busy_during
 from mesh.bench.client import StreamTiming, stream_chat
+from mesh.bench.constrained import constrained_rows
 from mesh.bench.engines import engine_rows
 from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve
 from mesh.bench.local_server import LocalServer, stage_pids
@@ -60,7 +61,8 @@ PROMPTS = [
 ]
 LONG_PROMPT_TOKENS = 512
 MESH_SCENARIOS = {"split", "spec", "concurrency", "memory", "return"}  # these share the baseline and split servers
-ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines"}  # each starts what it needs, after the others are done
+# each starts what it needs, after the others are done
+ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines", "constrained"}
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
 # decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
@@ -77,7 +79,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "row by row), chat (TTFT over 4 turns of a growing chat, with the prefix cache and "
                         "without), ngram (prompt lookup against no speculation on copy-heavy and novel text at "
                         "each --wire-delays), engines (decode rate of llama.cpp, MLX and meshes mixing "
-                        "them, without the draft); numerics, chat, ngram and engines run alone if asked alone")
+                        "them, without the draft), constrained (JSON-schema output on split-2: no speculation, "
+                        "forced tokens, the draft, both, at each --wire-delays); numerics, chat, ngram, engines "
+                        "and constrained run alone if asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
@@ -126,6 +130,8 @@ def _run(args: argparse.Namespace) -> int:
         rows += chat_rows(setup, args.repeats)
     if "ngram" in scenarios:
         rows += ngram_rows(setup, delays, args.repeats)
+    if "constrained" in scenarios:
+        rows += constrained_rows(setup, delays, args.repeats)
     if "engines" in scenarios:
         rows += engine_rows(setup, PROMPTS[: args.prompts], args.repeats)
     header = _header(setup, args)

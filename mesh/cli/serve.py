@@ -111,6 +111,9 @@ def _speculation_arguments(p: argparse.ArgumentParser) -> None:
                    "CPU lock, where they cannot compute at once)")
 
 def _engine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-forced-drafts", action="store_true",
+                   help="under response_format or tools, do not propose the tokens the grammar forces as drafts "
+                   "(they are proposed by default, with speculation on or off)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="drop every finished request's KV: by default it stays in its lane on every stage, "
                    "and a later request whose prompt starts the same way (a chat's next turn) prefills "
@@ -236,7 +239,7 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              prefix_cache=not args.no_prefix_cache, engines=_engines(args),
                              cut_on_measured=args.cut_on == "measured",
                              max_queue=4 * args.lanes if args.max_queue is None else args.max_queue,
-                             request_timeout_s=args.request_timeout)
+                             request_timeout_s=args.request_timeout, forced_drafts=not args.no_forced_drafts)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),

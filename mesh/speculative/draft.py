@@ -21,8 +21,10 @@ from stage.core import StageCore
 from stage.engine import EngineConfig, Step
 from stage.engine_choice import open_engine
 from stage.llama_engine import LlamaRangeEngine
+from stage.masks import unpack
 
 if TYPE_CHECKING:
+    from mesh.constraints.guide import Guide
     from mesh.tokenizer import Tokenizer
 
 DRAFT = "draft"  # its name in usage.speculative.by_proposer
@@ -64,8 +66,9 @@ class Draft:
         await self.core.stop()
         await close_engine(self.engine)
 
-    async def propose(self, lane: int, sequence: list[int], k: int) -> list[int]:
-        """k greedy tokens to follow `sequence`; KV past what still matches is dropped."""
+    async def propose(self, lane: int, sequence: list[int], k: int, guide: Guide | None = None) -> list[int]:
+        """k greedy tokens to follow `sequence`; KV past what still matches is dropped. With a
+        `guide`, each is the best the grammar allows, and the proposal ends at the grammar's end."""
         view = self._view(lane, sequence)
         start = min(common_prefix(self.held[lane], view), len(view) - 1)
         held, feed = view[:start], view[start:]
@@ -80,8 +83,12 @@ class Draft:
                 timed.append(time.perf_counter() - began)
             start += len(feed)
             held += feed
-            out.append(int(np.argmax(logits[-1])))
+            out.append(_pick(logits[-1], guide))
             feed = [out[-1]]
+            if guide is not None and guide.done:
+                break
+        if guide is not None:
+            guide.pop(len(out))
         self.held[lane] = held  # the last proposal is not in the KV yet
         if timed:
             self.step_seconds = sum(timed) / len(timed)
@@ -99,14 +106,26 @@ class Draft:
             self.held[lane] = []  # its KV is replaced from position 0 (a step's start is authoritative)
         return sequence[base:]
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget,
+                       guide: Guide | None = None) -> Proposal:
         k = budget(DRAFT)
-        tokens = await self.propose(lane, sequence, k) if k > 0 else []
+        tokens = await self.propose(lane, sequence, k, guide) if k > 0 else []
         return Proposal(tokens, DRAFT, self.step_seconds * len(tokens))
 
     def forget(self, lane: int) -> None:
         self.held[lane], self.base[lane] = [], 0
         self.core.batcher.trim(lane, 0)
+
+
+def _pick(logits: np.ndarray, guide: Guide | None) -> int:
+    """The draft's greedy token, under the grammar's mask when there is one (which then
+    consumes it: the next step's mask follows it)."""
+    if guide is None:
+        return int(np.argmax(logits))
+    allowed = unpack(guide.mask(), len(logits))
+    token = int(np.argmax(np.where(allowed, logits, -np.inf)))
+    guide.push(token)
+    return token
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

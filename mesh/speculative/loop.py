@@ -7,15 +7,22 @@ only the last committed token is left to feed. While frames are out (up to `in_f
 as many as the window controller's `depth` finds worth it) it drafts on as if every draft
 were accepted. A reply's tokens are handed on after the next frame has left, so the
 caller's work on them overlaps the pipeline.
+
+A constrained request (mesh/constraints/) has a guide: its grammar's matcher, moved to the
+sequence each frame is built from. Forced tokens are proposed before any proposer runs,
+every proposal is one the grammar allows, and each frame carries one mask per sampled row.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 from common.sampling import Sampled
 from mesh.backend import MeshUnavailableError
+from mesh.constraints.forced import FORCED, forced_proposal
+from mesh.constraints.guide import Guide, frame_masks
 from mesh.hop_timing import hop_parts
 from mesh.pipeline import Lease, Pending, Pipeline
 from mesh.request_state import Frame, Live, RequestState
@@ -30,10 +37,14 @@ _NOTHING = Proposal([], "", 0.0)
 
 
 async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft: Proposer | None = None,
-                   window: Windows | None = None, in_flight: int = 1) -> AsyncIterator[Sampled]:
+                   window: Windows | None = None, in_flight: int = 1, forced: bool = True
+                   ) -> AsyncIterator[Sampled]:
     """The tokens of one generation on one route, as `Backend.generate` documents them; the
-    record in `live` moves with every frame. `in_flight` bounds the frames out at once."""
+    record in `live` moves with every frame. `in_flight` bounds the frames out at once;
+    `forced`: a constrained request's forced tokens are proposed."""
     live.state = live.state.leased(lease.lane, lease.cached)
+    constraint = live.state.req.constraint
+    guide = _Guided(Guide(constraint), forced) if constraint is not None else None
     limit = max(in_flight, 1) if draft is not None else 1
     primary = _controller(window, draft.names[0]) if window is not None and draft is not None else None
     out: deque[Pending] = deque()  # the frames in flight, as `live.state.frames` counts them
@@ -42,7 +53,8 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft
         while True:
             broke: MeshUnavailableError | None = None
             try:
-                await _fill(pipeline, lease, live, out, draft, window, ctx, primary.depth(limit) if primary else limit)
+                await _fill(pipeline, lease, live, out, _Proposers(draft, window, guide), ctx,
+                            primary.depth(limit) if primary else limit)
             except MeshUnavailableError as exc:  # what is committed is the target's: hand it on, then resume
                 broke = exc
             for sampled in ready:  # the next frame is on its way: the caller's work overlaps it
@@ -58,19 +70,37 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft
             pipeline.void(pending)
 
 
-async def _fill(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending], draft: Proposer | None,
-                window: Windows | None, ctx: int, depth: int) -> None:
+@dataclass(frozen=True)
+class _Guided:
+    guide: Guide
+    forced: bool  # its forced tokens are proposed
+
+
+@dataclass(frozen=True)
+class _Proposers:
+    """What proposes a frame's drafts: the proposer and its windows, and a constrained
+    request's guide."""
+
+    draft: Proposer | None
+    window: Windows | None
+    guided: _Guided | None
+
+
+async def _fill(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending], by: _Proposers, ctx: int,
+                depth: int) -> None:
     """Send frames until `depth` are out, drafting on as if every proposal is accepted."""
     while live.state.finish is None and len(out) < depth:
         s = live.state
-        proposal = await _propose(draft, window, s, ctx) if s.can_draft else _NOTHING
+        proposal = await _propose(by, s, ctx) if s.can_draft else _NOTHING
         if out and not proposal.tokens:
             return  # a frame of no drafts needs the target's token first
         live.state, frame = s.send(proposal.tokens, proposal.by, proposal.seconds)
+        masks = () if by.guided is None else frame_masks(by.guided.guide, live.state.sequence, len(s.req.prompt),
+                                                           frame.start, frame.tokens, frame.drafts)
         kind = pb.VERIFY if frame.drafts else pb.DECODE if len(frame.tokens) == 1 else pb.PREFILL
         out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens, s.req.sampling,
                                        all_logits=bool(frame.drafts), kind=kind, history=frame.history,
-                                       epoch=live.state.epoch))
+                                       epoch=live.state.epoch, masks=masks))
 
 
 async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: Windows | None
@@ -80,7 +110,7 @@ async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: W
     live.state, reply = before.apply(await pipeline.wait(out[0]), out[0].epoch)
     if window is not None:
         for (frame, accepted), pending in zip(reply.settled, out, strict=False):
-            if frame.drafts or frame.rows == 1:  # a prefill is no decode to price
+            if frame.by != FORCED and (frame.drafts or frame.rows == 1):  # a prefill is no decode to price
                 _record(window, frame, pending, accepted)
     out.popleft()
     if live.state.epoch != before.epoch or live.state.finish is not None:
@@ -89,13 +119,27 @@ async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: W
     return reply.committed
 
 
-async def _propose(draft: Proposer | None, window: Windows | None, state: RequestState, ctx: int) -> Proposal:
-    """The drafts for the next frame; each proposer's window is its controller's, within the room left."""
+async def _propose(by: _Proposers, state: RequestState, ctx: int) -> Proposal:
+    """The drafts for the next frame: a grammar's forced tokens, else the proposer's, each
+    proposer's window its controller's, within the room left."""
     room = state.room(ctx)
+    guide = None
+    if by.guided is not None and room >= 1:
+        guide = by.guided.guide
+        guide.sync(state.sequence[len(state.req.prompt):])
+        if guide.done:
+            return _NOTHING  # only an end token may follow: nothing to guess
+        if by.guided.forced and (found := forced_proposal(guide, room)).tokens:
+            return found
+    window, draft = by.window, by.draft
     if draft is None or window is None or room < 1 or state.lane is None:
         return _NOTHING
-    return await draft.proposal(state.lane, list(state.sequence),
-                                lambda name: max(0, min(_controller(window, name).next_window(), room)))
+    budget = lambda name: max(0, min(_controller(window, name).next_window(), room))  # noqa: E731
+    if guide is None:
+        return await draft.proposal(state.lane, list(state.sequence), budget)
+    found = await draft.proposal(state.lane, list(state.sequence), budget, guide)
+    # every proposer keeps to the grammar; this holds one that does not to it too
+    return Proposal(found.tokens[: guide.legal(found.tokens)], found.by, found.seconds)
 
 
 def _controller(window: Windows, name: str) -> Controller:

@@ -10,10 +10,14 @@ then the round is a plain decode.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mesh.speculative.proposer import Budget, Proposal
+
+if TYPE_CHECKING:
+    from mesh.constraints.guide import Guide
 
 NGRAM = "ngram"  # its name in usage.speculative.by_proposer and in plans
 
@@ -47,13 +51,16 @@ class NgramProposer:
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget,
+                       guide: Guide | None = None) -> Proposal:
         began = time.perf_counter()
         k = budget(NGRAM)
         if k < 1:
             return Proposal([], NGRAM, 0.0)
         # the request's record holds the sequence; an array of it costs less than the lookup
         found = lookup(np.asarray(sequence, dtype=np.int64), self.ngram_min, self.ngram_max, k)
+        if guide is not None:  # a lookup is cut at its first token the grammar refuses
+            found = found[: guide.legal(found)]
         return Proposal(found, NGRAM, time.perf_counter() - began)
 
     def forget(self, lane: int) -> None:

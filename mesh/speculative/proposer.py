@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from mesh.constraints.guide import Guide
 
 # How many tokens a proposer may propose this round, by its name: each proposer's window
 # controller decides for it (the loop bounds it by context and budget), and is asked only
@@ -27,11 +30,14 @@ class Proposal:
 
 class Proposer(Protocol):
     """`names` are every name its proposals may carry; `forget` drops a lane's state when
-    its session ends."""
+    its session ends. With a `guide` (a constrained request's grammar, standing at the end
+    of `sequence`), every token proposed is one the grammar allows, and the guide is left
+    where it stood."""
 
     names: tuple[str, ...]
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal: ...
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget,
+                       guide: Guide | None = None) -> Proposal: ...
 
     def forget(self, lane: int) -> None: ...
 
@@ -44,11 +50,12 @@ class Combined:
         self.first, self.fallback = first, fallback
         self.names = (*first.names, *fallback.names)
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget) -> Proposal:
-        found = await self.first.proposal(lane, sequence, budget)
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget,
+                       guide: Guide | None = None) -> Proposal:
+        found = await self.first.proposal(lane, sequence, budget, guide)
         if found.tokens:
             return found
-        return await self.fallback.proposal(lane, sequence, budget)
+        return await self.fallback.proposal(lane, sequence, budget, guide)
 
     def forget(self, lane: int) -> None:
         self.first.forget(lane)

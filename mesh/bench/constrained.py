@@ -1,0 +1,128 @@
+"""`mesh bench --scenarios constrained`: JSON-schema output with and without speculation (issue 27).
+
+A schema of several keys, an enum and an array, decoded on split-2 at each per-hop delay by
+four servers: no speculation, forced tokens only, the draft, and the draft plus forced
+tokens. Rows: tok/s against no speculation, no speculation against the same number of free
+tokens (what the masks cost), the acceptance of each proposer, whether every output holds
+to its schema and equals the one without speculation, and the mask cost per token, timed
+by replaying the output through a matcher in this process (the server's matcher does the
+same work on the same tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+
+from mesh.bench.client import StreamTiming, stream_messages
+from mesh.bench.harness import Row, Setup, serve
+from mesh.bench.prompt_lookup import proposer_totals
+from mesh.constraints.compile import build
+from mesh.constraints.guide import Guide
+from mesh.constraints.schema import explain, schema_grammar
+from mesh.tokenizer import Tokenizer
+from stage.masks import apply_masks
+
+SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "required": ["title", "genre", "year", "rating", "cast", "available"],
+    "properties": {"title": {"type": "string", "maxLength": 40},
+                   "genre": {"enum": ["drama", "comedy", "thriller", "documentary"]},
+                   "year": {"type": "integer", "minimum": 1900, "maximum": 2030},
+                   "rating": {"type": "number"},
+                   "cast": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+                   "available": {"type": "boolean"}}}
+PROMPT = "Describe a film you like as JSON: title, genre, year, rating, cast, available."
+FORMAT = {"type": "json_schema", "json_schema": {"name": "film", "schema": SCHEMA, "strict": True}}
+# mode -> (serve() keywords, extra mesh serve flags); "none" first: the others are measured against it
+MODES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "none": ({}, ("--no-forced-drafts",)), "forced": ({}, ()),
+    "draft": ({"draft": True}, ("--no-forced-drafts",)), "draft+forced": ({"draft": True}, ())}
+
+
+def constrained_rows(setup: Setup, delays: list[float], repeats: int) -> list[Row]:
+    """One delay at a time, four split-2 servers each."""
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-constrained-") as tmp:
+        for d in delays:
+            with contextlib.ExitStack() as stack:
+                urls = {mode: stack.enter_context(serve(setup, Path(tmp), 2, delay_ms=d, extra=flags, **kw)).url
+                        for mode, (kw, flags) in MODES.items()}
+                timings, free = _measure(setup, urls, repeats)
+            rows += _table(f"constrained split-2 {d:g} ms", d, timings, free)
+    return rows + _mask_rows(setup, [t.text for t in timings["none"]])
+
+
+def _measure(setup: Setup, urls: dict[str, str], repeats: int
+             ) -> tuple[dict[str, list[StreamTiming]], list[StreamTiming]]:
+    """Every mode per repeat, in rotating order; then as many free tokens without speculation."""
+    timings: dict[str, list[StreamTiming]] = defaultdict(list)
+    messages = [{"role": "user", "content": PROMPT}]
+    modes = list(urls)
+    for rep in range(repeats):
+        for mode in modes[rep % len(modes):] + modes[: rep % len(modes)]:
+            timings[mode].append(stream_messages(urls[mode], setup.model_id, messages, setup.tokens,
+                                                 ignore_eos=False, sampling={"response_format": FORMAT}))
+    free = [stream_messages(urls["none"], setup.model_id, messages, t.completion_tokens) for t in timings["none"]]
+    return timings, free
+
+
+def _table(scenario: str, delay: float, timings: dict[str, list[StreamTiming]], free: list[StreamTiming]
+           ) -> list[Row]:
+    tps = {mode: [t.decode_tps for t in ts] for mode, ts in timings.items()}
+    med = {mode: statistics.median(v) for mode, v in tps.items()}
+    goal = ">= 1.5" if delay >= 20 else ">= 1.0"
+    free_tps = [t.decode_tps for t in free]
+    rows = [Row(scenario, "no speculation tok/s", med["none"], samples=tps["none"]),
+            Row(scenario, "no speculation (vs the same tokens unconstrained)", med["none"],
+                statistics.median(free_tps), ">= 0.95", free_tps)]
+    for mode in ("forced", "draft", "draft+forced"):
+        rows.append(Row(scenario, f"{mode} tok/s (vs no speculation)", med[mode], med["none"],
+                        goal if mode == "draft+forced" else "", tps[mode]))
+        for name, (p, a) in sorted(proposer_totals([t.usage.get("speculative", {}).get("by_proposer") or {}
+                                                    for t in timings[mode]]).items()):
+            rows.append(Row(scenario, f"{mode}: {name} accept rate ({p:g} proposed)", a / p if p else 0.0))
+    outputs = [t.text for ts in timings.values() for t in ts]
+    same = all(t.text == ref.text for ts in timings.values() for t, ref in zip(ts, timings["none"], strict=True))
+    return [*rows, Row(scenario, "outputs that fail their schema", float(sum(not _valid(o) for o in outputs)),
+                       goal="0"),
+            Row(scenario, "outputs identical to no speculation (1 = yes)", float(same), goal="1")]
+
+
+def _valid(text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def _mask_rows(setup: Setup, outputs: list[str]) -> list[Row]:
+    """The mask's cost per token: computed at stage 0 and applied at the final stage, for
+    the outputs decoded, replayed through a fresh matcher here."""
+    tok = Tokenizer(setup.gguf, setup.model_id)
+    constraint = build(tok, schema_grammar(SCHEMA, "schema"), "json_schema", lambda e: explain(e, SCHEMA, "schema"))
+    compute, applying, n = 0.0, 0.0, 0
+    for text in outputs:
+        guide = Guide(constraint)
+        tokens = tok.tokenize(text, special=False, add_bos=False)
+        masks = guide.row_masks([], tokens[:-1]) if tokens else []
+        compute += guide.mask_s
+        logits = np.zeros((1, tok.n_vocab), dtype=np.float32)
+        began = time.perf_counter()
+        for mask in masks:
+            apply_masks(logits, [mask])
+        applying += time.perf_counter() - began
+        n += len(masks)
+    per = 1e6 / max(n, 1)
+    return [Row("constrained mask cost", "mask computed at stage 0, µs per token", compute * per),
+            Row("constrained mask cost", "mask applied at the final stage, µs per token", applying * per)]
