@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 # Past this share of the row, partitioning saves little over sorting it all.
-_PARTIAL_SHARE = 0.25
+_PARTIAL_SHARE = 0.75
 
 
 def sorted_exactly(row: np.ndarray) -> bool:

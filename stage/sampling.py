@@ -20,6 +20,8 @@ import numpy as np
 from common.sampling import Sampled, SamplingParams
 from stage import best_first
 
+_NUCLEUS_HEAD = 256  # tokens summed before the whole row, for top-p
+
 
 def sample_rows(logits: np.ndarray, params: SamplingParams, start: int, rows: int,
                 committed: Sequence[int] = (), drafts: Sequence[int] = ()) -> list[Sampled]:
@@ -77,7 +79,7 @@ def _draw(row: np.ndarray, params: SamplingParams, position: int) -> int:
     probs = np.exp(ordered - ordered[0])
     probs /= probs.sum()
     if params.top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
+        keep = _nucleus(probs, params.top_p)
         probs = probs[:keep] / probs[:keep].sum()
         order = order[:keep] if order is not None else _first(scaled, keep, whole)
     # all 64 bits of the seed count, and nothing but the position varies the draw
@@ -86,6 +88,17 @@ def _draw(row: np.ndarray, params: SamplingParams, position: int) -> int:
     if order is not None:
         return int(order[pick])
     return int(whole[pick]) if whole is not None else best_first.nth(scaled, ordered, pick)
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> int:
+    """`searchsorted(cumsum(probs), top_p) + 1`: how many of the best tokens top-p keeps.
+
+    A running sum's first values do not depend on the rest, and a model's row usually
+    reaches top_p within its first few tokens, so the sum is run over a prefix first.
+    """
+    head = np.cumsum(probs[:_NUCLEUS_HEAD])
+    sums = head if head[-1] >= top_p or len(head) == len(probs) else np.cumsum(probs)
+    return int(np.searchsorted(sums, top_p)) + 1
 
 
 def _first(scaled: np.ndarray, k: int, whole: np.ndarray | None) -> np.ndarray:
