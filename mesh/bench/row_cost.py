@@ -22,13 +22,16 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from common.ids import SessionId
 from common.sampling import SamplingParams
 from config.paths import cache_dir
+from mesh.bench.run import PROMPTS
 from mesh.model_source import resolve_model
+from mesh.tokenizer import Tokenizer
 from packages.materialize import materialize_stage
 from stage.core import StageCore
 from stage.engine import EngineConfig, Step
@@ -73,8 +76,8 @@ class _CpuTimed(LlamaRangeEngine):
             self.cpu_s = time.thread_time() - began
 
 
-def _stage(cut: int, threads: int, ctx: int) -> tuple[_CpuTimed, LlamaRangeEngine | None]:
-    """The final stage's engine and, after a cut, the engine of the layers before it."""
+def _stage(cut: int, threads: int, ctx: int) -> tuple[_CpuTimed, LlamaRangeEngine | None, Path]:
+    """The final stage's engine, after a cut the engine of the layers before it, and the model."""
     cache = cache_dir()
     package, manifest, sha, _ = resolve_model(None, cache, print)
     end = manifest.layer_count
@@ -84,11 +87,14 @@ def _stage(cut: int, threads: int, ctx: int) -> tuple[_CpuTimed, LlamaRangeEngin
         cfg = EngineConfig(first=start == 0, final=stop == end, lanes=1, ctx_per_lane=ctx, threads=threads)
         return _CpuTimed(gguf, cfg)
 
-    return engine(cut, end), engine(0, cut) if cut else None
+    return engine(cut, end), engine(0, cut) if cut else None, materialize_stage(package, manifest, sha, 0, end, cache)
 
 
-def _inputs(final: _CpuTimed, before: LlamaRangeEngine | None, length: int) -> Inputs:
-    tokens = np.random.default_rng(0).integers(10, final.n_vocab, length, dtype=np.int32)
+def _inputs(gguf: Path, before: LlamaRangeEngine | None, length: int) -> Inputs:
+    """The bench's prompts as one text: a model's rows on text are as peaked as in use, which
+    sets what top-p keeps and so what sampling costs."""
+    text = " ".join(PROMPTS * (1 + length // 100))
+    tokens = np.asarray(Tokenizer(gguf, "row-cost").tokenize(text)[:length], dtype=np.int32)
     if before is None:
         return Inputs(tokens, None)
     hidden = before.step([Step(0, 0, tokens=tokens)])[0]
@@ -164,8 +170,8 @@ def _parts() -> Iterator[tuple[str, Callable[[Timing], float]]]:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    final, before = _stage(args.cut, args.threads, args.prompt + args.window + 8)
-    inputs = _inputs(final, before, args.prompt + args.window + 1)
+    final, before, whole = _stage(args.cut, args.threads, args.prompt + args.window + 8)
+    inputs = _inputs(whole, before, args.prompt + args.window + 1)
     if before is not None:
         before.close()
     core = StageCore(final, index=1)
