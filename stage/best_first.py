@@ -23,6 +23,8 @@ def sorted_exactly(row: np.ndarray) -> bool:
 def best(row: np.ndarray, k: int) -> np.ndarray:
     """`np.argsort(-row, kind="stable")[:k]`, for 1 <= k."""
     n = len(row)
+    if k == 1:  # what top-p keeps of a confident row: argmax takes the first of equal maxima too
+        return np.array([np.argmax(row)])
     if k >= n * _PARTIAL_SHARE:
         return np.argsort(-row, kind="stable")[:k]
     worse = -row
