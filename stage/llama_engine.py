@@ -98,7 +98,8 @@ class LlamaRangeEngine:
     def _decode(self, steps: Sequence[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
         b = self.batch
         row = 0
-        logit_rows: list[tuple[int, int, int]] = []  # (step index, first row, rows)
+        logit_rows: list[tuple[int, int, int]] = []  # (step index, first output, outputs)
+        n_out = 0  # llama.cpp keeps the outputs' logits in batch order, one after another
         for seg in call:
             s = steps[seg.step]
             for i in range(seg.count):
@@ -114,10 +115,10 @@ class LlamaRangeEngine:
                 embd = np.ctypeslib.as_array(b.embd, shape=(self.cfg.batch * self.width,))
                 block = s.hidden[seg.offset : seg.offset + seg.count]  # type: ignore[index]
                 embd[row * self.width : (row + seg.count) * self.width] = block.reshape(-1)
-            if self.final:
-                first_out = 0 if s.all_logits else seg.count - 1
-                if s.all_logits or seg.offset + seg.count == s.n:
-                    logit_rows.append((seg.step, row + first_out, seg.count - first_out))
+            if self.final and (s.all_logits or seg.offset + seg.count == s.n):
+                count = seg.count if s.all_logits else 1
+                logit_rows.append((seg.step, n_out, count))
+                n_out += count
             row += seg.count
         b.n_tokens = row
         with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
@@ -126,9 +127,9 @@ class LlamaRangeEngine:
             raise EngineError(f"llama_decode failed with code {rc}")
         for seg in call:
             self._pos[steps[seg.step].lane] += seg.count
-        self._collect(call, logit_rows, outputs)
+        self._collect(call, logit_rows, n_out, outputs)
 
-    def _collect(self, call: list[_Segment], logit_rows: list[tuple[int, int, int]],
+    def _collect(self, call: list[_Segment], logit_rows: list[tuple[int, int, int]], n_out: int,
                  outputs: list[list[np.ndarray]]) -> None:
         if self.tap is not None:
             hidden = self.tap.take()
@@ -137,13 +138,13 @@ class LlamaRangeEngine:
                 outputs[seg.step].append(hidden[row : row + seg.count])
                 row += seg.count
             return
+        if not n_out:
+            return
+        # One copy of every output row: llama.cpp reuses its buffer at the next decode, which
+        # may run while the event loop samples these.
+        logits = np.ctypeslib.as_array(L.llama_get_logits(self.ctx), shape=(n_out, self.n_vocab)).copy()
         for step_index, first, count in logit_rows:
-            rows = [self._logits(first + k) for k in range(count)]
-            outputs[step_index].append(np.stack(rows))
-
-    def _logits(self, row: int) -> np.ndarray:
-        ptr = L.llama_get_logits_ith(self.ctx, row)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+            outputs[step_index].append(logits[first : first + count])
 
     def _check_lane(self, lane: int) -> int:
         if not 0 <= lane < self.lanes:

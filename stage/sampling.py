@@ -18,7 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from common.sampling import Sampled, SamplingParams
+from stage import best_first
 from stage.masks import apply_masks
+
+_NUCLEUS_HEAD = 256  # tokens summed before the whole row, for top-p
 
 
 def sample_rows(logits: np.ndarray, params: SamplingParams, start: int, rows: int,
@@ -67,20 +70,48 @@ def _penalise(out: np.ndarray, params: SamplingParams, committed: Sequence[int],
 
 
 def _draw(row: np.ndarray, params: SamplingParams, position: int) -> int:
+    """The token at `position`: from the tokens best first (ties to the lower id), the first
+    top_k, then the shortest prefix reaching top_p, drawn by the position's own generator."""
     if params.greedy:
         return int(np.argmax(row))
     scaled = row.astype(np.float64) / params.temperature
-    order = np.argsort(-scaled, kind="stable")
-    if 0 < params.top_k < len(order):
-        order = order[: params.top_k]
-    probs = np.exp(scaled[order] - scaled[order[0]])
+    # Sorting the whole vocabulary cost more than a decode row: stage.best_first finds the
+    # tokens a draw needs, in the same order, unless a NaN leaves only the sort exact.
+    whole = None if best_first.sorted_exactly(scaled) else np.argsort(-scaled, kind="stable")
+    n = len(scaled)
+    order = _first(scaled, params.top_k, whole) if 0 < params.top_k < n else None  # None: all n
+    ordered = scaled[order] if order is not None else _values(scaled, whole)
+    probs = np.exp(ordered - ordered[0])
     probs /= probs.sum()
     if params.top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
-        order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+        keep = _nucleus(probs, params.top_p)
+        probs = probs[:keep] / probs[:keep].sum()
+        order = order[:keep] if order is not None else _first(scaled, keep, whole)
     # all 64 bits of the seed count, and nothing but the position varies the draw
     rng = np.random.default_rng([params.seed & 0xFFFFFFFF, params.seed >> 32, position])
-    return int(order[rng.choice(len(order), p=probs)])
+    pick = int(rng.choice(len(probs), p=probs))
+    if order is not None:
+        return int(order[pick])
+    return int(whole[pick]) if whole is not None else best_first.nth(scaled, ordered, pick)
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> int:
+    """`searchsorted(cumsum(probs), top_p) + 1`: how many of the best tokens top-p keeps.
+
+    A running sum's first values do not depend on the rest, and a model's row usually
+    reaches top_p within its first few tokens, so the sum is run over a prefix first.
+    """
+    head = np.cumsum(probs[:_NUCLEUS_HEAD])
+    sums = head if head[-1] >= top_p or len(head) == len(probs) else np.cumsum(probs)
+    return int(np.searchsorted(sums, top_p)) + 1
+
+
+def _first(scaled: np.ndarray, k: int, whole: np.ndarray | None) -> np.ndarray:
+    return whole[:k] if whole is not None else best_first.best(scaled, k)
+
+
+def _values(scaled: np.ndarray, whole: np.ndarray | None) -> np.ndarray:
+    return scaled[whole] if whole is not None else best_first.values(scaled)
 
 
 def _log_softmax(rows: np.ndarray) -> np.ndarray:
