@@ -33,6 +33,7 @@ class Pair:
     label: str  # "same-cost pair: Q4_1 target, Q4_0 draft"
     setup: Setup  # --model and model id for `mesh serve`; its gguf is the whole target
     draft: Path
+    costly: bool = False  # the target costs several times the draft
 
     @property
     def target(self) -> Path:
@@ -74,4 +75,5 @@ def cost_realistic_pair(setup: Setup, draft: DraftStrategy, say: Callable[[str],
         raise PackageError(f"{package} holds {manifest.model_id}, not {name}: remove it to rebuild")
     costly = replace(setup, model=str(package), model_id=name, quant=COSTLY_QUANT, package=package,
                      gguf=target, manifest=manifest)
-    return Pair(f"cost-realistic pair: {COSTLY_QUANT} target, {quant_name(draft_path)} draft", costly, draft_path)
+    return Pair(f"cost-realistic pair: {COSTLY_QUANT} target, {quant_name(draft_path)} draft", costly, draft_path,
+                costly=True)
