@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from mesh.bench import llama_cpp
-from mesh.bench.llama_cpp import Binaries, LlamaCppError, ServerSpec, rpc_server_cmd, server_cmd, split_evidence
+from mesh.bench.llama_cpp import (
+    Binaries,
+    LlamaCppError,
+    ServerSpec,
+    offload_for_cut,
+    rpc_server_cmd,
+    server_cmd,
+    split_evidence,
+)
 from mesh.bench.peers import (
     LLAMA_ONE,
     LLAMA_UNITS,
@@ -48,14 +56,14 @@ def test_one_node_llama_server_is_pinned_with_one_thread_per_cpu_and_has_no_rpc_
 
 
 def test_the_rpc_split_puts_the_last_layers_on_the_proxied_rpc_device():
-    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0-1", 1024, rpc="127.0.0.1:5000", remote_layers=11), 1)
-    assert (_flag(cmd, "--rpc"), _flag(cmd, "-ngl")) == ("127.0.0.1:5000", "11")
+    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0-1", 1024, rpc="127.0.0.1:5000", offload=12), 1)
+    assert (_flag(cmd, "--rpc"), _flag(cmd, "-ngl")) == ("127.0.0.1:5000", "12")
     assert _flag(cmd, "-t") == "2"  # two CPUs in the set
     assert "-md" not in cmd
 
 
 def test_llama_servers_speculation_is_switched_on_with_the_draft_on_the_first_machine():
-    spec = ServerSpec(Path("t.gguf"), "0", 1024, rpc="127.0.0.1:5000", remote_layers=11, draft=Path("d.gguf"))
+    spec = ServerSpec(Path("t.gguf"), "0", 1024, rpc="127.0.0.1:5000", offload=12, draft=Path("d.gguf"))
     cmd = server_cmd(BINS, spec, 1)
     # without --spec-type llama-server loads the draft and never uses it
     assert (_flag(cmd, "-md"), _flag(cmd, "-ngld"), _flag(cmd, "--spec-type")) == ("d.gguf", "0", "draft-simple")
@@ -68,24 +76,30 @@ def test_the_rpc_server_is_pinned_to_the_second_machine():
     assert (_flag(cmd, "-p"), _flag(cmd, "-t"), _flag(cmd, "-H")) == ("5000", "1", "127.0.0.1")
 
 
-SPLIT_LOG = """load_tensors: offloading 11 repeating layers to GPU
-load_tensors: offloaded 11/31 layers to GPU
+def test_the_rpc_device_gets_the_layers_after_meshpipes_cut_and_the_output_head():
+    # llama.cpp offloads the head first: -ngl 12 of 30 layers is layers 19..29 and the head
+    assert offload_for_cut(30, 19) == 12
+
+
+SPLIT_LOG = """load_tensors: offloading output layer to GPU
+load_tensors: offloading 11 repeating layers to GPU
+load_tensors: offloaded 12/31 layers to GPU
 load_tensors:   CPU_Mapped model buffer size =    60.32 MiB
 load_tensors: RPC0[127.0.0.1:41233] model buffer size =    24.10 MiB
 """
 
 
 def test_the_split_is_confirmed_from_the_log():
-    assert split_evidence(SPLIT_LOG, 11) == "offloaded 11/31 layers"
+    assert split_evidence(SPLIT_LOG, 12) == "offloaded 12/31 layers"
 
 
 def test_a_log_with_another_layer_count_or_none_on_the_rpc_device_fails():
-    with pytest.raises(LlamaCppError, match="11/31"):
-        split_evidence(SPLIT_LOG, 12)
+    with pytest.raises(LlamaCppError, match="12/31"):
+        split_evidence(SPLIT_LOG, 11)
     with pytest.raises(LlamaCppError, match="no 'offloaded"):
-        split_evidence("load_tensors: CPU_Mapped model buffer size = 60 MiB", 11)
+        split_evidence("load_tensors: CPU_Mapped model buffer size = 60 MiB", 12)
     with pytest.raises(LlamaCppError, match="no model weights on the RPC device"):
-        split_evidence(SPLIT_LOG.replace("24.10", "0.00"), 11)
+        split_evidence(SPLIT_LOG.replace("24.10", "0.00"), 12)
 
 
 # -- what is skipped ------------------------------------------------------------------------------
@@ -100,7 +114,7 @@ def test_without_the_binaries_the_message_names_the_skipped_rows_and_how_to_buil
 def test_a_directory_missing_a_binary_is_named_with_the_binary(tmp_path):
     (tmp_path / llama_cpp.SERVER).write_text("")
     assert skipped_message(Binaries(tmp_path)).endswith(
-        f"{tmp_path} lacks ggml-rpc-server (build them with deploy/build-llama-cpp.sh (README, Benchmarks))")
+        f"{tmp_path} lacks ggml-rpc-server (build them with deploy/build-llama-cpp.sh, README section Benchmarks)")
     (tmp_path / llama_cpp.RPC_SERVER).write_text("")
     assert skipped_message(Binaries(tmp_path)) == ""
 

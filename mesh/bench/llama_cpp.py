@@ -2,12 +2,14 @@
 
 One node is `llama-server`. Two machines are llama.cpp's RPC backend: `ggml-rpc-server` on
 the second machine and `llama-server --rpc HOST:PORT` on the first, their one link through
-the bench's delay proxy (mesh/bench/delay_proxy.py). `-ngl K` puts the last K layers on
-the RPC device and keeps the rest, the embeddings and the output head with llama-server
-(llama.cpp offloads the head only with every layer), so the bench gives it the cut
-meshpipe's split-2 chose: the same layers on each machine. Its log's "offloaded K/N
-layers" line and the RPC device's model buffer are checked, so a flag that stopped
-splitting fails the run instead of measuring one machine. Speculation is llama-server's
+the bench's delay proxy (mesh/bench/delay_proxy.py). `-ngl K` puts the output head and
+the last K-1 layers on the RPC device (llama.cpp counts the head as the first layer to
+offload) and keeps the embeddings and the other layers with llama-server, so the bench
+gives it the cut meshpipe's split-2 chose: the same layers and the head on each machine as
+meshpipe's stages hold. Its log's "offloaded K/N layers" line and the RPC device's model
+buffer are checked, so a flag that stopped splitting fails the run instead of measuring
+one machine. `--fit off`: llama-server would otherwise adjust what was not set to the
+devices' memory. Speculation is llama-server's
 own with the same draft on the first machine: without `--spec-type` it loads the draft
 and never uses it.
 
@@ -34,7 +36,7 @@ from stage.cpus import parse_cpus
 from stage.llama_model import flash_attn
 
 SERVER, RPC_SERVER = "llama-server", "ggml-rpc-server"
-BUILD_HINT = "build them with deploy/build-llama-cpp.sh (README, Benchmarks)"
+BUILD_HINT = "build them with deploy/build-llama-cpp.sh, README section Benchmarks"
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers")
 
 
@@ -66,7 +68,7 @@ class ServerSpec:
     cpus: str
     ctx: int
     rpc: str | None = None  # HOST:PORT of the (proxied) ggml-rpc-server
-    remote_layers: int = 0  # -ngl: the last layers, on the RPC device
+    offload: int = 0  # -ngl: the output head and the last offload-1 layers, on the RPC device
     draft: Path | None = None
 
 
@@ -78,9 +80,9 @@ def server_cmd(bins: Binaries, spec: ServerSpec, port: int) -> list[str]:
     t = threads(spec.cpus)
     cmd = ["taskset", "-c", spec.cpus, str(bins.server), "-m", str(spec.target), "--host", "127.0.0.1",
            "--port", str(port), "-c", str(spec.ctx), "-np", "1", "-t", t, "-tb", t,
-           "-fa", "on" if flash_attn() else "off", "--no-webui"]
+           "-fa", "on" if flash_attn() else "off", "--fit", "off", "--no-webui"]
     if spec.rpc:
-        cmd += ["--rpc", spec.rpc, "-ngl", str(spec.remote_layers)]
+        cmd += ["--rpc", spec.rpc, "-ngl", str(spec.offload)]
     if spec.draft:
         cmd += ["-md", str(spec.draft), "-ngld", "0", "-td", t, "--spec-type", "draft-simple"]
     return cmd
@@ -90,13 +92,18 @@ def rpc_server_cmd(bins: Binaries, cpus: str, port: int) -> list[str]:
     return ["taskset", "-c", cpus, str(bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", threads(cpus)]
 
 
-def split_evidence(log: str, remote_layers: int) -> str:
+def offload_for_cut(layer_count: int, cut: int) -> int:
+    """-ngl for layers [cut, layer_count) and the output head on the RPC device."""
+    return layer_count - cut + 1
+
+
+def split_evidence(log: str, offload: int) -> str:
     """The log's line saying how many layers went to the RPC device; raises unless it is
-    `remote_layers` and the RPC device holds model weights."""
+    `offload` and the RPC device holds model weights."""
     found = _OFFLOADED.search(log)
-    if not found or int(found.group(1)) != remote_layers:
+    if not found or int(found.group(1)) != offload:
         said = found.group(0) if found else "no 'offloaded K/N layers' line"
-        raise LlamaCppError(f"llama-server did not put {remote_layers} layers on the RPC device: {said}")
+        raise LlamaCppError(f"llama-server did not put {offload} layers on the RPC device: {said}")
     if not re.search(r"RPC\S*\s+model buffer size\s*=\s*[1-9]", log):
         raise LlamaCppError("llama-server's log shows no model weights on the RPC device")
     return found.group(0)
@@ -111,7 +118,7 @@ def llama_server(bins: Binaries, spec: ServerSpec, logs: Path, timeout: float = 
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, proc, log, timeout)
         if spec.rpc:
-            split_evidence(log.read_text(errors="replace"), spec.remote_layers)
+            split_evidence(log.read_text(errors="replace"), spec.offload)
         yield url
 
 

@@ -55,7 +55,7 @@ def skipped_message(bins: Binaries | None) -> str:
         why = f"{bins.dir} lacks {', '.join(missing)} ({llama_cpp.BUILD_HINT})"
     else:
         return ""
-    return f"peers: skipped {', '.join(LLAMA_UNITS)}: {why}"
+    return f"peers: skipped the llama.cpp servers ({'; '.join(LLAMA_UNITS)}): {why}"
 
 
 def goal(ratio: str, delay: float, costly: bool) -> str:
@@ -124,14 +124,15 @@ def _split_units(pair: Pair, bins: Binaries | None, delay: float, tmp: Path,
                  MESH_DEFAULT: stack.enter_context(serve(setup, tmp, 2, draft=True, delay_ms=delay)).url}
         if bins:
             cut = mesh_cut(units[MESH_PLAIN])
-            remote = setup.manifest.layer_count - cut
+            offload = llama_cpp.offload_for_cut(setup.manifest.layer_count, cut)
             first, second = setup.machines.for_stages(2)
             for unit, draft in ((RPC, None), (RPC_SPEC, pair.draft)):
                 link = stack.enter_context(llama_cpp.rpc_link(bins, second, delay, tmp))
-                spec = ServerSpec(pair.target, first, setup.ctx, link, remote, draft)
+                spec = ServerSpec(pair.target, first, setup.ctx, link, offload, draft)
                 units[unit] = stack.enter_context(llama_cpp.llama_server(bins, spec, tmp))
-            notes.append(f"{delay:g} ms: llama.cpp RPC split at layer {cut} as meshpipe's split-2 "
-                         f"(its log: {remote} layers on the RPC device)")
+            notes.append(f"{delay:g} ms: llama.cpp RPC split at layer {cut}, as meshpipe's split-2 "
+                         f"(-ngl {offload}: layers {cut}-{setup.manifest.layer_count - 1} and the head "
+                         "on the RPC device, confirmed from its log)")
         yield units
 
 
