@@ -7,7 +7,8 @@ one node, split-2 without a draft and split-2 with its defaults. llama.cpp's one
 goes through the bench's delay proxy, meshpipe's hops through `--wire-delay-ms`, the same
 delay each way. All decode the same prompts, greedy, the same number of tokens, as a
 streaming client sees it; repeats are interleaved, every server once per repeat in an
-order that rotates. Two pairs (mesh/bench/pairs.py): the package's own target and draft
+order that rotates. The one-node servers have no link, so they stay up for the whole pair
+and are measured again beside the split servers of each delay. Two pairs (mesh/bench/pairs.py): the package's own target and draft
 (about the same cost per token) and the cost-realistic F32 target with the same draft.
 
 Without --llama-cpp-bin the llama.cpp servers are skipped, and the run says so.
