@@ -80,7 +80,8 @@ def server_cmd(bins: Binaries, spec: ServerSpec, port: int) -> list[str]:
     t = threads(spec.cpus)
     cmd = ["taskset", "-c", spec.cpus, str(bins.server), "-m", str(spec.target), "--host", "127.0.0.1",
            "--port", str(port), "-c", str(spec.ctx), "-np", "1", "-t", t, "-tb", t,
-           "-fa", "on" if flash_attn() else "off", "--fit", "off", "--no-webui"]
+           "-fa", "on" if flash_attn() else "off", "--fit", "off", "--no-webui",
+           "-lv", "4"]  # the load_tensors lines the split is checked from are logged from level 4
     if spec.rpc:
         cmd += ["--rpc", spec.rpc, "-ngl", str(spec.offload)]
     if spec.draft:
