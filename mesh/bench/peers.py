@@ -8,8 +8,9 @@ goes through the bench's delay proxy, meshpipe's hops through `--wire-delay-ms`,
 delay each way. All decode the same prompts, greedy, the same number of tokens, as a
 streaming client sees it; repeats are interleaved, every server once per repeat in an
 order that rotates. The one-node servers have no link, so they stay up for the whole pair
-and are measured again beside the split servers of each delay. Two pairs (mesh/bench/pairs.py): the package's own target and draft
-(about the same cost per token) and the cost-realistic F32 target with the same draft.
+and are measured again beside the split servers of each delay. Two pairs
+(mesh/bench/pairs.py): the package's own target and draft (about the same cost per token)
+and the cost-realistic F32 target with the same draft.
 
 Without --llama-cpp-bin the llama.cpp servers are skipped, and the run says so.
 """
