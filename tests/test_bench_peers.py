@@ -52,7 +52,8 @@ def test_one_node_llama_server_is_pinned_with_one_thread_per_cpu_and_has_no_rpc_
     assert cmd[3] == "/opt/llama/llama-server"
     assert (_flag(cmd, "-t"), _flag(cmd, "-tb"), _flag(cmd, "-m"), _flag(cmd, "-c")) == ("1", "1", "t.gguf", "1024")
     assert _flag(cmd, "--port") == "8080"
-    assert not {"--rpc", "-ngl", "-md", "--spec-type"} & set(cmd)
+    assert _flag(cmd, "-ngl") == "0"
+    assert not {"--rpc", "-md", "--spec-type"} & set(cmd)
 
 
 def test_the_rpc_split_puts_the_last_layers_on_the_proxied_rpc_device():

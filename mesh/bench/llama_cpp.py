@@ -82,8 +82,8 @@ def server_cmd(bins: Binaries, spec: ServerSpec, port: int) -> list[str]:
            "--port", str(port), "-c", str(spec.ctx), "-np", "1", "-t", t, "-tb", t,
            "-fa", "on" if flash_attn() else "off", "--fit", "off", "--no-webui",
            "-lv", "4"]  # the load_tensors lines the split is checked from are logged from level 4
-    if spec.rpc:
-        cmd += ["--rpc", spec.rpc, "-ngl", str(spec.offload)]
+    # without an RPC device nothing can be offloaded, but the log would still say "offloaded 31/31"
+    cmd += ["--rpc", spec.rpc, "-ngl", str(spec.offload)] if spec.rpc else ["-ngl", "0"]
     if spec.draft:
         cmd += ["-md", str(spec.draft), "-ngld", "0", "-td", t, "--spec-type", "draft-simple"]
     return cmd
