@@ -116,3 +116,12 @@ def test_a_closed_target_closes_the_client_connection():
 def test_a_negative_delay_is_refused():
     with pytest.raises(ValueError, match=">= 0"):
         DelayProxy(("127.0.0.1", 1), -1)
+
+
+def test_closing_the_proxy_under_a_live_connection_logs_no_error(echo, caplog):
+    with DelayProxy(echo, 0) as proxy:
+        sock = socket.create_connection(("127.0.0.1", proxy.port))
+        sock.sendall(b"x")
+        _recv_exactly(sock, 1)
+    sock.close()
+    assert not [r for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"]

@@ -82,6 +82,8 @@ class DelayProxy:
                 _no_delay(writer)
             try:
                 await asyncio.gather(self._direction(client_r, server_w), self._direction(server_r, client_w))
+            except asyncio.CancelledError:
+                pass  # __exit__ closing a live connection: a cancelled handler would be logged as an error
             finally:
                 server_w.close()
         finally:
