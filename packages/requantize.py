@@ -14,8 +14,9 @@ from llama_cpp import llama_cpp as L
 from packages.errors import PackageError
 from packages.integrity import atomic_file
 
+# F32 and F16 dequantize: the bench's cost-realistic target is the embedded model in F32
 FTYPES = {"Q4_0": L.LLAMA_FTYPE_MOSTLY_Q4_0, "Q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0,
-          "IQ4_NL": L.LLAMA_FTYPE_MOSTLY_IQ4_NL}
+          "IQ4_NL": L.LLAMA_FTYPE_MOSTLY_IQ4_NL, "F32": L.LLAMA_FTYPE_ALL_F32, "F16": L.LLAMA_FTYPE_MOSTLY_F16}
 _silent = L.llama_log_callback(lambda level, text, user: None)
 
 

@@ -146,7 +146,7 @@ class ChatDelta(_Body):
 class ChatChunkChoice(_Body):
     index: int = 0
     finish_reason: str | None
-    logprobs: ChatLogprobs | None
+    logprobs: ChatLogprobs | None = None  # always sent; a default so the bench reads llama-server's chunks too
     delta: ChatDelta
 
 

@@ -36,9 +36,12 @@ from mesh.bench.client import StreamTiming, stream_chat
 from mesh.bench.constrained import constrained_rows
 from mesh.bench.engines import engine_rows
 from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve
+from mesh.bench.llama_cpp import Binaries
 from mesh.bench.local_server import LocalServer, stage_pids
 from mesh.bench.machines import Machines
 from mesh.bench.multiturn import chat_rows
+from mesh.bench.pairs import cost_realistic_pair, package_draft, same_cost_pair
+from mesh.bench.peers import peer_rows
 from mesh.bench.prompt_lookup import ngram_rows
 from mesh.health import Health
 from mesh.model_source import resolve_model
@@ -62,11 +65,12 @@ PROMPTS = [
 LONG_PROMPT_TOKENS = 512
 MESH_SCENARIOS = {"split", "spec", "concurrency", "memory", "return"}  # these share the baseline and split servers
 # each starts what it needs, after the others are done
-ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines", "constrained"}
+ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines", "constrained", "peers"}
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
 # decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
 ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
+PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 pairs x 4 delays: kept short
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,8 +84,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "without), ngram (prompt lookup against no speculation on copy-heavy and novel text at "
                         "each --wire-delays), engines (decode rate of llama.cpp, MLX and meshes mixing "
                         "them, without the draft), constrained (JSON-schema output on split-2: no speculation, "
-                        "forced tokens, the draft, both, at each --wire-delays); numerics, chat, ngram, engines "
-                        "and constrained run alone if asked alone")
+                        "forced tokens, the draft, both, at each --wire-delays), peers (meshpipe against "
+                        "llama-server and llama.cpp's RPC split, with and without speculation, at each "
+                        "--wire-delays, for the package's pair and a cost-realistic F32 target; always with "
+                        "--machines); numerics, chat, ngram, engines, constrained and peers run alone if asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
@@ -106,6 +112,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="engine threads per process")
     p.add_argument("--breakdown", action="store_true",
                    help="also show where a frame's time goes, per stage and part (one more pass)")
+    p.add_argument("--llama-cpp-bin", type=Path, default=None, metavar="DIR",
+                   help="for peers: a directory holding llama-server and ggml-rpc-server "
+                        "(deploy/build-llama-cpp.sh); without it the llama.cpp rows are skipped")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.set_defaults(func=_run)
@@ -116,12 +125,14 @@ def _run(args: argparse.Namespace) -> int:
     if unknown := scenarios - MESH_SCENARIOS - ALONE_SCENARIOS:  # before the model loads, not after
         raise SystemExit(f"mesh bench: unknown scenarios: {', '.join(sorted(unknown))}")
     fill_defaults(args, scenarios)
+    bins = _llama_cpp_bins(args, scenarios)
     # every server the bench starts inherits it, and every request the bench sends carries it:
     # a key from the user's config can then never lock the bench out of its own servers
     os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
     setup = _setup(args)
     delays = [float(d) for d in (args.wire_delays or ("0,5,20,50" if setup.machines else "0,20")).split(",")]
     rows: list[Row] = []
+    tables: list[str] = []
     if "numerics" in scenarios:
         rows += _numerics_rows(setup, args.numerics_gguf)
     if scenarios & MESH_SCENARIOS:
@@ -134,8 +145,11 @@ def _run(args: argparse.Namespace) -> int:
         rows += constrained_rows(setup, delays, args.repeats)
     if "engines" in scenarios:
         rows += engine_rows(setup, PROMPTS[: args.prompts], args.repeats)
+    if "peers" in scenarios:
+        peers, table = _peers_rows(setup, bins, args, delays)
+        rows, tables = rows + peers, [*tables, table]
     header = _header(setup, args)
-    print(format_table(header, rows))
+    print("\n\n".join([format_table(header, rows), *tables]))
     if args.json:
         args.json.write_text(json.dumps({"setup": header, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]},
                                         indent=2))
@@ -144,9 +158,32 @@ def _run(args: argparse.Namespace) -> int:
 
 def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     """--tokens, --prompts and --stages where not given: the engines scenario's own when it runs alone."""
-    for name, value in (ENGINES_DEFAULTS if scenarios == {"engines"} else DEFAULTS).items():
+    alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS}
+    for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+
+
+def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
+    """peers always emulates machines; a --llama-cpp-bin that lacks a binary fails now, not an hour in."""
+    if "peers" not in scenarios:
+        return None
+    args.machines = True
+    bins = Binaries(args.llama_cpp_bin) if args.llama_cpp_bin else None
+    if bins and (missing := bins.missing()):
+        raise SystemExit(f"mesh bench: --llama-cpp-bin {bins.dir} lacks {', '.join(missing)}")
+    return bins
+
+
+def _peers_rows(setup: Setup, bins: Binaries | None, args: argparse.Namespace,
+                delays: list[float]) -> tuple[list[Row], str]:
+    draft = package_draft(setup)
+    if draft is None:
+        raise SystemExit("mesh bench: peers needs a package that ships its draft (the embedded model does)")
+    say: Callable[[str], None] = lambda m: print(f"bench: {m}", file=sys.stderr)  # noqa: E731
+    pairs = [same_cost_pair(setup, draft), cost_realistic_pair(setup, draft, say)]
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-peers-") as tmp:
+        return peer_rows(setup, pairs, bins, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp))
 
 
 def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str], delays: list[float]) -> list[Row]:

@@ -1,0 +1,185 @@
+"""`mesh bench --scenarios peers` without a server: llama.cpp's command lines, the split check,
+the skip message, and the rows and tables made from samples."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from mesh.bench import llama_cpp
+from mesh.bench.llama_cpp import (
+    Binaries,
+    LlamaCppError,
+    ServerSpec,
+    offload_for_cut,
+    rpc_server_cmd,
+    server_cmd,
+    split_evidence,
+)
+from mesh.bench.peers import (
+    LLAMA_ONE,
+    LLAMA_UNITS,
+    MESH_DEFAULT,
+    MESH_ONE,
+    MESH_PLAIN,
+    RATIOS,
+    RPC,
+    RPC_SPEC,
+    Record,
+    goal,
+    rows_of,
+    skipped_message,
+    tables,
+)
+from mesh.bench.run import _llama_cpp_bins, add_parser, fill_defaults
+
+BINS = Binaries(Path("/opt/llama"))
+
+
+def _flag(cmd: list[str], flag: str) -> str:
+    """A flag's value on the binary's own command line (after `taskset -c CPUS`)."""
+    own = cmd[3:]
+    return own[own.index(flag) + 1]
+
+
+# -- llama.cpp command lines ----------------------------------------------------------------------
+
+def test_one_node_llama_server_is_pinned_with_one_thread_per_cpu_and_has_no_rpc_nor_draft():
+    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0", 1024), port=8080)
+    assert cmd[:3] == ["taskset", "-c", "0"]
+    assert cmd[3] == "/opt/llama/llama-server"
+    assert (_flag(cmd, "-t"), _flag(cmd, "-tb"), _flag(cmd, "-m"), _flag(cmd, "-c")) == ("1", "1", "t.gguf", "1024")
+    assert _flag(cmd, "--port") == "8080"
+    assert _flag(cmd, "-ngl") == "0"
+    assert not {"--rpc", "-md", "--spec-type"} & set(cmd)
+
+
+def test_the_rpc_split_puts_the_last_layers_on_the_proxied_rpc_device():
+    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0-1", 1024, rpc="127.0.0.1:5000", offload=12), 1)
+    assert (_flag(cmd, "--rpc"), _flag(cmd, "-ngl")) == ("127.0.0.1:5000", "12")
+    assert _flag(cmd, "-t") == "2"  # two CPUs in the set
+    assert "-md" not in cmd
+
+
+def test_llama_servers_speculation_is_switched_on_with_the_draft_on_the_first_machine():
+    spec = ServerSpec(Path("t.gguf"), "0", 1024, rpc="127.0.0.1:5000", offload=12, draft=Path("d.gguf"))
+    cmd = server_cmd(BINS, spec, 1)
+    # without --spec-type llama-server loads the draft and never uses it
+    assert (_flag(cmd, "-md"), _flag(cmd, "-ngld"), _flag(cmd, "--spec-type")) == ("d.gguf", "0", "draft-simple")
+    assert _flag(cmd, "-td") == "1"
+
+
+def test_the_rpc_server_is_pinned_to_the_second_machine():
+    cmd = rpc_server_cmd(BINS, "1", 5000)
+    assert cmd[:4] == ["taskset", "-c", "1", "/opt/llama/ggml-rpc-server"]
+    assert (_flag(cmd, "-p"), _flag(cmd, "-t"), _flag(cmd, "-H")) == ("5000", "1", "127.0.0.1")
+
+
+def test_the_rpc_device_gets_the_layers_after_meshpipes_cut_and_the_output_head():
+    # llama.cpp offloads the head first: -ngl 12 of 30 layers is layers 19..29 and the head
+    assert offload_for_cut(30, 19) == 12
+
+
+SPLIT_LOG = """load_tensors: offloading output layer to GPU
+load_tensors: offloading 11 repeating layers to GPU
+load_tensors: offloaded 12/31 layers to GPU
+load_tensors:   CPU_Mapped model buffer size =    60.32 MiB
+load_tensors: RPC0[127.0.0.1:41233] model buffer size =    24.10 MiB
+"""
+
+
+def test_the_split_is_confirmed_from_the_log():
+    assert split_evidence(SPLIT_LOG, 12) == "offloaded 12/31 layers"
+
+
+def test_a_log_with_another_layer_count_or_none_on_the_rpc_device_fails():
+    with pytest.raises(LlamaCppError, match="12/31"):
+        split_evidence(SPLIT_LOG, 11)
+    with pytest.raises(LlamaCppError, match="no 'offloaded"):
+        split_evidence("load_tensors: CPU_Mapped model buffer size = 60 MiB", 12)
+    with pytest.raises(LlamaCppError, match="no model weights on the RPC device"):
+        split_evidence(SPLIT_LOG.replace("24.10", "0.00"), 12)
+
+
+# -- what is skipped ------------------------------------------------------------------------------
+
+def test_without_the_binaries_the_message_names_the_skipped_rows_and_how_to_build_them():
+    message = skipped_message(None)
+    assert all(unit in message for unit in LLAMA_UNITS)
+    assert "--llama-cpp-bin" in message
+    assert "deploy/build-llama-cpp.sh" in message
+
+
+def test_a_directory_missing_a_binary_is_named_with_the_binary(tmp_path):
+    (tmp_path / llama_cpp.SERVER).write_text("")
+    assert skipped_message(Binaries(tmp_path)).endswith(
+        f"{tmp_path} lacks ggml-rpc-server (build them with deploy/build-llama-cpp.sh, README section Benchmarks)")
+    (tmp_path / llama_cpp.RPC_SERVER).write_text("")
+    assert skipped_message(Binaries(tmp_path)) == ""
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_peers_alone_takes_its_short_defaults_and_always_emulates_machines(tmp_path):
+    args = _args("--scenarios", "peers")
+    fill_defaults(args, {"peers"})
+    assert (args.tokens, args.prompts, args.stages) == (64, 3, "1,2")
+    assert _llama_cpp_bins(args, {"peers"}) is None
+    assert args.machines
+
+
+def test_a_llama_cpp_bin_that_lacks_a_binary_fails_before_anything_loads(tmp_path):
+    args = _args("--scenarios", "peers", "--llama-cpp-bin", str(tmp_path))
+    with pytest.raises(SystemExit, match="lacks llama-server, ggml-rpc-server"):
+        _llama_cpp_bins(args, {"peers"})
+
+
+# -- rows and tables ------------------------------------------------------------------------------
+
+def _record(costly: bool = False, llama: bool = True) -> Record:
+    record = Record("same-cost pair: Q4_1 target, Q4_0 draft", costly)
+    tps = {LLAMA_ONE: [70.0, 80.0, 75.0], RPC: [17.0, 18.0], RPC_SPEC: [20.0], MESH_ONE: [72.0],
+           MESH_PLAIN: [18.0], MESH_DEFAULT: [36.0]}
+    record.tps = {(20.0, unit): samples for unit, samples in tps.items() if llama or unit not in LLAMA_UNITS}
+    return record
+
+
+def test_each_server_gets_its_median_and_each_ratio_its_goal():
+    rows = {r.metric: r for r in rows_of(_record(), [20.0])}
+    assert rows[f"{LLAMA_ONE} decode tok/s"].value == 75.0
+    assert rows[f"{RPC} decode tok/s"].samples == [17.0, 18.0]
+    default_vs_plain = rows[RATIOS[3][0]]
+    assert default_vs_plain.ratio == 2.0
+    assert default_vs_plain.goal == ">= 1.8"
+    assert rows[RATIOS[2][0]].ratio == pytest.approx(1.8)
+    assert all(r.scenario == "peers same-cost pair: Q4_1 target, Q4_0 draft, 20 ms" for r in rows.values())
+
+
+def test_the_cost_realistic_pair_is_held_to_its_own_speculation_goal():
+    assert goal(RATIOS[3][0], 20, costly=True) == ">= 2.5"
+    assert goal(RATIOS[3][0], 20, costly=False) == ">= 1.8"
+    assert goal(RATIOS[3][0], 0, costly=False) == ">= 0.98"
+    assert goal(RATIOS[0][0], 0, costly=True) == ">= 1.05"
+
+
+def test_without_llama_cpp_only_meshpipes_ratio_remains_and_the_table_says_skipped():
+    record = _record(llama=False)
+    rows = rows_of(record, [20.0])
+    assert [r.metric for r in rows if r.baseline] == [RATIOS[3][0]]
+    table = tables(record, [20.0])
+    line = next(line for line in table.splitlines() if line.startswith("| 20 ms") and "36.0" in line)
+    assert line.count("skipped") == len(LLAMA_UNITS)
+
+
+def test_the_table_has_a_column_per_server_and_per_ratio():
+    table = tables(_record(), [20.0]).splitlines()
+    assert table[0] == "peers, same-cost pair: Q4_1 target, Q4_0 draft: decode tok/s"
+    assert table[2].count("|") == 8  # delay + six servers
+    assert "| 20 ms | 75.0 | 17.5 | 20.0 | 72.0 | 18.0 | 36.0 |" in table
+    assert "2.00 (goal >= 1.8)" in "\n".join(table)
