@@ -102,8 +102,8 @@ class Sampler:
         stages = self._stages(rows, now, before)
         layers = m.manifest.layer_count
         return Snapshot(at=time.time(), model=m.model_id, layers=layers, stages=stages,
-                        links=tuple(Link(to=s.stage, bytes_per_s=_link_rate(now, before) if rows else None)
-                                    for s in stages[1:]),
+                        links=tuple(Link(to=s.stage, bytes_per_s=_link_rate(now, before) if rows else None,
+                                         round_trip_ms=_ping_ms(rows, s.stage)) for s in stages[1:]),
                         spares=m.topology.spares, speculation=spec, requests=self._requests(now),
                         healing=self._healing(), history=tuple(self.history))
 
@@ -194,3 +194,9 @@ def _accept(now: Readings, before: Readings | None) -> float | None:
 
 def _link_rate(now: Readings, before: Readings | None) -> float | None:
     return round(per_s(now, before, "bytes_sent"), 1) if before is not None else None
+
+
+def _ping_ms(rows: tuple[StageHealth, ...], stage: int) -> float | None:
+    """The round trip of the last Status call to a stage: its link's, from the watcher's pings."""
+    row = next((r for r in rows if r.stage == stage), None)
+    return round(row.link_ms, 2) if row is not None and row.link_ms is not None else None

@@ -41,6 +41,7 @@ class Link(_Frozen):
 
     to: int
     bytes_per_s: float | None  # measured on stage 0's link: every activation link carries the same rows
+    round_trip_ms: float | None = None  # the last Status call to the stage it leads to (the watcher's ping)
 
 
 class Proposer(_Frozen):

@@ -72,6 +72,7 @@ def test_the_snapshot_shows_the_route_and_its_rates_between_ticks():
     mesh.requests.generated = 50
     mesh.hops.rows_sent, mesh.hops.rows_voided = 40, 10
     mesh.pipeline.waiters = {1: None, 2: None}
+    mesh.route.stages[0].ping_s = 0.004  # the watcher's last Status call to stage 1
     snap = sampler.sample()
     before, now = sampler.readings[-2], sampler.readings[-1]
     assert snap.speculation.tok_s == pytest.approx(50 / (now.at - before.at), rel=0.01)
@@ -79,7 +80,7 @@ def test_the_snapshot_shows_the_route_and_its_rates_between_ticks():
     assert snap.speculation.frames_in_flight == 2
     assert [(s.stage, s.endpoint, s.start, s.end, s.engine) for s in snap.stages] == [
         (0, "coordinator", 0, 13, "llama"), (1, "127.0.0.1:7001", 13, 30, "llama")]
-    assert [link.to for link in snap.links] == [1]
+    assert [(link.to, link.round_trip_ms) for link in snap.links] == [(1, 4.0)]
     assert snap.spares == ("127.0.0.1:7009",)
     assert [p.tok_s for p in snap.history] == [0.0, snap.speculation.tok_s]
 

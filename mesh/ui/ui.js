@@ -57,7 +57,8 @@ function linkArrow(link) {
   return el("div", { class: "link", "data-to": link.to },
     el("svg:svg", { viewBox: "0 0 80 12" }, el("svg:line", { x1: 0, y1: 6, x2: 70, y2: 6 }),
       el("svg:polygon", { points: "70,1 80,6 70,11" })),
-    el("div", {}, link.bytes_per_s == null ? "–" : bytes(link.bytes_per_s) + "/s"));
+    el("div", {}, link.bytes_per_s == null ? "–" : bytes(link.bytes_per_s) + "/s"),
+    el("div", { class: "ping" }, link.round_trip_ms == null ? "" : "rtt " + link.round_trip_ms.toFixed(1) + " ms"));
 }
 
 function renderTopology(snap) {
