@@ -28,10 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from mesh.bench.delay_proxy import DelayProxy
-from mesh.bench.local_server import free_port, stop
+from mesh.bench.local_server import free_port, stop, unhealthy
 from stage.cpus import parse_cpus
 from stage.llama_model import flash_attn
 
@@ -144,15 +142,9 @@ def _process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise LlamaCppError(f"llama-server exited early:\n{log.read_text(errors='replace')[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise LlamaCppError(f"llama-server not healthy after {timeout}s:\n{log.read_text(errors='replace')[-3000:]}")
+    problem = unhealthy(url, proc, log, timeout)
+    if problem is not None:
+        raise LlamaCppError(f"llama-server {problem}")
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:

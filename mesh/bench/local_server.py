@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -59,15 +60,23 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def wait_healthy(server: LocalServer, timeout: float) -> None:
+    problem = unhealthy(server.url, server.process, server.log, timeout)
+    if problem is not None:
+        raise RuntimeError(f"mesh serve {problem}")
+
+
+def unhealthy(url: str, process: subprocess.Popen[Any], log: Path, timeout: float) -> str | None:
+    """None once `url`/health answers 200, else why not (the process ended, or time ran out),
+    with the tail of its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"mesh serve exited early:\n{server.log.read_text()[-3000:]}")
+        if process.poll() is not None:
+            return f"exited early:\n{log.read_text(errors='replace')[-3000:]}"
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return None
         time.sleep(0.5)
-    raise TimeoutError(f"mesh serve not healthy after {timeout}s:\n{server.log.read_text()[-3000:]}")
+    return f"not healthy after {timeout}s:\n{log.read_text(errors='replace')[-3000:]}"
 
 
 def stage_pids(serve_pid: int) -> list[int]:
