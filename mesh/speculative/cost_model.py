@@ -33,18 +33,20 @@ class Costs:
     later: Seconds  # Σ S_i(rows) over the later stages
     links: float  # W: the round trip less every stage's time
 
+    def own(self, k: int) -> float:
+        """own(k): stage 0 drafting k tokens and computing the frame's k + 1 rows."""
+        return k * self.draft_step + self.stage0(k + 1)
+
     def alone(self, k: int) -> float:
         """A(k): a frame of k drafts sent with nothing else in flight, drafting included."""
-        return k * self.draft_step + self.stage0(k + 1) + self.later(k + 1) + self.links
+        return self.own(k) + self.later(k + 1) + self.links
 
 
 def rates(costs: Costs, chances: list[float], limit: int) -> list[float]:
     """Tokens per second of windows of len(chances) drafts with 1..limit frames in flight,
     `chances` being P_1..P_k; a window of 0 is a plain decode, never sent ahead."""
-    k, rows = len(chances), len(chances) + 1
-    own = k * costs.draft_step + costs.stage0(rows)
-    slowest = costs.slowest(rows)
-    alone = own + costs.later(rows) + costs.links
+    k = len(chances)
+    own, alone, slowest = costs.own(k), costs.alone(k), costs.slowest(k + 1)
     if k == 0:
         return [1.0 / alone]
     full, tokens = chances[-1], 1 + sum(chances)

@@ -150,7 +150,7 @@ class CostAware:
     window: int = 0
     frames: int = 1  # the chosen depth
     limit: int = 1  # the loop's bound on depth, as `depth` last heard it
-    chosen: WindowChoice | None = None
+    choice: WindowChoice | None = None  # the last decision, as usage and /metrics report it
     off_for: int = 0
     since_plain: int = 0
     _probe_base: int = 0
@@ -162,10 +162,6 @@ class CostAware:
         self.window = self.policy.initial
         self._probe_base = self.probe_every
         self._probe_window = self.policy.min
-
-    @property
-    def choice(self) -> WindowChoice | None:
-        return self.chosen
 
     def next_window(self) -> int:
         self.since_plain += 1
@@ -212,7 +208,7 @@ class CostAware:
             self._probe_window = max(hopeful.window, self.policy.min)
             if hopeful.tok_s < plain.tok_s * self.switch_gain:
                 self.probe_every = self.max_probe_every  # not even an optimistic reading pays
-        self.chosen = _choice(current, plain, self.seen, self.probe_every)
+        self.choice = _choice(current, plain, self.seen, self.probe_every)
 
     def _score(self, option: Option) -> float:
         return option.tok_s / self.deeper_gain ** (option.depth - 1)
