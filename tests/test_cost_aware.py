@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from test_generate_events import LONG, PROMPT, ScriptedDraft, ScriptedPipeline
@@ -17,9 +17,9 @@ from common.sampling import Sampled
 from mesh.backend import GenerationRequest
 from mesh.pipeline import Lease
 from mesh.request_state import Live, RequestState
-from mesh.speculative.cost_model import Costs, Option, options
+from mesh.speculative.cost_model import Costs, Option, gap, options
 from mesh.speculative.loop import generate
-from mesh.speculative.window import Adaptive, CostAware, Fixed, Observation
+from mesh.speculative.window import Adaptive, CostAware, Fixed, Observation, Since
 from packages.speculative import WindowPolicy
 
 POLICY = WindowPolicy(policy="cost-aware", initial=4, min=1, max=8)
@@ -33,6 +33,8 @@ class Mesh:
     later: tuple[tuple[float, float], ...]
     links: float
     accept: float  # each draft, given the ones before it
+    hidden: float = 0.0  # what a verify frame costs beyond its parts: the model cannot see it, the wall clock can
+    catch_up: float = 0.0  # what the draft spends catching up on what it sat out, before a probe
 
     def costs(self) -> Costs:
         def line(b: tuple[float, float]):
@@ -46,7 +48,10 @@ class Mesh:
         return options(self.costs(), [self.accept**j for j in range(1, POLICY.max + 1)],
                        range(POLICY.min, POLICY.max + 1), limit)
 
-    def observe(self, k: int, rng: random.Random, noise: float = 0.1) -> Observation:
+    def observe(self, k: int, rng: random.Random, noise: float = 0.1, depth: int = 1, before: int = 0
+                ) -> Observation:
+        """A frame of k drafts with `depth` out, the frame before it having had `before` drafts
+        (-1: none, the session's first): its parts, and its reply's gap as the loop would see it."""
         def jitter(t: float) -> float:
             return t * (1 + rng.uniform(-noise, noise))
 
@@ -55,15 +60,24 @@ class Mesh:
             accepted += 1
         rows = k + 1
         later = tuple(jitter(b + p * k) for b, p in self.later)
+        since = None
+        if before >= 0:
+            seconds = self.gap(k, depth, accepted == k) + (self.catch_up if k and not before else 0.0)
+            since = Since(jitter(seconds), (k > 0) == (before > 0))
         return Observation(k, accepted, jitter(self.draft_step * k), rows,
-                           jitter(self.stage0[0] + self.stage0[1] * k), later, jitter(self.links))
+                           jitter(self.stage0[0] + self.stage0[1] * k), later, jitter(self.links), accepted + 1, since)
+
+    def gap(self, k: int, depth: int, full: bool) -> float:
+        """A reply's time after the one before, as the cost model has it, plus the hidden cost."""
+        return gap(self.costs(), k, depth, full) + (self.hidden if k else 0.0)
 
 
 def half(scale: float = 1.0) -> tuple[float, float]:
     return 6.5 * MS * scale, 3.2 * MS * scale
 
 
-SAME_COST_0MS = Mesh(13 * MS, half(), (half(),), 1.5 * MS, 0.68)
+# a probe's draft catches up on at most 64 tokens: about 0.25 s for the same-cost draft on one core
+SAME_COST_0MS = Mesh(13 * MS, half(), (half(),), 1.5 * MS, 0.68, catch_up=0.25)
 SAME_COST_20MS = Mesh(13 * MS, half(), (half(),), 41.5 * MS, 0.68)
 SAME_COST_50MS = Mesh(13 * MS, half(), (half(),), 101.5 * MS, 0.68)
 ONE_NODE = Mesh(13 * MS, (13 * MS, 6.4 * MS), (), 0.0, 0.68)
@@ -71,15 +85,16 @@ REALISTIC_20MS = Mesh(13 * MS, half(4), (half(4),), 41.5 * MS, 0.68)  # an F32 t
 LOOKUP_0MS = Mesh(0.02 * MS, half(), (half(),), 1.5 * MS, 0.9)  # prompt lookup on copied text
 
 
-def run(mesh: Mesh, seed: int, rounds: int = 400, limit: int = 3) -> tuple[CostAware, list[int]]:
+def run(mesh: Mesh, seed: int, rounds: int = 400, limit: int = 3, w: CostAware | None = None
+        ) -> tuple[CostAware, list[int]]:
     rng = random.Random(seed)
-    w = CostAware(POLICY)
-    windows = []
+    w = w or CostAware(POLICY)
+    windows: list[int] = []
     for _ in range(rounds):
         k = w.next_window()
-        w.depth(limit)
+        depth = w.depth(limit)
+        w.record(mesh.observe(k, rng, depth=depth, before=windows[-1] if windows else -1))
         windows.append(k)
-        w.record(mesh.observe(k, rng))
     return w, windows
 
 
@@ -108,8 +123,8 @@ def test_a_same_cost_draft_over_a_fast_link_is_off_and_costs_next_to_nothing():
         assert w.choice is not None
         assert w.choice.window == 0
         late = windows[100:]
-        probe_s = sum(k * mesh.draft_step + mesh.costs().alone(k) - mesh.costs().alone(0) for k in late if k)
-        assert probe_s < 0.02 * len(late) * mesh.costs().alone(0), seed
+        probe_s = sum(mesh.catch_up + mesh.gap(k, 1, False) - mesh.gap(0, 1, False) for k in late if k)
+        assert probe_s < 0.02 * len(late) * mesh.gap(0, 1, False), seed
 
 
 def test_a_long_link_keeps_several_frames_in_flight_and_predicts_its_gain():
@@ -133,7 +148,7 @@ def test_the_choice_is_the_same_run_after_run():
 
 def test_a_fast_link_and_a_slow_draft_keep_one_frame_in_flight():
     # stage 0 is nearly the whole round trip and drafting costs nearly a verify pass
-    mesh = Mesh(6 * MS, (9.5 * MS, 0.95 * MS), ((0.5 * MS, 0.05 * MS),), 0.1 * MS, 0.8)
+    mesh = Mesh(6 * MS, (9.5 * MS, 0.95 * MS), ((0.2 * MS, 0.02 * MS),), 0.05 * MS, 0.9)
     w, _ = run(mesh, 0)
     assert w.window >= 1  # speculation pays, frames ahead do not
     assert w.depth(3) == 1
@@ -146,6 +161,42 @@ def test_low_acceptance_speculates_over_a_long_link_and_predicts_little_gain():
     assert w.window >= 1  # a window still pays over a 20 ms hop
     assert w.choice is not None
     assert w.choice.predicted_tok_s < 1.2 * w.choice.plain_tok_s
+
+
+CHEAP_DRAFT_0MS = Mesh(4 * MS, half(), (half(),), 1.5 * MS, 0.8)  # the model says a window pays 1.5x
+
+
+def test_frames_that_cost_more_than_their_parts_turn_speculation_off():
+    """Each verify frame costs 25 ms that no timed part shows (the event loop, the engine
+    thread switching): the model alone would speculate at 1.5x; the wall clock says no."""
+    hidden = replace(CHEAP_DRAFT_0MS, hidden=25 * MS)
+    plain = hidden.costs().alone(0)
+    for seed in range(8):
+        w, windows = run(hidden, seed, rounds=600)
+        assert w.window == 0, (seed, w.choice)
+        assert w.choice is not None
+        assert "realize" in w.choice.why
+        assert w.seen.realized.predicted < 0.7 * w.seen.realized.realized  # as measured, before it fades
+        late = windows[100:]  # what speculating after the verdict cost, each frame counted as rejected
+        lost = sum(hidden.gap(k, 1, False) - plain for k in late if k)
+        assert lost < 0.03 * len(late) * plain, seed
+
+
+def test_without_hidden_costs_the_cheap_draft_speculates():
+    for seed in range(8):
+        w, _ = run(CHEAP_DRAFT_0MS, seed)
+        assert w.window >= 1, (seed, w.choice)
+        assert 0.8 < w.seen.realized.value < 1.25
+
+
+def test_a_verdict_reached_under_a_busy_neighbour_is_tried_again():
+    """Off while frames cost 25 ms more; once that cost is gone, what was realized fades and
+    speculation comes back within a few thousand rounds."""
+    w, _ = run(replace(CHEAP_DRAFT_0MS, hidden=25 * MS), 0, rounds=300)
+    assert w.window == 0
+    w, windows = run(CHEAP_DRAFT_0MS, 1, rounds=4000, w=w)
+    assert w.window >= 1, w.choice
+    assert windows[-200:].count(0) < 20
 
 
 def test_depth_never_exceeds_the_limit():
@@ -170,27 +221,37 @@ def test_one_frame_in_flight_prices_windows_as_one_at_a_time():
 def test_a_plain_decode_is_timed_first_and_again_every_so_often():
     w = CostAware(POLICY, replain_every=50)
     rng = random.Random(0)
-    windows = []
+    windows: list[int] = []
     for _ in range(200):
         k = w.next_window()
+        w.record(replace(SAME_COST_20MS, accept=0.9).observe(k, rng, before=windows[-1] if windows else -1))
         windows.append(k)
-        w.record(SAME_COST_20MS.observe(k, rng))
     assert windows[0] == POLICY.initial
     assert windows[1] == 0
     assert 3 <= windows[2:].count(0) <= 5  # and again every 50 rounds
 
 
 def test_a_round_without_a_match_is_a_plain_decode_and_no_probe():
-    w, _ = run(SAME_COST_0MS, 0, rounds=200)
+    w, _ = run(replace(SAME_COST_0MS, catch_up=0.0), 1, rounds=200)  # off, but an optimist would still probe
     assert w.window == 0
     w.probe_every, w.off_for = 3, 0
     assert [w.next_window() for _ in range(3)][-1] >= 1  # the probe is due
     w.record(Observation(0, 0, 0.0, 1, 20 * MS, (7 * MS,), 1.5 * MS))  # ...and prompt lookup found no match
     assert w.probe_every == 3  # not a failed probe
     assert w.next_window() >= 1  # still due, until something is proposed
-    w.record(SAME_COST_0MS.observe(1, random.Random(1)))
+    w.record(Observation(1, 0, 13 * MS, 2, 9.7 * MS, (9.7 * MS,), 1.5 * MS, 1, None))  # rejected, and nothing priced it
     assert w.next_window() == 0
-    assert w.probe_every == 6  # the probe failed: the next waits twice as long
+    # the probe failed: the next waits twice as long, or as long as keeps probes under 1% of the time
+    assert w.probe_every == max(6, w._affordable())
+
+
+def test_probes_whose_catch_up_is_dear_come_seldom():
+    """A probe's draft first catches up (0.25 s here, 17 plain decodes): the controller measures
+    that and spaces probes so they cost under 1% of decoding, where cheap ones come every 16."""
+    for dear in (False, True):
+        w, windows = run(replace(SAME_COST_0MS, accept=0.72, catch_up=0.25 if dear else 0.0), 2, rounds=1000)
+        probes = sum(1 for k in windows[100:] if k)
+        assert (probes <= 2) if dear else (probes >= 4), (dear, probes, w.choice)
 
 
 def test_fixed_and_adaptive_keep_the_limit():

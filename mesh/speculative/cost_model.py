@@ -46,16 +46,22 @@ def rates(costs: Costs, chances: list[float], limit: int) -> list[float]:
     """Tokens per second of windows of len(chances) drafts with 1..limit frames in flight,
     `chances` being P_1..P_k; a window of 0 is a plain decode, never sent ahead."""
     k = len(chances)
-    own, alone, slowest = costs.own(k), costs.alone(k), costs.slowest(k + 1)
     if k == 0:
-        return [1.0 / alone]
+        return [1.0 / costs.alone(0)]
     full, tokens = chances[-1], 1 + sum(chances)
-    out = []
-    for d in range(1, limit + 1):
-        void = slowest / 2 if d > 1 else 0.0
-        ahead = min(max(own, slowest, alone / d), alone)  # never worse than waiting
-        out.append(tokens / (full * ahead + (1 - full) * (alone + void)))
-    return out
+    return [tokens / (full * gap(costs, k, d, True) + (1 - full) * gap(costs, k, d, False))
+            for d in range(1, limit + 1)]
+
+
+def gap(costs: Costs, k: int, d: int, full: bool) -> float:
+    """Seconds from the reply before to a frame's of k drafts with d in flight: the period
+    T(k, d) when every draft was accepted, else the lone round trip and a void frame's half."""
+    alone = costs.alone(k)
+    if k == 0:
+        return alone
+    if full:
+        return min(max(costs.own(k), costs.slowest(k + 1), alone / d), alone)  # never worse than waiting
+    return alone + (costs.slowest(k + 1) / 2 if d > 1 else 0.0)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ every proposal is one the grammar allows, and each frame carries one mask per sa
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from mesh.hop_timing import hop_parts
 from mesh.pipeline import Lease, Pending, Pipeline
 from mesh.request_state import Frame, Live, RequestState
 from mesh.speculative.proposer import Proposal, Proposer
-from mesh.speculative.window import Controller, Observation
+from mesh.speculative.window import Controller, Observation, Since
 from proto import meshpipe_pb2 as pb
 
 # One window controller for every proposer, or one per proposer name: prompt lookup and the
@@ -49,6 +50,7 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft
     primary = _controller(window, draft.names[0]) if window is not None and draft is not None else None
     out: deque[Pending] = deque()  # the frames in flight, as `live.state.frames` counts them
     ready: tuple[Sampled, ...] = ()
+    last = _Last()
     try:
         while True:
             broke: MeshUnavailableError | None = None
@@ -64,10 +66,26 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft
                 raise broke
             if live.state.finish is not None:
                 return
-            ready = await _answer(pipeline, live, out, window)
+            ready = await _answer(pipeline, live, out, window, last)
     finally:
         for pending in out:  # a stop, the length limit, an error or the caller leaving
             pipeline.void(pending)
+
+
+@dataclass
+class _Last:
+    """The session's last reply: when it came and what kind of frame it answered (`_kind`)."""
+
+    at: float = 0.0
+    kind: str = ""
+
+
+def _kind(frame: Frame) -> str:
+    """A verify frame, a plain decode, or neither (a prefill, forced tokens): a reply's time
+    since the one before is a decode's cost when both answered decodes (`Since`)."""
+    if frame.by == FORCED:
+        return ""
+    return "verify" if frame.drafts else "plain" if frame.rows == 1 else ""
 
 
 @dataclass(frozen=True)
@@ -103,15 +121,20 @@ async def _fill(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending
                                        epoch=live.state.epoch, masks=masks))
 
 
-async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: Windows | None
+async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: Windows | None, last: _Last
                   ) -> tuple[Sampled, ...]:
     """Await the oldest frame's reply and apply it; the tokens it committed."""
     before = live.state
     live.state, reply = before.apply(await pipeline.wait(out[0]), out[0].epoch)
-    if window is not None:
-        for (frame, accepted), pending in zip(reply.settled, out, strict=False):
-            if frame.by != FORCED and (frame.drafts or frame.rows == 1):  # a prefill is no decode to price
-                _record(window, frame, pending, accepted)
+    if reply.settled:
+        kind, at = _kind(reply.settled[0][0]), out[0].answered_at or time.perf_counter()
+        since = Since(at - last.at, last.kind == kind) if kind and last.kind else None
+        last.at, last.kind = at, kind
+        if window is not None:
+            for i, ((frame, accepted), pending) in enumerate(zip(reply.settled, out, strict=False)):
+                if _kind(frame):  # a prefill is no decode to price
+                    timed = (len(reply.committed), since) if i == 0 else (0, None)
+                    _record(window, frame, pending, accepted, *timed)
     out.popleft()
     if live.state.epoch != before.epoch or live.state.finish is not None:
         while out:  # all sent beyond is void
@@ -146,25 +169,26 @@ def _controller(window: Windows, name: str) -> Controller:
     return window[name] if isinstance(window, Mapping) else window
 
 
-def _record(window: Windows, frame: Frame, p: Pending, accepted: int) -> None:
+def _record(window: Windows, frame: Frame, p: Pending, accepted: int, tokens: int, since: Since | None) -> None:
     """What a settled frame tells its proposer's window controller. A frame of no drafts is a
     plain decode, the cost every controller compares against, so each hears of it."""
     if frame.drafts:
         controllers = [_controller(window, frame.by)]
     else:
         controllers = list({id(c): c for c in window.values()}.values()) if isinstance(window, Mapping) else [window]
-    seen = observed(frame, p, accepted)
+    seen = observed(frame, p, accepted, tokens, since)
     for controller in controllers:
         controller.record(seen)
 
 
-def observed(frame: Frame, p: Pending, accepted: int) -> Observation:
+def observed(frame: Frame, p: Pending, accepted: int, tokens: int = 0, since: Since | None = None) -> Observation:
     """The frame's costs: stage 0's own time (`send`), each later stage's service time from
     the hops its reply carried, and what the round trip held beyond every stage's queue and
-    service: the links."""
+    service: the links; and what its reply committed, how long after the one before."""
     parts = [hop_parts(h) for h in p.hops]
     later = tuple(sum(part.values()) - part["queue"] for part in parts)
     links = None
     if p.answered_at and p.reply is not None:
         links = max(p.answered_at - p.left_at - sum(sum(part.values()) for part in parts), 0.0)
-    return Observation(frame.drafts, accepted, frame.seconds, frame.rows, p.left_at - p.sent_at, later, links)
+    return Observation(frame.drafts, accepted, frame.seconds, frame.rows, p.left_at - p.sent_at, later, links,
+                       tokens, since)

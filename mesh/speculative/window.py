@@ -14,13 +14,25 @@ flight is the loop's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from mesh.backend import WindowChoice
-from mesh.speculative.cost_model import Costs, Option, options
-from mesh.speculative.estimates import Hazards, Line, Median
+from mesh.speculative.cost_model import Costs, Option, gap, options
+from mesh.speculative.estimates import Hazards, Line, Median, Ratio
 from packages.speculative import WindowPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Since:
+    """A reply's time after the session's previous one, both answering decodes: a plain
+    decode leaves with nothing else out, so its gap is its whole cost; a verify frame's is
+    the steady state's after another (`in_step`), and after a plain decode it is what
+    turning speculation on cost, the draft's catch-up included."""
+
+    seconds: float
+    in_step: bool  # the previous reply answered a frame of the same kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +46,8 @@ class Observation:
     stage0_s: float | None = None  # stage 0's own time for it (`Pipeline.send`)
     later_s: tuple[float, ...] = ()  # each later stage's compute, codec and sampling for it
     links_s: float | None = None  # its round trip less every stage's queue and service time
+    tokens: int = 0  # what its reply committed
+    since: Since | None = None  # None after a prefill, or as a session's first
 
 
 class Controller(Protocol):
@@ -104,6 +118,9 @@ class Measured:
     later: Line = field(default_factory=Line)  # every later stage together
     links: Median = field(default_factory=Median)
     hazards: Hazards = field(default_factory=Hazards)
+    plain: Median = field(default_factory=Median)  # seconds between plain decodes' replies, as the loop saw them
+    realized: Ratio = field(default_factory=Ratio)  # speculative frames' time, the model's over the wall clock's
+    probe: Median = field(default_factory=Median)  # what a probe cost beyond plain decodes of its tokens
 
     def add(self, seen: Observation) -> None:
         if seen.proposed:
@@ -116,6 +133,8 @@ class Measured:
             self.later.add(seen.rows, sum(seen.later_s))
         if seen.links_s is not None:
             self.links.add(seen.links_s)
+        if seen.since is not None and seen.proposed == 0:
+            self.plain.add(seen.since.seconds)
 
     @property
     def ready(self) -> bool:
@@ -125,17 +144,31 @@ class Measured:
     def costs(self) -> Costs:
         return Costs(self.draft.value, self.stage0.at, self.slowest.at, self.later.at, self.links.value)
 
+    def corrected(self, modelled: list[Option]) -> list[Option]:
+        """What the loop will see: speculative options scaled by what such frames realized of
+        their price, a plain decode at its measured rate once one is measured."""
+        ratio = self.realized.value
+        plain = Option(0, 1, 1 / max(self.plain.value, 1e-6)) if self.plain.known else modelled[0]
+        return [plain] + [replace(o, tok_s=o.tok_s * ratio) for o in modelled[1:]]
+
 
 @dataclass
 class CostAware:
     """Keeps the (window, frames in flight) that mesh/speculative/cost_model.py prices best.
 
+    The model ranks the settings; the wall clock has the last word on speculating at all:
+    every speculative option is scaled by what such frames realized of their price, and a
+    plain decode is priced at the rate the loop saw (Measured.corrected).
+
     Stable by construction: estimates are medians and pooled counts, and a new setting must
     promise `switch_gain` over the current one, so noise does not flip the choice. Each frame
     more in flight must earn `deeper_gain`: void frames cost compute other sessions could use.
     Off, it probes with the window an optimistic acceptance (two standard deviations up)
-    would pick, every `probe_every` rounds, doubling while probes fail, and only while that
-    optimistic reading beats a plain decode; otherwise it re-checks every `max_probe_every`.
+    would pick, every `probe_every` rounds, doubling after a probe with a rejection, never
+    more often than keeps probes, as measured, under `probe_share` of the time, and only
+    while that optimistic reading beats a plain decode; otherwise it re-checks every
+    `max_probe_every`. Off, it turns on without a probe only if `payback_rounds` tokens
+    at the new rate save more time than a probe, the draft's catch-up included, cost.
     A plain decode is re-timed every `replain_every` rounds, since it is what speculation
     must beat.
     """
@@ -146,6 +179,8 @@ class CostAware:
     switch_gain: float = 1.03
     deeper_gain: float = 1.02
     replain_every: int = 256
+    probe_share: float = 0.01
+    payback_rounds: int = 128
     seen: Measured = field(default_factory=Measured)
     window: int = 0
     frames: int = 1  # the chosen depth
@@ -182,6 +217,7 @@ class CostAware:
 
     def record(self, seen: Observation) -> None:
         self.seen.add(seen)
+        self._realize(seen)
         if seen.proposed == 0 and seen.rows == 1:
             self._plain_due, self.since_plain = False, 0
         if not self.seen.ready:
@@ -189,22 +225,57 @@ class CostAware:
         probed = self.window == 0 and seen.proposed > 0
         if seen.proposed:
             self._probing = False
-        self._decide()
-        if probed:
-            self.probe_every = self._probe_base if self.window else min(self.probe_every * 2, self.max_probe_every)
+        self._decide(caught_up=probed)
+        if probed and self.window:
+            self.probe_every = self._probe_base
+        elif probed:  # a probe that was all accepted is no reason to wait longer; one rejected is
+            wait = self.probe_every * (2 if seen.accepted < seen.proposed else 1)
+            self.probe_every = min(max(wait, self._affordable()), self.max_probe_every)
 
-    def _decide(self) -> None:
+    def _pays_back(self, option: Option, plain: Option) -> bool:
+        """Turning on makes the draft catch up on all it sat out, as a probe does: worth it
+        only if `payback_rounds` tokens at the option's rate save more than a probe costs."""
+        saved = self.payback_rounds * (1 / plain.tok_s - 1 / option.tok_s)
+        return not self.seen.probe.known or saved > self.seen.probe.value
+
+    def _affordable(self) -> int:
+        """The fewest rounds between probes for probes to cost at most `probe_share` of the
+        time plain decodes take: a probe's draft first catches up on what it sat out."""
+        if not (self.seen.probe.known and self.seen.plain.known):
+            return 0
+        return math.ceil(self.seen.probe.value / (self.probe_share * self.seen.plain.value))
+
+    def _realize(self, seen: Observation) -> None:
+        """A speculative frame in step with the one before is held to the price of the setting
+        it ran under; a probe costs what it took beyond the plain decodes its tokens would
+        have; while off, what was realized fades toward the model."""
+        since = seen.since
+        if since is None or not self.seen.ready:
+            return
+        if seen.proposed == 0:
+            self.seen.realized.faded()
+        elif since.in_step:
+            depth = max(1, min(self.frames, self.limit))
+            predicted = gap(self.seen.costs(), seen.proposed, depth, seen.accepted == seen.proposed)
+            self.seen.realized.add(predicted, since.seconds)
+        elif self.window == 0 and self.seen.plain.known:
+            self.seen.probe.add(max(since.seconds - seen.tokens * self.seen.plain.value, 0.0))
+
+    def _decide(self, caught_up: bool = False) -> None:
+        """`caught_up`: a probe just brought the draft up to date, so turning on costs nothing more."""
         costs = self.seen.costs()
         windows = range(self.policy.min, self.policy.max + 1)
-        priced = options(costs, self.seen.hazards.chances(windows.stop), windows, self.limit)
+        modelled = options(costs, self.seen.hazards.chances(windows.stop), windows, self.limit)
+        priced = self.seen.corrected(modelled)
         plain, best = priced[0], max(priced, key=self._score)
         current = next((o for o in priced if (o.window, o.depth) == (self.window, self.frames)), plain)
-        if self._score(best) > self._score(current) * self.switch_gain:
+        if self._score(best) > self._score(current) * self.switch_gain and (
+                current.window or caught_up or self._pays_back(best, plain)):
             current = best
         self.window, self.frames = current.window, current.depth
         if current.window == 0:
-            hopeful = max(options(costs, self.seen.hazards.chances(windows.stop, optimistic=True), windows,
-                                  self.limit), key=self._score)
+            hopeful = max(self.seen.corrected(options(costs, self.seen.hazards.chances(windows.stop, optimistic=True),
+                                                      windows, self.limit)), key=self._score)
             self._probe_window = max(hopeful.window, self.policy.min)
             if hopeful.tok_s < plain.tok_s * self.switch_gain:
                 self.probe_every = self.max_probe_every  # not even an optimistic reading pays
@@ -216,7 +287,8 @@ class CostAware:
 
 def _choice(option: Option, plain: Option, seen: Measured, probe_every: int) -> WindowChoice:
     costs = (f"acceptance {seen.hazards.overall():.2f}, a draft token {seen.draft.value * 1e3:.1f} ms, "
-             f"a plain decode {1e3 / plain.tok_s:.1f} ms")
+             f"a plain decode {1e3 / plain.tok_s:.1f} ms, speculative frames realize "
+             f"{seen.realized.value:.2f} of their price")
     if option.window == 0:
         why = f"off: no window beats a plain decode ({costs}); probing every {probe_every} rounds"
     else:
