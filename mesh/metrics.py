@@ -109,7 +109,7 @@ class _WindowCollector:
     GAUGES = (("window", "window", "drafts per verify window the controller chose (0: off)"),
               ("frames_in_flight", "depth", "verify frames in flight the controller chose"),
               ("predicted_tokens_per_second", "predicted_tok_s", "its predicted decode rate with that choice"),
-              ("plain_tokens_per_second", "plain_tok_s", "its predicted decode rate without speculation"))
+              ("plain_tokens_per_second", "plain_tok_s", "the decode rate without speculation it weighs that against"))
 
     def __init__(self, choices: Callable[[], tuple[tuple[str, WindowChoice], ...]]) -> None:
         self.choices = choices
