@@ -43,6 +43,7 @@ from mesh.bench.multiturn import chat_rows
 from mesh.bench.pairs import cost_realistic_pair, package_draft, same_cost_pair
 from mesh.bench.peers import peer_rows
 from mesh.bench.prompt_lookup import ngram_rows
+from mesh.bench.sweep import sweep_rows
 from mesh.health import Health
 from mesh.model_source import resolve_model
 from mesh.proc_memory import peak_rss
@@ -65,12 +66,13 @@ PROMPTS = [
 LONG_PROMPT_TOKENS = 512
 MESH_SCENARIOS = {"split", "spec", "concurrency", "memory", "return"}  # these share the baseline and split servers
 # each starts what it needs, after the others are done
-ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines", "constrained", "peers"}
+ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines", "constrained", "peers", "sweep"}
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
 # decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
 ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
 PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 pairs x 4 delays: kept short
+SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 10 servers x 4 delays
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +89,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "forced tokens, the draft, both, at each --wire-delays), peers (meshpipe against "
                         "llama-server and llama.cpp's RPC split, with and without speculation, at each "
                         "--wire-delays, for the package's pair and a cost-realistic F32 target; always with "
-                        "--machines); numerics, chat, ngram, engines, constrained and peers run alone if asked alone")
+                        "--machines), sweep (split-2: the cost-aware window against every fixed window and "
+                        "frames in flight, and no draft, at each --wire-delays; always with --machines); "
+                        "numerics, chat, ngram, engines, constrained, peers and sweep run alone if asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
@@ -148,6 +152,9 @@ def _run(args: argparse.Namespace) -> int:
     if "peers" in scenarios:
         peers, table = _peers_rows(setup, bins, args, delays)
         rows, tables = rows + peers, [*tables, table]
+    if "sweep" in scenarios:
+        with tempfile.TemporaryDirectory(prefix="mesh-bench-sweep-") as tmp:
+            rows += sweep_rows(setup, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp))
     header = _header(setup, args)
     print("\n\n".join([format_table(header, rows), *tables]))
     if args.json:
@@ -158,17 +165,19 @@ def _run(args: argparse.Namespace) -> int:
 
 def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     """--tokens, --prompts and --stages where not given: the engines scenario's own when it runs alone."""
-    alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS}
+    alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS,
+             frozenset({"sweep"}): SWEEP_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
 
 
 def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
-    """peers always emulates machines; a --llama-cpp-bin that lacks a binary fails now, not an hour in."""
+    """peers and sweep always emulate machines; a --llama-cpp-bin that lacks a binary fails now, not an hour in."""
+    if scenarios & {"peers", "sweep"}:
+        args.machines = True
     if "peers" not in scenarios:
         return None
-    args.machines = True
     bins = Binaries(args.llama_cpp_bin) if args.llama_cpp_bin else None
     if bins and (missing := bins.missing()):
         raise SystemExit(f"mesh bench: --llama-cpp-bin {bins.dir} lacks {', '.join(missing)}")
