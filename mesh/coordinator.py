@@ -119,7 +119,7 @@ class Coordinator:
         """A first generation, so the first request finds the cost-aware window decided
         (mesh/warm_up.py); a failure here is the first request's to report, not start-up's."""
         spec = self.spec
-        if spec is None or self.tokenizer is None or self.proposer is None:
+        if spec is None or self.tokenizer is None or self.proposer is None or not self.settings.warm_up:
             return
         if "cost-aware" not in {spec.window.policy, spec.ngram.window.policy if spec.ngram else ""}:
             return

@@ -90,6 +90,7 @@ class RouteSettings:
     max_queue: int | None = None  # requests that may wait for a lane; beyond them, 429 (None: any number)
     request_timeout_s: float | None = None  # a request's whole life, waits included (None: no limit)
     forced_drafts: bool = True  # a grammar's forced tokens are proposed as drafts (mesh/constraints/forced.py)
+    warm_up: bool = True  # a first generation at start when a cost-aware window chooses (mesh/warm_up.py)
 
     def engine(self, index: int) -> Engine:
         """The engine local stage `index` runs (0: this process)."""

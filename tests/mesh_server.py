@@ -20,10 +20,13 @@ def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str
                ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Yield (base URL, process); one engine thread per stage keeps 2-core machines calm. The
     model is cut on parameters unless `args` say `--cut-on`: a re-cut on measured time loads
-    every stage twice, which a test that is not about it need not wait for."""
+    every stage twice, which a test that is not about it need not wait for. For the same
+    reason there is no start-up warm-up unless `args` say `--warm-up`."""
     env = {"MESHPIPE_CACHE": str(cache), **(env or {})}
     cut = () if "--cut-on" in args else ("--cut-on", "parameters")
-    with local_serve(["--threads", "1", *cut, *args], cache, env, timeout) as server:
+    warm = () if "--warm-up" in args else ("--no-warm-up",)
+    args = tuple(a for a in args if a != "--warm-up")
+    with local_serve(["--threads", "1", *cut, *warm, *args], cache, env, timeout) as server:
         yield server.url, server.process
 
 

@@ -102,7 +102,7 @@ def test_the_cost_aware_controller_says_what_it_chose_and_output_stays_plain(ser
     """The package's own window (cost-aware) on 2 stages: whatever it chooses on this machine,
     output equals no-draft, and usage and /metrics say what it chose and why. The start-up
     warm-up (mesh/warm_up.py) chose before the first request came."""
-    with mesh_serve(serve_cache, "--local-stages", "2") as (url, _):
+    with mesh_serve(serve_cache, "--local-stages", "2", "--warm-up") as (url, _):
         assert metric(url, 'meshpipe_speculative_plain_tokens_per_second{proposer="draft"}') > 0
         for p in PROMPTS[:2]:
             text, usage = _complete(url, p)

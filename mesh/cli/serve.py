@@ -118,6 +118,9 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="drop every finished request's KV: by default it stays in its lane on every stage, "
                    "and a later request whose prompt starts the same way (a chat's next turn) prefills "
                    "only the rest")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="answer at once after start: by default, with a cost-aware window, a 48-token generation "
+                   "first lets it choose, so the first request does not pay for the exploration")
     p.add_argument("--cut-on", choices=("measured", "parameters"), default="measured",
                    help="where to cut the model: on the time each stage measures at load (the first route "
                    "is re-cut once when that is clearly faster; rebuilds cut on it) or on parameters and "
@@ -239,7 +242,8 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
                              prefix_cache=not args.no_prefix_cache, engines=_engines(args),
                              cut_on_measured=args.cut_on == "measured",
                              max_queue=4 * args.lanes if args.max_queue is None else args.max_queue,
-                             request_timeout_s=args.request_timeout, forced_drafts=not args.no_forced_drafts)
+                             request_timeout_s=args.request_timeout, forced_drafts=not args.no_forced_drafts,
+                             warm_up=not args.no_warm_up)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),
