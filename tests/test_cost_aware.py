@@ -243,6 +243,8 @@ def test_a_round_without_a_match_is_a_plain_decode_and_no_probe():
     assert w.next_window() == 0
     # the probe failed: the next waits twice as long, or as long as keeps probes under 1% of the time
     assert w.probe_every == max(6, w._affordable())
+    assert w.choice is not None
+    assert f"probing every {w.probe_every} rounds" in w.choice.why  # what it says is what it will do
 
 
 def test_probes_whose_catch_up_is_dear_come_seldom():

@@ -225,12 +225,16 @@ class CostAware:
         probed = self.window == 0 and seen.proposed > 0
         if seen.proposed:
             self._probing = False
-        self._decide(caught_up=probed)
-        if probed and self.window:
+        self._decide(seen if probed else None)
+
+    def _next_probe(self, probe: Observation) -> None:
+        """After a probe: off, wait twice as long if it met a rejection (one all accepted is no
+        reason to wait longer), and never less than probes can afford."""
+        if self.window:
             self.probe_every = self._probe_base
-        elif probed:  # a probe that was all accepted is no reason to wait longer; one rejected is
-            wait = self.probe_every * (2 if seen.accepted < seen.proposed else 1)
-            self.probe_every = min(max(wait, self._affordable()), self.max_probe_every)
+            return
+        wait = self.probe_every * (2 if probe.accepted < probe.proposed else 1)
+        self.probe_every = min(max(wait, self._affordable()), self.max_probe_every)
 
     def _pays_back(self, option: Option, plain: Option) -> bool:
         """Turning on makes the draft catch up on all it sat out, as a probe does: worth it
@@ -261,8 +265,9 @@ class CostAware:
         elif self.window == 0 and self.seen.plain.known:
             self.seen.probe.add(max(since.seconds - seen.tokens * self.seen.plain.value, 0.0))
 
-    def _decide(self, caught_up: bool = False) -> None:
-        """`caught_up`: a probe just brought the draft up to date, so turning on costs nothing more."""
+    def _decide(self, probe: Observation | None = None) -> None:
+        """`probe`: what a probe just saw; it brought the draft up to date, so turning on
+        costs nothing more."""
         costs = self.seen.costs()
         windows = range(self.policy.min, self.policy.max + 1)
         modelled = options(costs, self.seen.hazards.chances(windows.stop), windows, self.limit)
@@ -270,7 +275,7 @@ class CostAware:
         plain, best = priced[0], max(priced, key=self._score)
         current = next((o for o in priced if (o.window, o.depth) == (self.window, self.frames)), plain)
         if self._score(best) > self._score(current) * self.switch_gain and (
-                current.window or caught_up or self._pays_back(best, plain)):
+                current.window or probe is not None or self._pays_back(best, plain)):
             current = best
         self.window, self.frames = current.window, current.depth
         if current.window == 0:
@@ -279,6 +284,8 @@ class CostAware:
             self._probe_window = max(hopeful.window, self.policy.min)
             if hopeful.tok_s < plain.tok_s * self.switch_gain:
                 self.probe_every = self.max_probe_every  # not even an optimistic reading pays
+        if probe is not None:
+            self._next_probe(probe)
         self.choice = _choice(current, plain, self.seen, self.probe_every)
 
     def _score(self, option: Option) -> float:
