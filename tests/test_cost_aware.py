@@ -170,16 +170,14 @@ def test_frames_that_cost_more_than_their_parts_turn_speculation_off():
     """Each verify frame costs 25 ms that no timed part shows (the event loop, the engine
     thread switching): the model alone would speculate at 1.5x; the wall clock says no."""
     hidden = replace(CHEAP_DRAFT_0MS, hidden=25 * MS)
-    plain = hidden.costs().alone(0)
     for seed in range(8):
         w, windows = run(hidden, seed, rounds=600)
         assert w.window == 0, (seed, w.choice)
         assert w.choice is not None
         assert "realize" in w.choice.why
         assert w.seen.realized.predicted < 0.7 * w.seen.realized.realized  # as measured, before it fades
-        late = windows[100:]  # what speculating after the verdict cost, each frame counted as rejected
-        lost = sum(hidden.gap(k, 1, False) - plain for k in late if k)
-        assert lost < 0.03 * len(late) * plain, seed
+        late = windows[100:]  # after the verdict: probes and brief re-trials only
+        assert sum(1 for k in late if k) <= 0.02 * len(late), seed
 
 
 def test_without_hidden_costs_the_cheap_draft_speculates():
