@@ -26,7 +26,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": 
            "required": ["city"], "additionalProperties": False}
 FUNCTIONS = [Function("get_weather", WEATHER), Function("now", {"type": "object", "properties": {},
                                                                 "additionalProperties": False})]
-TOOLS = [{"type": "function", "function": {"name": f.name, "parameters": f.parameters}} for f in FUNCTIONS]
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": f.name, "parameters": f.parameters}}
+                              for f in FUNCTIONS]
 
 
 def _accepts(byte_tokenizer, grammar: str, text: str) -> bool:
