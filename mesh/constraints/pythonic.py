@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mesh.constraints.errors import ConstraintError
+from mesh.constraints.function import JSON_STYLE, Function
 
-if TYPE_CHECKING:
-    from mesh.constraints.tools import Function
-
-# the JSON style of every grammar: as in schema.py
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

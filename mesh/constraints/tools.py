@@ -18,7 +18,10 @@ from typing import Any, Literal
 
 import llguidance
 
-from mesh.constraints.pythonic import JSON_STYLE, pythonic_rules
+from mesh.constraints.function import JSON_STYLE, Function
+from mesh.constraints.pythonic import pythonic_rules
+
+__all__ = ["Function", "Marker", "ToolFormat", "call_schema", "tool_grammar"]
 
 Choice = Literal["auto", "required"] | str  # or the one function's name
 
@@ -53,12 +56,6 @@ class ToolFormat:
         """What output that holds calls begins with, and free text never does; None where the
         two cannot be told apart (the bare format of a model not known)."""
         return self.begin.text if self.begin is not None else self.opens
-
-
-@dataclass(frozen=True)
-class Function:
-    name: str
-    parameters: dict[str, Any]
 
 
 def call_schema(functions: list[Function], arguments: str = "arguments") -> dict[str, Any]:
