@@ -185,3 +185,11 @@ def test_a_tool_the_models_format_cannot_write_is_a_400_not_a_500():
     with pytest.raises(ApiError, match="'first-name'") as err:
         structure(_fake("", "gemma3"), None, tools, "auto", None)
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize("fmt", [LLAMA3, GEMMA3])
+def test_a_malformed_earlier_call_is_still_written_back(fmt):
+    """A client's assistant turn is written whatever its tool_calls hold: text, never a 500."""
+    written = written_calls([{"id": "x", "function": "not an object"}, {"function": {"name": "f", "arguments": "[1"}}],
+                            fmt)
+    assert '"[1"' in written

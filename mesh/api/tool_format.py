@@ -93,7 +93,8 @@ def written_calls(calls: list[dict[str, Any]], fmt: ToolFormat | None) -> str:
 def _read(call: dict[str, Any]) -> tuple[Any, Any]:
     """A call's name and arguments, the arguments' JSON text read (kept as the string it is
     when it is no JSON)."""
-    fn = call.get("function") or {}
+    fn = call.get("function")
+    fn = fn if isinstance(fn, dict) else {}  # a client's turn: whatever it sent is written, never a 500
     arguments = fn.get("arguments", {})
     with contextlib.suppress(json.JSONDecodeError):
         arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
