@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import llguidance
 import numpy as np
 import pytest
 from toy_engine import ToyEngine, until
@@ -17,6 +18,7 @@ from toy_engine import ToyEngine, until
 from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest, MeshUnavailableError
+from mesh.constraints.compile import Constraint
 from mesh.pipeline import Pending, Pipeline, StageFailedError, round_trip
 from mesh.request_state import Live, RequestState
 from mesh.speculative.loop import generate
@@ -312,10 +314,32 @@ def test_frames_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames(
     asyncio.run(scenario())
 
 
-def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_token():
+class _Letters:
+    """ToyEngine's vocabulary to llguidance: token t is the byte '@' + t (1 is 'A'), 0 the end."""
+
+    eos_token_id, bos_token_id, special_token_ids = 0, None, (0,)
+    tokens = (b"<end>", *(bytes([64 + t]) for t in range(1, ToyEngine.n_vocab)))
+
+    def __call__(self, text: bytes) -> list[int]:
+        return [b - 64 for b in text]
+
+
+def _capitals() -> Constraint:
+    """A grammar of 100 capital letters: the toy model's Z + 1 is refused, so a masked row
+    wraps to A, and drafts (ToyDraft's + 1) are cut there."""
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Letters()))
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_regex("[A-Z]{100}"))
+    return Constraint(matcher, ToyEngine.n_vocab, "regex")
+
+
+@pytest.mark.parametrize("constrained", [False, True], ids=["free", "constrained"])
+def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_token(constrained: bool):
+    """A constrained request fails as a free one does: the masks of the frames in flight go
+    with them, and the guide is left at what was committed."""
     async def scenario() -> None:
         async with two_stages(final_engine=SlowToyEngine(first=False, final=True)) as (pipeline, final):
-            req = GenerationRequest([1], 40, ignore_eos=True)
+            # from W, the grammar turns the toy model's Z + 1 into A within the first six tokens
+            req = GenerationRequest([23], 40, ignore_eos=True, constraint=_capitals() if constrained else None)
             live = Live(RequestState(req))
             events = generate(pipeline, pipeline.lease(SessionId(1)), live, 64, ToyDraft(), Fixed(TWO), in_flight=3)
             out: list[int] = []
@@ -333,7 +357,9 @@ def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_to
             with pytest.raises(MeshUnavailableError, match="lost"):
                 await consume()
             assert 6 <= len(out) < 40
-            assert out == [(2 + i) % ToyEngine.n_vocab for i in range(len(out))]  # nothing stale
+            # nothing stale: the toy model's tokens, under the grammar A..Z and around again
+            plain = [(23 + i) % 26 + 1 if constrained else (24 + i) % ToyEngine.n_vocab for i in range(len(out))]
+            assert out == plain
             assert pipeline.waiters == {}
 
     asyncio.run(scenario())

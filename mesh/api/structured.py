@@ -109,7 +109,10 @@ def _tools(tok: Tokenizer, tools: list[dict[str, Any]], choice: str, parallel: b
                               f"{model_name(tok)!r} is not known; use 'required' or name a function", "tool_choice")
         fmt = BARE
     functions = functions_of(tools)
-    grammar = tool_grammar(functions, choice, parallel, fmt)
+    try:
+        grammar = tool_grammar(functions, choice, parallel, fmt)
+    except ConstraintError as exc:  # a name the model's call format cannot write
+        raise bad_request(str(exc), exc.param) from None
     offered = [t["function"] for t in tools]
     return Structure(grammar, "tools", "tools", lambda error: explain(error, offered, "tools"),
                      Tools(fmt, tools_message(offered, fmt)))
