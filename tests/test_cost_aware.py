@@ -129,21 +129,22 @@ def test_a_same_cost_draft_over_a_fast_link_is_off_and_costs_next_to_nothing():
 
 def test_a_long_link_keeps_several_frames_in_flight_and_predicts_its_gain():
     for seed in range(8):
-        w, _ = run(SAME_COST_20MS, seed)
+        w, _ = run(SAME_COST_50MS, seed)
         assert w.window >= 1
         assert w.depth(3) > 1
         choice = w.choice
         assert choice is not None
-        assert choice.predicted_tok_s > 1.5 * choice.plain_tok_s
+        assert choice.predicted_tok_s > 1.5 * choice.plain_tok_s  # the true best is 1.76x
         assert "predicted" in choice.why
 
 
 def test_the_choice_is_the_same_run_after_run():
-    """Eight seeds (acceptance and ±10% timing noise) settle on at most two neighbouring settings."""
+    """Eight seeds (acceptance and ±10% timing noise) choose settings whose true rates are
+    within 5% of each other: where two settings tie, either is the same choice within noise."""
     for mesh in (SAME_COST_20MS, REALISTIC_20MS, LOOKUP_0MS):
-        chosen = {(w.window, w.depth(3)) for w, _ in (run(mesh, seed) for seed in range(8))}
-        assert len(chosen) <= 2, chosen
-        assert max(k for k, _ in chosen) - min(k for k, _ in chosen) <= 1, chosen
+        true = {(o.window, o.depth): o.tok_s for o in mesh.true_options(3)}
+        earns = [true[(w.window, w.depth(3))] for w, _ in (run(mesh, seed) for seed in range(8))]
+        assert max(earns) <= 1.05 * min(earns), earns
 
 
 def test_a_fast_link_and_a_slow_draft_keep_one_frame_in_flight():
@@ -163,7 +164,8 @@ def test_low_acceptance_speculates_over_a_long_link_and_predicts_little_gain():
     assert w.choice.predicted_tok_s < 1.2 * w.choice.plain_tok_s
 
 
-CHEAP_DRAFT_0MS = Mesh(4 * MS, half(), (half(),), 1.5 * MS, 0.8)  # the model says a window pays 1.5x
+CHEAP_DRAFT_0MS = Mesh(1 * MS, half(), (half(),), 1.5 * MS, 0.9)  # the model says a window pays 1.5x
+MARGINAL_0MS = Mesh(2 * MS, half(), (half(),), 1.5 * MS, 0.6)  # pays 1%: off or on, an optimist probes
 
 
 def test_frames_that_cost_more_than_their_parts_turn_speculation_off():
@@ -174,21 +176,21 @@ def test_frames_that_cost_more_than_their_parts_turn_speculation_off():
         w, windows = run(hidden, seed, rounds=600)
         assert w.window == 0, (seed, w.choice)
         assert w.choice is not None
-        assert "realize" in w.choice.why
-        assert w.seen.realized.predicted < 0.7 * w.seen.realized.realized  # as measured, before it fades
-        late = windows[100:]  # after the verdict: probes and brief re-trials only
-        assert sum(1 for k in late if k) <= 0.02 * len(late), seed
+        assert "beyond its parts" in w.choice.why
+        assert w.seen.overhead.excess / w.seen.overhead.frames > 15 * MS  # as measured, before it fades
+        late = windows[100:]  # after the verdict: an optimist's probes (at 0.9, wide) and brief re-trials only
+        assert sum(1 for k in late if k) <= 0.05 * len(late), seed
 
 
 def test_without_hidden_costs_the_cheap_draft_speculates():
     for seed in range(8):
         w, _ = run(CHEAP_DRAFT_0MS, seed)
         assert w.window >= 1, (seed, w.choice)
-        assert 0.8 < w.seen.realized.value < 1.25
+        assert w.seen.overhead.value < 2 * MS
 
 
 def test_a_verdict_reached_under_a_busy_neighbour_is_tried_again():
-    """Off while frames cost 25 ms more; once that cost is gone, what was realized fades and
+    """Off while frames cost 25 ms more; once that cost is gone, what was measured fades and
     speculation comes back within a few thousand rounds."""
     w, _ = run(replace(CHEAP_DRAFT_0MS, hidden=25 * MS), 0, rounds=300)
     assert w.window == 0
@@ -230,14 +232,14 @@ def test_a_plain_decode_is_timed_first_and_again_every_so_often():
 
 
 def test_a_round_without_a_match_is_a_plain_decode_and_no_probe():
-    w, _ = run(replace(SAME_COST_0MS, catch_up=0.0), 1, rounds=200)  # off, but an optimist would still probe
+    w, _ = run(MARGINAL_0MS, 2, rounds=200)  # off, but an optimist would still probe
     assert w.window == 0
     w.probe_every, w.off_for = 3, 0
     assert [w.next_window() for _ in range(3)][-1] >= 1  # the probe is due
     w.record(Observation(0, 0, 0.0, 1, 20 * MS, (7 * MS,), 1.5 * MS))  # ...and prompt lookup found no match
     assert w.probe_every == 3  # not a failed probe
     assert w.next_window() >= 1  # still due, until something is proposed
-    w.record(Observation(1, 0, 13 * MS, 2, 9.7 * MS, (9.7 * MS,), 1.5 * MS, 1, None))  # rejected, and nothing priced it
+    w.record(Observation(1, 0, 2 * MS, 2, 9.7 * MS, (9.7 * MS,), 1.5 * MS, 1, None))  # rejected, and nothing priced it
     assert w.next_window() == 0
     # the probe failed: the next waits twice as long, or as long as keeps probes under 1% of the time
     assert w.probe_every == max(6, w._affordable())
@@ -249,7 +251,7 @@ def test_probes_whose_catch_up_is_dear_come_seldom():
     """A probe's draft first catches up (0.25 s here, 17 plain decodes): the controller measures
     that and spaces probes so they cost under 1% of decoding, where cheap ones come every 16."""
     for dear in (False, True):
-        w, windows = run(replace(SAME_COST_0MS, accept=0.72, catch_up=0.25 if dear else 0.0), 2, rounds=1000)
+        w, windows = run(replace(MARGINAL_0MS, catch_up=0.25 if dear else 0.0), 7, rounds=1000)
         probes = sum(1 for k in windows[100:] if k)
         assert (probes <= 2) if dear else (probes >= 4), (dear, probes, w.choice)
 

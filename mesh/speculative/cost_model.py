@@ -9,12 +9,19 @@ T(k, d) = max(own(k), max_i S_i(k + 1), A(k) / d): stage 0, the slowest later st
 the round trip shared by d frames, whichever binds. A frame whose drafts are all accepted
 (chance P_k) costs T; one that rejects voids the frames behind it, so the next one starts
 alone and costs A, plus, with frames ahead, half a frame at the slowest stage, which may
-still be running a void one. With P_j the chance the first j drafts are accepted, a frame
-yields 1 + ΣP_j tokens, so
+still be running a void one. With P_j the chance the first j drafts are accepted:
 
-    rate(k, d) = (1 + Σ_{j≤k} P_j) / (P_k·T(k, d) + (1 - P_k)·(A(k) + void(d)))
+- one frame at a time (d = 1), each frame feeds the last committed token and its drafts and
+  yields 1 + ΣP_j tokens: the accepted drafts and the target's token after them, so
+  rate(k, 1) = (1 + ΣP_j) / A(k);
+- with frames ahead (d > 1), a frame's last row checks the next frame's first draft, so the
+  target's token after its drafts is not a token more: in step, a frame yields its accepted
+  drafts, and a rejection the correction, ΣP_j + (1 - P_k) tokens, and
 
-and a plain decode (k = 0) runs at 1 / A(0). d = 1 gives (1 + ΣP_j) / A(k) exactly.
+    rate(k, d) = (Σ_{j≤k} P_j + 1 - P_k) / (P_k·T(k, d) + (1 - P_k)·(A(k) + void(d)))
+
+A plain decode (k = 0) runs at 1 / A(0). Counting 1 + ΣP_j for d > 1 too, as this model first
+did, priced window 1 with three frames out at 40 tok/s on a 20 ms mesh where it ran at 25-33.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ class Costs:
     slowest: Seconds  # max_i S_i(rows) over the later stages (0 with none)
     later: Seconds  # Σ S_i(rows) over the later stages
     links: float  # W: the round trip less every stage's time
+    frame: float = 0.0  # what a verify frame costs beyond these parts, as the wall clock showed (estimates.Overhead)
 
     def own(self, k: int) -> float:
         """own(k): stage 0 drafting k tokens and computing the frame's k + 1 rows."""
@@ -48,20 +56,22 @@ def rates(costs: Costs, chances: list[float], limit: int) -> list[float]:
     k = len(chances)
     if k == 0:
         return [1.0 / costs.alone(0)]
-    full, tokens = chances[-1], 1 + sum(chances)
-    return [tokens / (full * gap(costs, k, d, True) + (1 - full) * gap(costs, k, d, False))
-            for d in range(1, limit + 1)]
+    full, accepted = chances[-1], sum(chances)
+    ahead = accepted + 1 - full  # a frame's tokens in step with others out (the docstring says why)
+    return [(1 + accepted) / gap(costs, k, 1, False)] + [
+        ahead / (full * gap(costs, k, d, True) + (1 - full) * gap(costs, k, d, False)) for d in range(2, limit + 1)]
 
 
 def gap(costs: Costs, k: int, d: int, full: bool) -> float:
     """Seconds from the reply before to a frame's of k drafts with d in flight: the period
-    T(k, d) when every draft was accepted, else the lone round trip and a void frame's half."""
+    T(k, d) when every draft was accepted, else the lone round trip and a void frame's half;
+    a verify frame's unseen cost (`Costs.frame`) on top."""
     alone = costs.alone(k)
     if k == 0:
         return alone
     if full:
-        return min(max(costs.own(k), costs.slowest(k + 1), alone / d), alone)  # never worse than waiting
-    return alone + (costs.slowest(k + 1) / 2 if d > 1 else 0.0)
+        return min(max(costs.own(k), costs.slowest(k + 1), alone / d), alone) + costs.frame  # never worse than waiting
+    return alone + (costs.slowest(k + 1) / 2 if d > 1 else 0.0) + costs.frame
 
 
 @dataclass(frozen=True)

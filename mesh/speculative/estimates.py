@@ -131,37 +131,36 @@ def _bounded(rate: float, n: float, optimistic: bool) -> float:
 
 
 @dataclass
-class Ratio:
-    """Realized against predicted: the wall-clock time between speculative frames' replies
-    against what the cost model gives for each (the period when every draft was accepted,
-    the lone round trip when one was not: cost_model.gap), as predicted over realized.
+class Overhead:
+    """What a verify frame takes beyond what the cost model gives for it: the wall-clock time
+    between its reply and the one before, less the model's gap for its outcome (the period
+    when every draft was accepted, the lone round trip when one was not: cost_model.gap).
 
     The model prices the parts it times (drafting, each stage, the links); what it does not
     see (the event loop between replies, the one engine thread switching between the draft
-    and stage 0, a busy neighbour) shows here. Measured on SmolLM2 split-2 at 0 ms, window 1
-    with one frame out took 49 ms a frame where its timed parts sum to 38. The ratio scales
-    every speculative option before it is weighed against a plain decode's measured rate.
+    and stage 0, a busy neighbour) shows here, and is added to every speculative frame
+    (`Costs.frame`): a cost per frame, not a share, weighs a few big frames against many
+    small ones as the wall clock does.
 
-    Sums decay per frame (`keep`); `prior` frames at 1 keep the first few from deciding
-    alone. While nothing speculative is measured the weight fades (`fade` per plain decode),
-    so a verdict reached under a busy neighbour is tried again a few thousand rounds later."""
+    Decays per frame (`keep`), with a `prior` of one frame at nothing, so the first frames
+    do not decide alone; while nothing speculative is measured it fades (`fade` per plain
+    decode), so a verdict reached under a busy neighbour is tried again some thousands of
+    rounds later. Never below zero: it is there to catch costs the model misses."""
 
     keep: float = 0.97
     fade: float = 0.9995
     prior: float = 1.0
-    predicted: float = 0.0
-    realized: float = 0.0
+    excess: float = 0.0  # decayed sum of realized less predicted seconds
     frames: float = 0.0
 
     def add(self, predicted: float, realized: float) -> None:
-        self.predicted = self.predicted * self.keep + predicted
-        self.realized = self.realized * self.keep + realized
+        self.excess = self.excess * self.keep + (realized - predicted)
         self.frames = self.frames * self.keep + 1
 
     def faded(self) -> None:
+        self.excess *= self.fade
         self.frames *= self.fade
 
     @property
     def value(self) -> float:
-        measured = self.predicted / self.realized if self.realized > 0 else 1.0
-        return min(max((measured * self.frames + self.prior) / (self.frames + self.prior), 0.25), 2.0)
+        return max(self.excess / (self.frames + self.prior), 0.0)

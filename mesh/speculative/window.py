@@ -15,12 +15,12 @@ flight is the loop's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from mesh.backend import WindowChoice
 from mesh.speculative.cost_model import Costs, Option, gap, options
-from mesh.speculative.estimates import Hazards, Line, Median, Ratio
+from mesh.speculative.estimates import Hazards, Line, Median, Overhead
 from packages.speculative import WindowPolicy
 
 
@@ -119,7 +119,7 @@ class Measured:
     links: Median = field(default_factory=Median)
     hazards: Hazards = field(default_factory=Hazards)
     plain: Median = field(default_factory=Median)  # seconds between plain decodes' replies, as the loop saw them
-    realized: Ratio = field(default_factory=Ratio)  # speculative frames' time, the model's over the wall clock's
+    overhead: Overhead = field(default_factory=Overhead)  # a verify frame's time beyond its parts
     probe: Median = field(default_factory=Median)  # what a probe cost beyond plain decodes of its tokens
 
     def add(self, seen: Observation) -> None:
@@ -141,24 +141,25 @@ class Measured:
         """A draft step and a plain decode are timed: enough to price every setting."""
         return self.draft.known and 1 in self.stage0.samples
 
-    def costs(self) -> Costs:
-        return Costs(self.draft.value, self.stage0.at, self.slowest.at, self.later.at, self.links.value)
+    def costs(self, overhead: bool = True) -> Costs:
+        """The parts as timed, and with `overhead` what a verify frame took beyond them."""
+        return Costs(self.draft.value, self.stage0.at, self.slowest.at, self.later.at, self.links.value,
+                     self.overhead.value if overhead else 0.0)
 
     def corrected(self, modelled: list[Option]) -> list[Option]:
-        """What the loop will see: speculative options scaled by what such frames realized of
-        their price, a plain decode at its measured rate once one is measured."""
-        ratio = self.realized.value
-        plain = Option(0, 1, 1 / max(self.plain.value, 1e-6)) if self.plain.known else modelled[0]
-        return [plain] + [replace(o, tok_s=o.tok_s * ratio) for o in modelled[1:]]
+        """A plain decode at its measured rate, once one is measured: its gap holds all it costs."""
+        if not self.plain.known:
+            return modelled
+        return [Option(0, 1, 1 / max(self.plain.value, 1e-6)), *modelled[1:]]
 
 
 @dataclass
 class CostAware:
     """Keeps the (window, frames in flight) that mesh/speculative/cost_model.py prices best.
 
-    The model ranks the settings; the wall clock has the last word on speculating at all:
-    every speculative option is scaled by what such frames realized of their price, and a
-    plain decode is priced at the rate the loop saw (Measured.corrected).
+    The wall clock has the last word: every verify frame is priced with what such frames took
+    beyond their timed parts (estimates.Overhead), and a plain decode at the rate the loop
+    saw (Measured.corrected).
 
     Stable by construction: estimates are medians and pooled counts, and a new setting must
     promise `switch_gain` over the current one, so noise does not flip the choice. Each frame
@@ -259,16 +260,16 @@ class CostAware:
     def _realize(self, seen: Observation) -> None:
         """A speculative frame in step with the one before is held to the price of the setting
         it ran under; a probe costs what it took beyond the plain decodes its tokens would
-        have; while off, what was realized fades toward the model."""
+        have; while off, what the wall clock showed fades."""
         since = seen.since
         if since is None or not self.seen.ready:
             return
         if seen.proposed == 0:
-            self.seen.realized.faded()
+            self.seen.overhead.faded()
         elif since.in_step:
             depth = max(1, min(self.frames, self.limit))
-            predicted = gap(self.seen.costs(), seen.proposed, depth, seen.accepted == seen.proposed)
-            self.seen.realized.add(predicted, since.seconds)
+            predicted = gap(self.seen.costs(overhead=False), seen.proposed, depth, seen.accepted == seen.proposed)
+            self.seen.overhead.add(predicted, since.seconds)
         elif self.window == 0 and self.seen.plain.known:
             self.seen.probe.add(max(since.seconds - seen.tokens * self.seen.plain.value, 0.0))
 
@@ -301,8 +302,8 @@ class CostAware:
 
 def _choice(option: Option, plain: Option, seen: Measured, probe_every: int) -> WindowChoice:
     costs = (f"acceptance {seen.hazards.overall():.2f}, a draft token {seen.draft.value * 1e3:.1f} ms, "
-             f"a plain decode {1e3 / plain.tok_s:.1f} ms, speculative frames realize "
-             f"{seen.realized.value:.2f} of their price")
+             f"a plain decode {1e3 / plain.tok_s:.1f} ms, a verify frame {seen.overhead.value * 1e3:.1f} ms "
+             "beyond its parts")
     if option.window == 0:
         why = f"off: no window beats a plain decode ({costs}); probing every {probe_every} rounds"
     else:
