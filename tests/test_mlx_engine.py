@@ -330,8 +330,8 @@ def check_greedy(engines: list[RangeEngine], prompts: list[list[int]],
 
 def greedy_until_parting(engines: list[RangeEngine], prompt: list[int], expected: list[int]) -> list[int]:
     """Greedy tokens until the first that is not `expected`'s, that one included: nothing after a
-    parting is compared, so decoding past it (one MLX step per token, the slow part) checks nothing."""
-    tokens, start, out = list(prompt), 0, []
+    parting is compared, so decoding past it (one MLX step per token) checks nothing."""
+    tokens, start, out = list(prompt), 0, list[int]()
     while len(out) < len(expected) and out == expected[: len(out)]:
         logits = forward(engines, [(0, start, tokens[start:])])[0]
         start = len(tokens)
