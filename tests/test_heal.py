@@ -77,7 +77,7 @@ class Healed:
 def shared_mesh(serve_cache: Path) -> Iterator[tuple[str, int]]:
     """One `--local-stages 3` mesh for every test that kills, freezes or pokes its stages: each
     heals it. A mesh per test, each in a fresh cache that made the draft and the package again,
-    cost CI 35-45 s a test before it sent a request."""
+    took 30-46 s a test on the 2-core VM before it sent a request."""
     with _mesh(serve_cache) as served:
         yield served
 
