@@ -57,8 +57,9 @@ def test_tls_stage_refuses_plaintext_and_foreign_certificates(tmp_path):
             asyncio.run(_status(endpoint, MeshTls(stranger.cert, stranger.key, stranger.ca), "t"))
 
 
-def test_split_serving_over_tls_matches_unsplit_model(tmp_path, expected_texts):
+def test_split_serving_over_tls_matches_unsplit_model(tmp_path, serve_cache, expected_texts):
     _, (node,) = mesh_ca(tmp_path, 1)
-    with mesh_serve(tmp_path, "--local-stages", "3", *node.args()) as (url, _):
+    # the session's cache: a fresh one would make the draft and the package again first
+    with mesh_serve(serve_cache, "--local-stages", "3", *node.args()) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         assert chat(client, PROMPTS[1], stream=True) == expected_texts[PROMPTS[1]]

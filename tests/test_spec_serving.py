@@ -18,7 +18,10 @@ from mesh.model_source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh
 
-TOKENS = 128
+# Four prompts of 64 tokens: each split still verifies ~256 tokens of draft windows against
+# no-draft, at a quarter of the bench's 8 x 128 (CI's time limit; the bench keeps the full set)
+TOKENS = 64
+GREEDY_PROMPTS = PROMPTS[:4]
 
 
 def _complete(url: str, prompt: str) -> tuple[str, dict]:
@@ -36,7 +39,7 @@ def no_draft_texts(serve_cache) -> dict[str, str]:
         health = httpx.get(f"{url}/health").json()
         assert health["speculative"] == "off (--no-draft)"
         texts = {}
-        for p in PROMPTS:
+        for p in GREEDY_PROMPTS:
             texts[p], usage = _complete(url, p)
             assert "speculative" not in usage
         return texts
@@ -82,20 +85,17 @@ def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_tex
     with mesh_serve(serve_cache, "--local-stages", str(stages), "--frames-in-flight", "3",
                     "--draft-window", "3") as (url, _):
         assert "package default" in httpx.get(f"{url}/health").json()["speculative"]
+        # on two stages the four sessions run at once, each with its own window, batched at every stage
+        with concurrent.futures.ThreadPoolExecutor(4 if stages == 2 else 1) as pool:
+            answers = dict(zip(GREEDY_PROMPTS, pool.map(lambda p: _complete(url, p), GREEDY_PROMPTS), strict=True))
         proposed = accepted = 0
-        for p in PROMPTS:
-            text, usage = _complete(url, p)
+        for p, (text, usage) in answers.items():
             assert text == no_draft_texts[p], p
             proposed += usage["speculative"]["proposed"]
             accepted += usage["speculative"]["accepted"]
             assert "controller" not in usage["speculative"]  # a fixed window chooses nothing
         assert proposed > accepted > 0
-        if stages == 2:  # four sessions at once, each with its own window, batched at every stage
-            with concurrent.futures.ThreadPoolExecutor(4) as pool:
-                outs = list(pool.map(lambda p: _complete(url, p)[0], PROMPTS[:4]))
-            assert outs == [no_draft_texts[p] for p in PROMPTS[:4]]
-            metrics = httpx.get(f"{url}/metrics").text
-            assert "meshpipe_speculative_accepted_tokens_total" in metrics
+        assert "meshpipe_speculative_accepted_tokens_total" in httpx.get(f"{url}/metrics").text
 
 
 def test_the_cost_aware_controller_says_what_it_chose_and_output_stays_plain(serve_cache, no_draft_texts):

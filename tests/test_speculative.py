@@ -486,8 +486,10 @@ def test_frames_in_flight_give_plain_greedy_output_on_every_split(smollm2_packag
 
     async def scenario(draft: Draft) -> None:
         async with chain_of_stages(smollm2_package, stage_cache, cuts, busy_final=True) as (pipeline, stages):
-            plain = [(await _run(pipeline, None, p, 48, session=10 + i))[0] for i, p in enumerate(prompts)]
-            for i in range(len(prompts)):
+            batched = len(cuts) == 1  # only two stages run all four prompts: elsewhere the first is enough
+            plain = [(await _run(pipeline, None, p, 48, session=10 + i))[0]
+                     for i, p in enumerate(prompts if batched else prompts[:1])]
+            for i in range(len(plain)):
                 await pipeline.end(SessionId(10 + i))
             seen = InFlight()
             seen.watch(pipeline)
@@ -507,7 +509,7 @@ def test_frames_in_flight_give_plain_greedy_output_on_every_split(smollm2_packag
             if busy is not None:  # void frames queued at the final stage were dropped unrun, and none was answered
                 assert stages[-1].core.skipped > 0
                 busy.pause = 0.0
-            if len(cuts) == 1:
+            if batched:
                 async def one(i: int) -> list[int]:
                     req = GenerationRequest(prompts[i], 48, GREEDY, ignore_eos=True)
                     window = controller_for(WindowPolicy(policy="adaptive", initial=4, min=1, max=8))
