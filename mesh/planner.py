@@ -47,15 +47,16 @@ def plan_ranges(layer_count: int, allowed_cuts: Sequence[int], weights: list[flo
     done = list(itertools.accumulate(costs or [1.0] * layer_count, initial=0.0))  # work before layer c
     if len(done) != layer_count + 1:
         raise PlanError(f"{len(done) - 1} layer costs for {layer_count} layers")
-    total = sum(weights)
+    total, work = sum(weights), done[-1] + head
     chosen: list[int] = []
     for i in range(1, n):
-        ideal = (done[-1] + head) * sum(weights[:i]) / total
+        ideal = sum(weights[:i]) / total  # the share of all work before this cut
         # Leave enough cuts after this one for the stages still to come.
         lo = cuts.index(chosen[-1]) + 1 if chosen else 0
         hi = len(cuts) - (n - 1 - i)
         window = cuts[lo:hi]
-        chosen.append(min(window, key=lambda c: (abs(done[c] - ideal), c)))
+        # distances as shares, rounded: a tie is a tie whatever the costs' scale (the earlier cut wins)
+        chosen.append(min(window, key=lambda c: (round(abs(done[c] / work - ideal), 9), c)))
     bounds = [0, *chosen, layer_count]
     return [StageRange(a, b) for a, b in itertools.pairwise(bounds)]
 
