@@ -70,7 +70,8 @@ def gap(costs: Costs, k: int, d: int, full: bool) -> float:
     if k == 0:
         return alone
     if full:
-        return min(max(costs.own(k), costs.slowest(k + 1), alone / d), alone) + costs.frame  # never worse than waiting
+        period = max(costs.own(k), costs.slowest(k + 1), alone / d)
+        return min(period, alone) + costs.frame  # never worse than waiting
     return alone + (costs.slowest(k + 1) / 2 if d > 1 else 0.0) + costs.frame
 
 

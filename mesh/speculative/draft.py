@@ -52,8 +52,9 @@ class Draft:
         self.core = StageCore(engine, 0)  # the lanes are stage 0's: a session's draft lane is its lane there
         self.held: list[list[int]] = [[] for _ in range(lanes)]  # the tokens each lane's KV holds
         self.base = [0] * lanes  # where in the sequence each lane's KV starts
-        # what a proposal costs a token, with the one or two rows every window first feeds
-        # (the token after the accepted drafts); a long catch-up (a probe's) left out
+        # what one proposal step costs, catch-ups left out: with frames ahead every step is
+        # one row; one frame at a time, a window first feeds the token after the accepted
+        # drafts, which the verify frame's measured overhead (estimates.Overhead) prices
         self.step_seconds = 0.0
 
     @property
@@ -75,12 +76,14 @@ class Draft:
         start = min(common_prefix(self.held[lane], view), len(view) - 1)
         held, feed = view[:start], view[start:]
         out: list[int] = []
-        steady = len(feed) <= 2  # the rows a verify accepted: every window's own catch-up
-        began = time.perf_counter()
+        timed: list[float] = []
         for _ in range(k):
             # A catch-up (the rows a verify accepted, or all the draft sat out) is one decode.
             step = Step(lane, start, tokens=np.asarray(feed, dtype=np.int32))
+            began = time.perf_counter()
             logits = await self.core.submit(step).output
+            if len(feed) == 1:  # a catch-up is not what a proposal costs
+                timed.append(time.perf_counter() - began)
             start += len(feed)
             held += feed
             out.append(_pick(logits[-1], guide))
@@ -90,8 +93,8 @@ class Draft:
         if guide is not None:
             guide.pop(len(out))
         self.held[lane] = held  # the last proposal is not in the KV yet
-        if steady and out:
-            self.step_seconds = (time.perf_counter() - began) / len(out)
+        if timed:
+            self.step_seconds = sum(timed) / len(timed)
         return out
 
     def _view(self, lane: int, sequence: list[int]) -> list[int]:

@@ -33,6 +33,9 @@ class Since:
 
     seconds: float
     in_step: bool  # the previous reply answered a frame of the same kind
+    # sent with nothing ahead of it (after a rejection voided the rest): its gap is a lone
+    # round trip whatever its own outcome, and the frame it follows took a period
+    alone: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +122,7 @@ class Measured:
     links: Median = field(default_factory=Median)
     hazards: Hazards = field(default_factory=Hazards)
     plain: Median = field(default_factory=Median)  # seconds between plain decodes' replies, as the loop saw them
-    overhead: Overhead = field(default_factory=Overhead)  # a verify frame's time beyond its parts
+    overhead: Overhead = field(default_factory=Overhead)  # a lone verify frame's time beyond its parts
     probe: Median = field(default_factory=Median)  # what a probe cost beyond plain decodes of its tokens
 
     def add(self, seen: Observation) -> None:
@@ -266,9 +269,11 @@ class CostAware:
             return
         if seen.proposed == 0:
             self.seen.overhead.faded()
-        elif since.in_step:
+        elif since.in_step and since.alone:
+            # a lone frame's gap is its round trip, which the model prices best; frames sent
+            # ahead overlap in ways a period does not capture, and are not held to it
             depth = max(1, min(self.frames, self.limit))
-            predicted = gap(self.seen.costs(overhead=False), seen.proposed, depth, seen.accepted == seen.proposed)
+            predicted = gap(self.seen.costs(overhead=False), seen.proposed, depth, full=False)
             self.seen.overhead.add(predicted, since.seconds)
         elif self.window == 0 and self.seen.plain.known:
             self.seen.probe.add(max(since.seconds - seen.tokens * self.seen.plain.value, 0.0))
