@@ -49,7 +49,7 @@ from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
 from mesh.stage_cost import cost_at, decode_frames, measured
 from mesh.tokenizer import Tokenizer
-from mesh.warm_up import warm_up
+from mesh.warm_up import chooses, warm_up
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
@@ -112,22 +112,9 @@ class Coordinator:
         await self._start_artifact_server()
         await self.build_route()
         await self._load_draft()
-        await self._warm_up()
+        if self.settings.warm_up and self.tokenizer is not None and chooses(self.spec, self.proposer):
+            await warm_up(self.requests, self.tokenizer, self.say)
         self.healer.watch()
-
-    async def _warm_up(self) -> None:
-        """A first generation, so the first request finds the cost-aware window decided
-        (mesh/warm_up.py); a failure here is the first request's to report, not start-up's."""
-        spec = self.spec
-        if spec is None or self.tokenizer is None or self.proposer is None or not self.settings.warm_up:
-            return
-        if "cost-aware" not in {spec.window.policy, spec.ngram.window.policy if spec.ngram else ""}:
-            return
-        try:
-            self.say(f"speculative: {await warm_up(self.requests, self.tokenizer)}")
-        except Exception as exc:  # noqa: BLE001 -- serving goes on; requests will meet the cause
-            log.warning("warm-up failed: %s", exc)
-            self.say(f"WARNING: warm-up failed: {exc}")
 
     async def _load_draft(self) -> None:
         """Load the planned draft; on any problem serve on without it, loudly: with prompt

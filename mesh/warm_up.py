@@ -10,28 +10,46 @@ the warm-up the first request starts from a measured choice, as every later one 
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mesh.backend import GenerationRequest
 
 if TYPE_CHECKING:
     from mesh.requests import Requests
+    from mesh.speculative.plan import SpecPlan
+    from mesh.speculative.proposer import Proposer
     from mesh.tokenizer import Tokenizer
+
+log = logging.getLogger("meshpipe.warm_up")
 
 TOKENS = 48  # enough for a window, a plain decode, and a few frames of whatever it then chose
 PROMPT = "Describe, step by step, how a lighthouse keeper prepares the lamp for a stormy night."
 
 
-async def warm_up(requests: Requests, tokenizer: Tokenizer) -> str:
-    """Generate TOKENS greedily; what the controllers chose, to say at start-up."""
+def chooses(spec: SpecPlan | None, proposer: Proposer | None) -> bool:
+    """Whether a cost-aware window chooses for some proposer that was loaded."""
+    if spec is None or proposer is None:
+        return False
+    return "cost-aware" in {spec.window.policy, spec.ngram.window.policy if spec.ngram else ""}
+
+
+async def warm_up(requests: Requests, tokenizer: Tokenizer, say: Callable[[str], None]) -> None:
+    """Generate TOKENS greedily and say what the controllers chose. A failure here is the
+    first request's to report, not start-up's: serving goes on."""
     text = tokenizer.render_chat([{"role": "user", "content": PROMPT}])
     began = time.perf_counter()
     generation = requests.generate(GenerationRequest(tokenizer.tokenize(text), TOKENS, ignore_eos=True))
     try:
         async for _ in generation:
             pass
+    except Exception as exc:  # noqa: BLE001 -- whatever broke it, requests will meet the cause
+        log.warning("warm-up failed: %s", exc)
+        say(f"WARNING: warm-up failed: {exc}")
+        return
     finally:
         await generation.aclose()
     chose = "; ".join(f"{name}: {choice.why}" for name, choice in requests.choices()) or "no choice yet"
-    return f"warmed up in {time.perf_counter() - began:.1f}s ({TOKENS} tokens): {chose}"
+    say(f"speculative: warmed up in {time.perf_counter() - began:.1f}s ({TOKENS} tokens): {chose}")
