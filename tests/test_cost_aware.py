@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass, replace
 
 import pytest
@@ -15,7 +16,7 @@ from test_generate_events import LONG, PROMPT, ScriptedDraft, ScriptedPipeline
 
 from common.sampling import Sampled
 from mesh.backend import GenerationRequest
-from mesh.pipeline import Lease
+from mesh.pipeline import Lease, Pending
 from mesh.request_state import Live, RequestState
 from mesh.speculative.cost_model import Costs, Option, gap, options
 from mesh.speculative.loop import generate
@@ -286,3 +287,52 @@ def test_the_loop_keeps_no_more_frames_out_than_the_controller_asks():
 
     assert asyncio.run(go()) == LONG[:20]
     assert pipeline.most == 2
+
+
+class Clocked(ScriptedPipeline):
+    """Stamps each frame as the real pipeline does: sent when `send` starts, answered when waited for."""
+
+    async def send(self, *args, **kwargs) -> Pending:  # type: ignore[no-untyped-def]
+        began = time.perf_counter()
+        pending = await super().send(*args, **kwargs)
+        pending.sent_at, pending.answered_at = began, 0.0
+        return pending
+
+    async def wait(self, pending: Pending) -> list[Sampled]:
+        pending.answered_at = time.perf_counter()
+        return await super().wait(pending)
+
+
+class Heard(TwoDeep):
+    def __init__(self, depth: int) -> None:
+        super().__init__(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
+        self.most, self.heard = depth, []
+
+    def depth(self, limit: int) -> int:
+        return min(self.most, limit)
+
+    def record(self, seen: Observation) -> None:
+        self.heard.append(seen)
+
+
+def _sinces(depth: int, misses: frozenset[int] = frozenset()) -> list[Since]:
+    window = Heard(depth)
+    req = GenerationRequest(PROMPT, 24)
+
+    async def go() -> None:
+        loop = generate(Clocked(LONG), Lease(1, 0), Live(RequestState(req)), 64,  # type: ignore[arg-type]
+                        ScriptedDraft(LONG, misses=misses), window, 4)
+        async for _ in loop:
+            pass
+
+    asyncio.run(go())
+    return [s.since for s in window.heard if s.proposed and s.since is not None and s.since.in_step]
+
+
+def test_the_loop_says_which_verify_frames_left_alone():
+    """One frame at a time, every verify frame leaves alone; two out, only the first after a
+    rejection does (the cost-aware window holds those, and only those, to a lone round trip)."""
+    assert all(s.alone for s in _sinces(1))
+    assert not any(s.alone for s in _sinces(2))
+    after_misses = _sinces(2, misses=frozenset({7, 15}))
+    assert 1 <= sum(s.alone for s in after_misses) <= 2

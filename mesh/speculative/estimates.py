@@ -132,9 +132,9 @@ def _bounded(rate: float, n: float, optimistic: bool) -> float:
 
 @dataclass
 class Overhead:
-    """What a verify frame takes beyond what the cost model gives for it: the wall-clock time
-    between its reply and the one before, less the model's gap for its outcome (the period
-    when every draft was accepted, the lone round trip when one was not: cost_model.gap).
+    """What a verify frame takes beyond what the cost model gives for it: for a frame sent
+    alone, the wall-clock time between its reply and the one before, less the model's lone
+    round trip for it (cost_model.gap).
 
     The model prices the parts it times (drafting, each stage, the links); what it does not
     see (the event loop between replies, the one engine thread switching between the draft

@@ -78,7 +78,6 @@ class _Last:
 
     at: float = 0.0
     kind: str = ""
-    epoch: int = -1  # of the frame it answered: a frame of a newer one was sent alone, after a rejection
 
 
 def _kind(frame: Frame) -> str:
@@ -129,9 +128,11 @@ async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: W
     live.state, reply = before.apply(await pipeline.wait(out[0]), out[0].epoch)
     if reply.settled:
         kind, at = _kind(reply.settled[0][0]), out[0].answered_at or time.perf_counter()
-        epoch = out[0].epoch
-        since = Since(at - last.at, last.kind == kind, epoch != last.epoch) if kind and last.kind else None
-        last.at, last.kind, last.epoch = at, kind, epoch
+        # frames answer in order: one sent after the last reply had nothing ahead of it
+        # (one at a time, or the first after a rejection voided the rest)
+        alone = out[0].sent_at >= last.at
+        since = Since(at - last.at, last.kind == kind, alone) if kind and last.kind else None
+        last.at, last.kind = at, kind
         if window is not None:
             for i, ((frame, accepted), pending) in enumerate(zip(reply.settled, out, strict=False)):
                 if _kind(frame):  # a prefill is no decode to price

@@ -33,8 +33,8 @@ class Since:
 
     seconds: float
     in_step: bool  # the previous reply answered a frame of the same kind
-    # sent with nothing ahead of it (after a rejection voided the rest): its gap is a lone
-    # round trip whatever its own outcome, and the frame it follows took a period
+    # sent with nothing ahead of it (one at a time, or after a rejection voided the rest): its
+    # gap is a lone round trip whatever its own outcome
     alone: bool = True
 
 
@@ -199,7 +199,7 @@ class CostAware:
     _probe_window: int = 0
     _probing: bool = False  # a probe was asked for and nothing proposed yet (prompt lookup found no match)
     _plain_due: bool = True
-    _undecided: int = 0  # plain decodes recorded since prices were last weighed
+    _undecided: int = 0  # frames recorded since prices were last weighed
 
     def __post_init__(self) -> None:
         self.window = self.policy.initial
@@ -261,9 +261,9 @@ class CostAware:
         return math.ceil(self.seen.probe.value / (self.probe_share * self.seen.plain.value))
 
     def _realize(self, seen: Observation) -> None:
-        """A speculative frame in step with the one before is held to the price of the setting
-        it ran under; a probe costs what it took beyond the plain decodes its tokens would
-        have; while off, what the wall clock showed fades."""
+        """A verify frame sent alone after another is held to the model's lone round trip; a
+        probe costs what it took beyond the plain decodes its tokens would have; while off,
+        what the wall clock showed fades."""
         since = seen.since
         if since is None or not self.seen.ready:
             return
