@@ -10,6 +10,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 from test_generate_events import LONG, PROMPT, ScriptedDraft, ScriptedPipeline
@@ -292,7 +293,7 @@ def test_the_loop_keeps_no_more_frames_out_than_the_controller_asks():
 class Clocked(ScriptedPipeline):
     """Stamps each frame as the real pipeline does: sent when `send` starts, answered when waited for."""
 
-    async def send(self, *args, **kwargs) -> Pending:  # type: ignore[no-untyped-def]
+    async def send(self, *args: Any, **kwargs: Any) -> Pending:
         began = time.perf_counter()
         pending = await super().send(*args, **kwargs)
         pending.sent_at, pending.answered_at = began, 0.0
@@ -306,7 +307,8 @@ class Clocked(ScriptedPipeline):
 class Heard(TwoDeep):
     def __init__(self, depth: int) -> None:
         super().__init__(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
-        self.most, self.heard = depth, []
+        self.most = depth
+        self.heard: list[Observation] = []
 
     def depth(self, limit: int) -> int:
         return min(self.most, limit)
