@@ -84,6 +84,7 @@ class Pending:
     own: pb.Hop = field(default_factory=pb.Hop)  # stage 0's part of the frame
     posted_at: float = 0.0  # onto the link: the round trip the hops divide counts from here
     hops: tuple[pb.Hop, ...] = ()  # the later stages' parts of the frame, as its reply carried them
+    pace: float | None = None  # set by the loop: seconds after the frame before it left, both in one burst
 
     @property
     def key(self) -> tuple[SessionId, FrameId]:

@@ -81,7 +81,10 @@ class Hazards:
     and, if m < k, a failure at m + 1; later positions were not tried.
 
     Counts decay (`keep` per window), so the estimate follows the text without chasing
-    each window. Each position is pooled toward the overall rate with `pool` windows'
+    each window; those of positions a window did not reach decay faster (`stale`), so a
+    position the choice stopped trying drifts back to the pooled rate instead of keeping
+    what a few early windows said of it (a streak of rejections at position 2 held window 1
+    where window 2 paid 9% more). Each position is pooled toward the overall rate with `pool` windows'
     weight, and the overall rate toward `prior` with `prior_weight`: a few rejections at
     the start must not turn speculation off, since off it learns only from rare probes.
     The optimistic reading, what a probe tests, is two standard deviations up."""
@@ -90,15 +93,16 @@ class Hazards:
     prior_weight: float = 8.0
     pool: float = 4.0
     keep: float = 0.995
+    stale: float = 0.98
     tried: list[float] = field(default_factory=list)  # per position, 0-based
     accepted: list[float] = field(default_factory=list)
 
     def add(self, proposed: int, accepted: int) -> None:
         if proposed <= 0:
             return
-        self.tried = [n * self.keep for n in self.tried]
-        self.accepted = [n * self.keep for n in self.accepted]
         reached = min(accepted + 1, proposed)  # positions tried: every accepted one, and the one rejected
+        self.tried = [n * (self.keep if i < reached else self.stale) for i, n in enumerate(self.tried)]
+        self.accepted = [n * (self.keep if i < reached else self.stale) for i, n in enumerate(self.accepted)]
         while len(self.tried) < reached:
             self.tried.append(0.0)
             self.accepted.append(0.0)

@@ -106,7 +106,10 @@ class _Proposers:
 
 async def _fill(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending], by: _Proposers, ctx: int,
                 depth: int) -> None:
-    """Send frames until `depth` are out, drafting on as if every proposal is accepted."""
+    """Send frames until `depth` are out, drafting on as if every proposal is accepted. A
+    frame sent right after another in this burst is stamped with stage 0's pace: what its
+    proposal and stage 0's work on it took, with frames ahead, as the wall clock saw it."""
+    before: Pending | None = None
     while live.state.finish is None and len(out) < depth:
         s = live.state
         proposal = await _propose(by, s, ctx) if s.can_draft else _NOTHING
@@ -119,6 +122,9 @@ async def _fill(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending
         out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens, s.req.sampling,
                                        all_logits=bool(frame.drafts), kind=kind, history=frame.history,
                                        epoch=live.state.epoch, masks=masks))
+        if before is not None and frame.drafts:
+            out[-1].pace = out[-1].left_at - before.left_at
+        before = out[-1]
 
 
 async def _answer(pipeline: Pipeline, live: Live, out: deque[Pending], window: Windows | None, last: _Last
@@ -194,4 +200,4 @@ def observed(frame: Frame, p: Pending, accepted: int, tokens: int = 0, since: Si
     if p.answered_at and p.reply is not None:
         links = max(p.answered_at - p.left_at - sum(sum(part.values()) for part in parts), 0.0)
     return Observation(frame.drafts, accepted, frame.seconds, frame.rows, p.left_at - p.sent_at, later, links,
-                       tokens, since)
+                       tokens, since, p.pace)

@@ -15,6 +15,7 @@ flight is the loop's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +52,7 @@ class Observation:
     links_s: float | None = None  # its round trip less every stage's queue and service time
     tokens: int = 0  # what its reply committed
     since: Since | None = None  # None after a prefill, or as a session's first
+    pace: float | None = None  # after the frame before it left stage 0, both sent in one burst
 
 
 class Controller(Protocol):
@@ -124,6 +126,8 @@ class Measured:
     plain: Median = field(default_factory=Median)  # seconds between plain decodes' replies, as the loop saw them
     overhead: Overhead = field(default_factory=Overhead)  # a lone verify frame's time beyond its parts
     probe: Median = field(default_factory=Median)  # what a probe cost beyond plain decodes of its tokens
+    # stage 0's pace with frames ahead (`Observation.pace`) over its parts, as timed one frame at a time
+    pace: Median = field(default_factory=Median)
 
     def add(self, seen: Observation) -> None:
         if seen.proposed:
@@ -138,6 +142,8 @@ class Measured:
             self.links.add(seen.links_s)
         if seen.since is not None and seen.proposed == 0:
             self.plain.add(seen.since.seconds)
+        if seen.pace is not None and self.ready:
+            self.pace.add(seen.pace / max(self.costs(overhead=False).own(seen.proposed), 1e-6))
 
     @property
     def ready(self) -> bool:
@@ -147,7 +153,12 @@ class Measured:
     def costs(self, overhead: bool = True) -> Costs:
         """The parts as timed, and with `overhead` what a verify frame took beyond them."""
         return Costs(self.draft.value, self.stage0.at, self.slowest.at, self.later.at, self.links.value,
-                     self.overhead.value if overhead else 0.0)
+                     self.overhead.value if overhead else 0.0, self._pace() if self.pace.known else None)
+
+    def _pace(self) -> Callable[[int], float]:
+        """Stage 0's pace with frames ahead by rows: its parts scaled as the pace timed them."""
+        own, share = Costs(self.draft.value, self.stage0.at, self.slowest.at, self.later.at, 0.0).own, self.pace.value
+        return lambda rows: own(rows - 1) * share
 
     def corrected(self, modelled: list[Option]) -> list[Option]:
         """A plain decode at its measured rate, once one is measured: its gap holds all it costs."""
@@ -174,7 +185,10 @@ class CostAware:
     `max_probe_every`. Off, it turns on without a probe only if `payback_rounds` tokens
     at the new rate save more time than a probe, the draft's catch-up included, cost.
     A plain decode is re-timed every `replain_every` rounds, since it is what speculation
-    must beat.
+    must beat. On at one frame out, until stage 0's pace with frames ahead is timed, the best
+    setting with frames ahead is tried if the model prices it within `trial_share` of the
+    choice: priced from parts timed one frame at a time, it can look far dearer than it is.
+    A trial holds for up to `trial_frames` frames, until the pace is timed.
     """
 
     policy: WindowPolicy
@@ -185,6 +199,8 @@ class CostAware:
     replain_every: int = 256
     probe_share: float = 0.01
     payback_rounds: int = 128
+    trial_share: float = 0.9
+    trial_frames: int = 8
     # Off, prices are weighed again every this many plain decodes, not after each: pricing
     # every setting took 0.3-0.6 ms, 2-3% of a 20 ms decode, and off nothing moves fast.
     decide_every: int = 16
@@ -200,6 +216,7 @@ class CostAware:
     _probing: bool = False  # a probe was asked for and nothing proposed yet (prompt lookup found no match)
     _plain_due: bool = True
     _undecided: int = 0  # frames recorded since prices were last weighed
+    _trial_left: int = -1  # frames a trial of frames ahead still holds; -1: none since the pace was forgotten
 
     def __post_init__(self) -> None:
         self.window = self.policy.initial
@@ -273,7 +290,7 @@ class CostAware:
             # a lone frame's gap is its round trip, which the model prices best; frames sent
             # ahead overlap in ways a period does not capture, and are not held to it
             depth = max(1, min(self.frames, self.limit))
-            predicted = gap(self.seen.costs(overhead=False), seen.proposed, depth, full=False)
+            predicted = gap(self.seen.costs(overhead=False), seen.proposed, depth)
             self.seen.overhead.add(predicted, since.seconds)
         elif self.window == 0 and self.seen.plain.known:
             self.seen.probe.add(max(since.seconds - seen.tokens * self.seen.plain.value, 0.0))
@@ -290,6 +307,10 @@ class CostAware:
         if self._score(best) > self._score(current) * self.switch_gain and (
                 current.window or probe is not None or self._pays_back(best, plain)):
             current = best
+        current = self._trial(priced, current)
+        if self.window and not current.window:
+            self.seen.pace = Median()  # timed under what turned speculation off: the parts price it again
+            self._trial_left = -1
         self.window, self.frames = current.window, current.depth
         if current.window == 0:
             hopeful = max(self.seen.corrected(options(costs, self.seen.hazards.chances(windows.stop, optimistic=True),
@@ -300,6 +321,22 @@ class CostAware:
         if probe is not None:
             self._next_probe(probe)
         self.choice = _choice(current, plain, self.seen, self.probe_every)
+
+    def _trial(self, priced: list[Option], current: Option) -> Option:
+        """`current`, or while stage 0's pace with frames ahead is not timed, a trial of the
+        best setting with frames ahead: begun on at one frame out if the model prices it
+        within `trial_share` of `current`, held for `trial_frames` frames or until timed."""
+        if self.seen.pace.known:
+            self._trial_left = 0
+        elif self._trial_left > 0:
+            self._trial_left -= 1
+            return next((o for o in priced if (o.window, o.depth) == (self.window, self.frames)), current)
+        elif self._trial_left < 0 and current.window and current.depth == 1:
+            ahead = max((o for o in priced if o.depth > 1), key=lambda o: o.tok_s, default=None)
+            if ahead is not None and ahead.tok_s >= current.tok_s * self.trial_share:
+                self._trial_left = self.trial_frames
+                return ahead
+        return current
 
     def _score(self, option: Option) -> float:
         return option.tok_s / self.deeper_gain ** (option.depth - 1)
