@@ -8,6 +8,8 @@ has been written by then, so the decode counts. DESIGN.md §3 step 3.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from stage.ggml_lib import ggml
@@ -31,6 +33,7 @@ class HiddenTap:
 
         # Keep a reference: llama.cpp holds only the raw function pointer.
         self.callback = ggml.callback_type(on_eval)
+        self.user: ctypes.c_void_p | None = None  # the callback's user data: none, it is a closure
 
     def _copy(self, tensor: int) -> None:
         nbytes = ggml.lib.ggml_nbytes(tensor)

@@ -15,8 +15,8 @@ from llama_cpp import llama_cpp as L
 from common.errors import EngineError
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
-from stage.hidden_tap import HiddenTap
 from stage.llama_model import INVARIANT_ROWS, flash_attn_type, load_model
+from stage.native_tap import open_tap
 
 _silence = L.llama_log_callback(lambda level, text, user: None)
 _backend_ready = False
@@ -46,14 +46,14 @@ class LlamaRangeEngine:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.graph_rows = min(cfg.batch, INVARIANT_ROWS)
-        self.tap = None if cfg.final else HiddenTap(self.n_layer - 1, self.width)
-        self.ctx = self._new_context(self.tap.callback if self.tap else observe)
+        self.tap = None if cfg.final else open_tap(self.n_layer - 1, self.width, cfg.batch)
+        self.ctx = self._new_context(self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(cfg.batch, 0 if cfg.first else self.width, cfg.lanes)
         self._pos = [0] * cfg.lanes
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
-    def _new_context(self, eval_callback: Any) -> ctypes.c_void_p:
+    def _new_context(self, eval_callback: Any, user: ctypes.c_void_p | None) -> ctypes.c_void_p:
         cfg = self.cfg
         p = L.llama_context_default_params()
         p.n_ctx = cfg.ctx_per_lane * cfg.lanes
@@ -68,6 +68,7 @@ class LlamaRangeEngine:
         p.n_threads = p.n_threads_batch = cfg.threads
         if eval_callback is not None:
             p.cb_eval = eval_callback
+            p.cb_eval_user_data = user
         ctx = L.llama_init_from_model(self.model, p)
         if not ctx:
             raise EngineError("llama.cpp could not create a context")
