@@ -7,7 +7,7 @@ from pathlib import Path
 
 from packages.architectures import allowed_cuts
 from packages.errors import PackageError
-from packages.gguf_files import architecture_of, field_value, open_gguf
+from packages.gguf_header import Scalar, read_scalars
 from packages.integrity import verify_file
 from packages.manifest import Manifest, load_manifest
 from packages.speculative import declared, verify_draft
@@ -32,16 +32,16 @@ def validate_package(
 
 
 def check_metadata_agrees(package_dir: Path, manifest: Manifest) -> None:
-    meta = open_gguf(package_dir / manifest.shared["metadata"].path)
-    arch = architecture_of(meta)
+    meta = package_dir / manifest.shared["metadata"].path
+    arch = str(_header(meta, "general.architecture"))
     if arch != manifest.architecture:
         raise PackageError(
             f"field 'architecture' is {manifest.architecture} but metadata says {arch}"
         )
-    blocks = int(field_value(meta, f"{arch}.block_count"))
+    blocks = int(_header(meta, f"{arch}.block_count"))
     if blocks != manifest.layer_count:
         raise PackageError(f"field 'layer_count' is {manifest.layer_count} but metadata says {blocks}")
-    width = int(field_value(meta, f"{arch}.embedding_length"))
+    width = int(_header(meta, f"{arch}.embedding_length"))
     if width != manifest.activation_width:
         raise PackageError(
             f"field 'activation_width' is {manifest.activation_width} but metadata says {width}"
@@ -49,3 +49,10 @@ def check_metadata_agrees(package_dir: Path, manifest: Manifest) -> None:
     unsafe = sorted(set(manifest.allowed_cuts) - set(allowed_cuts(arch, blocks)))
     if unsafe:
         raise PackageError(f"field 'allowed_cuts' lists {unsafe[0]}, which is unsafe for {arch}")
+
+
+def _header(gguf: Path, key: str) -> Scalar:
+    value = read_scalars(gguf, [key]).get(key)
+    if value is None:
+        raise PackageError(f"GGUF metadata lacks '{key}'")
+    return value
