@@ -4,11 +4,14 @@ the skip message, and the rows and tables made from samples."""
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from mesh.api.responses import ControllerUsage, SpeculativeUsage
 from mesh.bench import llama_cpp
+from mesh.bench.client import StreamTiming
 from mesh.bench.llama_cpp import (
     Binaries,
     LlamaCppError,
@@ -28,6 +31,7 @@ from mesh.bench.peers import (
     RPC,
     RPC_SPEC,
     Record,
+    controller_choice,
     goal,
     rows_of,
     skipped_message,
@@ -183,3 +187,20 @@ def test_the_table_has_a_column_per_server_and_per_ratio():
     assert table[2].count("|") == 8  # delay + six servers
     assert "| 20 ms | 75.0 | 17.5 | 20.0 | 72.0 | 18.0 | 36.0 |" in table
     assert "2.00 (goal >= 1.8)" in "\n".join(table)
+
+
+def _timing(controller: dict[str, ControllerUsage] | None) -> StreamTiming:
+    spec = SpeculativeUsage(windows=4, proposed=4, accepted=3, accept_rate=0.75, mean_window=1.0, controller=controller)
+    return StreamTiming(0.1, (0.1, 0.2), 2, spec)
+
+
+def test_the_table_says_what_the_defaults_controller_chose_at_each_delay():
+    on = ControllerUsage(window=1, frames_in_flight=3, predicted_tok_s=28.0, plain_tok_s=18.0, why="")
+    off = ControllerUsage(window=0, frames_in_flight=1, predicted_tok_s=60.0, plain_tok_s=60.0, why="")
+    assert controller_choice(_timing({"draft": on})) == "window 1, 3 frames out"
+    assert controller_choice(_timing({"draft": off})) == "off"
+    assert controller_choice(_timing(None)) is None
+    record = _record()
+    record.choices[20.0] = Counter({"window 1, 3 frames out": 3, "off": 1})
+    assert ("- 20 ms: the defaults' controller ended window 1, 3 frames out in 3, off in 1 of 4 requests"
+            in tables(record, [20.0]).splitlines())

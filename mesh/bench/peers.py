@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ import httpx
 
 from mesh.bearer import auth_headers
 from mesh.bench import llama_cpp
-from mesh.bench.client import stream_chat
+from mesh.bench.client import StreamTiming, stream_chat
 from mesh.bench.harness import Row, Setup, serve
 from mesh.bench.llama_cpp import Binaries, ServerSpec
 from mesh.bench.pairs import Pair
@@ -81,6 +82,7 @@ class Record:
     costly: bool
     tps: dict[tuple[float, str], list[float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. the RPC split's log line
+    choices: dict[float, Counter[str]] = field(default_factory=dict)  # delay -> the defaults' controller's picks
 
     def median(self, delay: float, unit: str) -> float | None:
         samples = self.tps.get((delay, unit))
@@ -151,8 +153,21 @@ def _interleave(setup: Setup, urls: dict[str, str], prompts: list[str], repeats:
     names = [u for u in UNITS if u in urls]
     for rep in range(repeats):
         for unit in names[rep % len(names):] + names[: rep % len(names)]:
-            record.tps.setdefault((delay, unit), []).extend(
-                stream_chat(urls[unit], setup.model_id, p, setup.tokens).decode_tps for p in prompts)
+            for p in prompts:
+                timing = stream_chat(urls[unit], setup.model_id, p, setup.tokens)
+                record.tps.setdefault((delay, unit), []).append(timing.decode_tps)
+                if unit == MESH_DEFAULT and (choice := controller_choice(timing)):
+                    record.choices.setdefault(delay, Counter())[choice] += 1
+
+
+def controller_choice(timing: StreamTiming) -> str | None:
+    """What the draft's cost-aware controller had settled on when a request ended, from its
+    usage; None when no controller reported."""
+    chosen = timing.speculative.controller if timing.speculative else None
+    draft = (chosen or {}).get("draft")
+    if draft is None:
+        return None
+    return "off" if draft.window == 0 else f"window {draft.window}, {draft.frames_in_flight} frames out"
 
 
 def rows_of(record: Record, delays: list[float]) -> list[Row]:
@@ -184,4 +199,6 @@ def tables(record: Record, delays: list[float]) -> str:
             cells.append(f"{num / den:.2f}" + (f" (goal {want})" if want else "") if num is not None and den
                          else "skipped")
         lines.append(f"| {d:g} ms | " + " | ".join(cells) + " |")
-    return "\n".join(lines + [f"- {n}" for n in record.notes])
+    picks = [f"{d:g} ms: the defaults' controller ended " + ", ".join(f"{c} in {n}" for c, n in count.most_common())
+             + f" of {sum(count.values())} requests" for d in delays if (count := record.choices.get(d))]
+    return "\n".join(lines + [f"- {n}" for n in record.notes + picks])
