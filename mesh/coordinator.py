@@ -219,7 +219,7 @@ class Coordinator:
                 await teardown(route)
             raise
         self.route = route
-        self.work_mark = work_mark(self._engine_s(), decode_frames(self.hops))
+        self.work_mark = _mark(self.pipeline, self.draft, self.hops)
         self.say("route ready: " + describe(route))
 
     async def _start_stage0(self, route: Route) -> None:
@@ -257,14 +257,9 @@ class Coordinator:
         if self.artifact_server is not None:
             await self.artifact_server.stop(grace=1)
 
-    def _engine_s(self) -> float:
-        """Engine seconds at stage 0, its layers' and the draft's."""
-        own = self.pipeline.core.batcher.busy_s if self.pipeline else 0.0
-        return own + (self.draft.busy_s if self.draft else 0.0)
-
     async def drop_route(self, quick: bool = False) -> None:
         if self.work_mark is not None:  # what the route's life says of stage 0's own work
-            other = other_per_frame(self.work_mark, work_mark(self._engine_s(), decode_frames(self.hops)))
+            other = other_per_frame(self.work_mark, _mark(self.pipeline, self.draft, self.hops))
             self.own_work_s, self.work_mark = other if other is not None else self.own_work_s, None
         if self.pipeline is not None:
             pipeline, self.pipeline = self.pipeline, None
@@ -305,6 +300,12 @@ class Coordinator:
     def generate(self, req: GenerationRequest) -> Generation:
         return self.requests.generate(req)
 
+
+
+def _mark(pipeline: Pipeline | None, draft: Draft | None, hops: HopTotals) -> WorkMark:
+    """Stage 0's engine seconds so far, its layers' and the draft's, and the decode frames."""
+    engine_s = (pipeline.core.batcher.busy_s if pipeline else 0.0) + (draft.busy_s if draft else 0.0)
+    return work_mark(engine_s, decode_frames(hops))
 
 
 async def _link(s: RouteSettings, stage: RemoteStage, role: str, name: str) -> Link:
