@@ -29,7 +29,7 @@ import httpx
 from config.paths import cache_dir
 from mesh.api.responses import SpeculativeUsage
 from mesh.bearer import KEY_ENV, auth_headers
-from mesh.bench import numerics
+from mesh.bench import agreement, numerics
 from mesh.bench.breakdown import measure
 from mesh.bench.busy import Busy, busy_during
 from mesh.bench.client import StreamTiming, stream_chat
@@ -66,7 +66,7 @@ PROMPTS = [
 LONG_PROMPT_TOKENS = 512
 MESH_SCENARIOS = {"split", "spec", "concurrency", "memory", "return"}  # these share the baseline and split servers
 # each starts what it needs, after the others are done
-ALONE_SCENARIOS = {"numerics", "chat", "ngram", "engines", "constrained", "peers", "sweep"}
+ALONE_SCENARIOS = {"numerics", "agreement", "chat", "ngram", "engines", "constrained", "peers", "sweep"}
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
 # decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
@@ -82,7 +82,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated: split, spec, concurrency, memory, return (split-3 without the draft "
                         "at each --wire-delays: replies straight from the final stage against relayed up the "
                         "chain) (the baseline runs with any of these), numerics (a window in one pass against "
-                        "row by row), chat (TTFT over 4 turns of a growing chat, with the prefix cache and "
+                        "row by row), agreement (how often the draft's top-1 and top-2, and the target's own first "
+                        "layers and head, name the target's greedy token), chat (TTFT over 4 turns of a growing "
+                        "chat, with the prefix cache and "
                         "without), ngram (prompt lookup against no speculation on copy-heavy and novel text at "
                         "each --wire-delays), engines (decode rate of llama.cpp, MLX and meshes mixing "
                         "them, without the draft), constrained (JSON-schema output on split-2: no speculation, "
@@ -91,7 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "--wire-delays, for the package's pair and a cost-realistic F32 target; always with "
                         "--machines), sweep (split-2: the cost-aware window against every fixed window and "
                         "frames in flight, and no draft, at each --wire-delays; always with --machines); "
-                        "numerics, chat, ngram, engines, constrained, peers and sweep run alone if asked alone")
+                        "numerics, agreement, chat, ngram, engines, constrained, peers and sweep run alone if "
+                        "asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
@@ -139,6 +142,8 @@ def _run(args: argparse.Namespace) -> int:
     tables: list[str] = []
     if "numerics" in scenarios:
         rows += _numerics_rows(setup, args.numerics_gguf)
+    if "agreement" in scenarios:
+        rows += _agreement_rows(setup, PROMPTS[: args.prompts])
     if scenarios & MESH_SCENARIOS:
         rows += _mesh_rows(setup, args, scenarios, delays)
     if "chat" in scenarios:
@@ -257,6 +262,32 @@ def _numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
             rows += [Row(f"numerics {name}", f"{fa}: ms per decode of {k} rows at position "
                                              f"{numerics.POSITION}", ms) for k, ms in n.decode_ms.items()]
     return rows
+
+
+def _agreement_rows(setup: Setup, prompts: list[str]) -> list[Row]:
+    """The package's in-package drafts and the target's early exits, over the built-in prompts."""
+    _, strategies = declared(setup.manifest.generation)
+    drafts = {s.name: verify_draft(setup.package, s) for s in strategies.values() if s.in_package}
+    tokenizer = Tokenizer(setup.gguf, setup.model_id)
+    chats = [tokenizer.tokenize(tokenizer.render_chat([{"role": "user", "content": p}])) for p in prompts]
+    a = agreement.measure(setup.gguf, drafts, chats, setup.tokens, setup.threads)
+    rows = []
+    for name, r in a.drafts.items():
+        rows += [Row(f"agreement draft {name}", "top-1 is the target's token", r.top1),
+                 Row(f"agreement draft {name}", "top-2 holds it where top-1 missed", _second(r))]
+    n_layer = max(a.exits)
+    for layers in sorted({*range(n_layer // 6, n_layer, max(1, n_layer // 6)), n_layer - 1, n_layer}):
+        r, cost = a.exits[layers], a.exit_cost[layers]
+        check = " (all layers: the method's check)" if layers == n_layer else ""
+        rows += [Row(f"agreement exit after {layers} layers, {cost:.2f} of the target's multiply-adds{check}",
+                     "top-1 is the target's token", r.top1),
+                 Row(f"agreement exit after {layers} layers, {cost:.2f} of the target's multiply-adds{check}",
+                     "top-2 holds it where top-1 missed", _second(r))]
+    return [*rows, Row("agreement", "positions, greedy target tokens", a.positions)]
+
+
+def _second(r: agreement.Rates) -> float:
+    return (r.top2 - r.top1) / (1 - r.top1) if r.top1 < 1 else 0.0
 
 
 # -- scenarios ------------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""`mesh bench --scenarios agreement`: how often would a cheaper proposer name the target's token?
+
+Issue 26 asked for two proposers to be measured before either is built: a draft's top-2 as
+extra rows at uncertain positions, and a self-speculative draft (the target's own first
+layers and its head). Both are settled by one teacher-forced pass: the target decodes
+greedily one row at a time; the package's drafts are fed the same tokens; and at every
+generated position the target's residual after each layer (llama.cpp's `l_out-i` nodes,
+read by an eval callback) goes through the target's final norm and head in numpy. The rate
+of each is how often its top-1 (and its top 2) hold the target's token. An exit after all
+the layers is the method's own check: it must agree at about 1.0, short of it only where
+numpy's float32 head and llama.cpp's quantized one break a near tie differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from stage.engine import EngineConfig, Step
+from stage.ggml_lib import ggml
+from stage.llama_engine import LlamaRangeEngine
+
+
+@dataclass(frozen=True)
+class Rates:
+    top1: float  # the proposer's first choice is the target's token
+    top2: float  # the target's token is among its first two
+
+
+@dataclass(frozen=True)
+class Agreement:
+    positions: int
+    drafts: Mapping[str, Rates]
+    exits: Mapping[int, Rates]  # layers run -> rates of their early exit
+    exit_cost: Mapping[int, float]  # layers run -> share of the target's multiply-adds a token
+
+
+class Head:
+    """The target's final RMS norm and output head, dequantized once to float32."""
+
+    def __init__(self, reader: GGUFReader) -> None:
+        tensors = {t.name: t for t in reader.tensors}
+        self.norm = _weights(tensors["output_norm.weight"]).reshape(-1)
+        head = tensors.get("output.weight") or tensors["token_embd.weight"]  # tied, as SmolLM2's
+        self.head = _weights(head).reshape(-1, self.norm.shape[0])
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        self.eps = float(reader.fields[f"{arch}.attention.layer_norm_rms_epsilon"].parts[-1][0])
+
+    def logits(self, residual: np.ndarray) -> np.ndarray:
+        x = residual / np.sqrt(np.mean(residual * residual) + self.eps) * self.norm
+        return self.head @ x
+
+
+class LayerOutputs:
+    """An eval callback that keeps the last row of every layer's output of one decode."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.rows: dict[int, np.ndarray] = {}
+
+        def on_eval(tensor: int, ask: bool, _user: int) -> bool:
+            name = ggml.lib.ggml_get_name(tensor)
+            if not name.startswith(b"l_out-"):
+                return not ask  # not wanted; asked about nothing, so never here when computed
+            if not ask:
+                self._copy(int(name[len(b"l_out-"):]), tensor)
+            return True  # go on: the graph must finish for the target's own logits
+
+        self.callback = ggml.callback_type(on_eval)  # llama.cpp holds only the pointer
+
+    def _copy(self, layer: int, tensor: int) -> None:
+        nbytes = ggml.lib.ggml_nbytes(tensor)
+        out = np.empty(nbytes // 4, dtype=np.float32)
+        ggml.lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, nbytes)
+        self.rows[layer] = out.reshape(-1, self.width)[-1]
+
+
+def measure(target: Path, drafts: Mapping[str, Path], prompts: list[list[int]], tokens: int,
+            threads: int) -> Agreement:
+    """Greedy target tokens after each prompt, and who else would have proposed them."""
+    reader = GGUFReader(target)
+    head = Head(reader)
+    taps = LayerOutputs(head.norm.shape[0])
+    ctx = max(len(p) for p in prompts) + tokens + 8
+    cfg = EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=ctx, threads=threads)
+    engines = [LlamaRangeEngine(target, cfg, observe=taps.callback)]
+    engines += [LlamaRangeEngine(path, cfg) for path in drafts.values()]
+    n_layer = engines[0].n_layer
+    counts = np.zeros((len(drafts) + n_layer, 2), dtype=np.int64)
+    try:
+        for prompt in prompts:
+            _follow(engines, taps, head, prompt, tokens, counts)
+    finally:
+        for engine in engines:
+            engine.close()
+    positions = len(prompts) * tokens
+    rates = [Rates(float(c[0]) / positions, float(c[1]) / positions) for c in counts]
+    return Agreement(positions, MappingProxyType(dict(zip(drafts, rates, strict=False))),
+                     MappingProxyType({layer + 1: rates[len(drafts) + layer] for layer in range(n_layer)}),
+                     MappingProxyType(_exit_cost(reader, n_layer)))
+
+
+def _follow(engines: list[LlamaRangeEngine], taps: LayerOutputs, head: Head, prompt: list[int],
+            tokens: int, counts: np.ndarray) -> None:
+    """One prompt: every engine fed the target's greedy tokens; `counts` rows are drafts, then exits."""
+    last = [e.step([Step(lane=0, start=0, tokens=np.asarray(prompt, dtype=np.int32))])[0][-1] for e in engines]
+    for position in range(len(prompt), len(prompt) + tokens):
+        token = np.asarray([int(np.argmax(last[0]))], dtype=np.int32)
+        last = [e.step([Step(lane=0, start=position, tokens=token)])[0][-1] for e in engines]
+        wanted = int(np.argmax(last[0]))
+        guesses = [*last[1:], *(head.logits(taps.rows[layer]) for layer in sorted(taps.rows))]
+        for row, logits in zip(counts, guesses, strict=True):
+            row += (int(np.argmax(logits)) == wanted, wanted in np.argpartition(logits, -2)[-2:])
+
+
+def _exit_cost(reader: GGUFReader, n_layer: int) -> dict[int, float]:
+    """Multiply-adds of the first L layers and the head, as a share of the whole target's.
+
+    A matrix's multiply-adds a token are its elements; the token embedding is a lookup and
+    counts only when it doubles as the head.
+    """
+    sizes = {t.name: int(t.n_elements) for t in reader.tensors if len(t.shape) > 1}
+    head = sizes.get("output.weight", sizes["token_embd.weight"])
+    layer = [sum(v for k, v in sizes.items() if k.startswith(f"blk.{i}.")) for i in range(n_layer)]
+    whole = sum(layer) + head
+    return {n: (sum(layer[:n]) + head) / whole for n in range(1, n_layer + 1)}
+
+
+def _weights(tensor: object) -> np.ndarray:
+    return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # type: ignore[attr-defined]
