@@ -199,6 +199,8 @@ def test_the_table_says_what_the_defaults_controller_chose_at_each_delay():
     off = ControllerUsage(window=0, frames_in_flight=1, predicted_tok_s=60.0, plain_tok_s=60.0, why="")
     assert controller_choice(_timing({"draft": on})) == "window 1, 3 frames out"
     assert controller_choice(_timing({"draft": off})) == "off"
+    one = ControllerUsage(window=2, frames_in_flight=1, predicted_tok_s=20.0, plain_tok_s=18.0, why="")
+    assert controller_choice(_timing({"draft": one})) == "window 2, 1 frame out"
     assert controller_choice(_timing(None)) is None
     record = _record()
     record.choices[20.0] = Counter({"window 1, 3 frames out": 3, "off": 1})

@@ -167,7 +167,10 @@ def controller_choice(timing: StreamTiming) -> str | None:
     draft = (chosen or {}).get("draft")
     if draft is None:
         return None
-    return "off" if draft.window == 0 else f"window {draft.window}, {draft.frames_in_flight} frames out"
+    if draft.window == 0:
+        return "off"
+    frames = draft.frames_in_flight
+    return f"window {draft.window}, {frames} frame{'s' if frames != 1 else ''} out"
 
 
 def rows_of(record: Record, delays: list[float]) -> list[Row]:
