@@ -42,3 +42,20 @@ def test_an_exits_cost_counts_its_layers_and_the_head(tmp_path: Path) -> None:
     head = 64 * 64
     assert a.exit_cost[1] == pytest.approx((layer + head) / (4 * layer + head))
     assert a.exit_cost[4] == pytest.approx(1.0)
+
+
+def test_the_table_names_each_draft_and_a_few_exits(tmp_path: Path) -> None:
+    """A 4-layer target: exits after 1, 2, 3 and 4 layers (never after 0), the last marked as
+    the check; a top-2 rate is counted among the positions the top-1 missed."""
+    target = write_tiny_llama(tmp_path / "t.gguf", layers=4)
+    other = write_tiny_llama(tmp_path / "o.gguf", layers=4, seed=2)
+    a = agreement.measure(target, {"other": other}, PROMPTS, 12, threads=1)
+    rows = agreement.rows_of(a)
+    scenarios = [r.scenario for r in rows if r.metric == "top-1 is the target's token"]
+    assert scenarios[0] == "agreement draft other"
+    assert [s.split(" layers")[0].removeprefix("agreement exit after ") for s in scenarios[1:]] == ["1", "2", "3", "4"]
+    assert scenarios[-1].endswith("(all layers: the method's check)")
+    second = next(r for r in rows if r.scenario == scenarios[2] and r.metric.startswith("top-2"))
+    r2 = a.exits[2]
+    assert second.value == pytest.approx((r2.top2 - r2.top1) / (1 - r2.top1))
+    assert rows[-1].value == 24

@@ -22,6 +22,9 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
+from mesh.bench.harness import Row, Setup
+from mesh.tokenizer import Tokenizer
+from packages.speculative import declared, verify_draft
 from stage.engine import EngineConfig, Step
 from stage.ggml_lib import ggml
 from stage.llama_engine import LlamaRangeEngine
@@ -104,6 +107,38 @@ def measure(target: Path, drafts: Mapping[str, Path], prompts: list[list[int]], 
     return Agreement(positions, MappingProxyType(dict(zip(drafts, rates, strict=False))),
                      MappingProxyType({layer + 1: rates[len(drafts) + layer] for layer in range(n_layer)}),
                      MappingProxyType(_exit_cost(reader, n_layer)))
+
+
+def agreement_rows(setup: Setup, prompts: list[str]) -> list[Row]:
+    """The package's in-package drafts and the target's early exits, over the built-in prompts."""
+    _, strategies = declared(setup.manifest.generation)
+    drafts = {s.name: verify_draft(setup.package, s) for s in strategies.values() if s.in_package}
+    tokenizer = Tokenizer(setup.gguf, setup.model_id)
+    chats = [tokenizer.tokenize(tokenizer.render_chat([{"role": "user", "content": p}])) for p in prompts]
+    return rows_of(measure(setup.gguf, drafts, chats, setup.tokens, setup.threads))
+
+
+def rows_of(a: Agreement) -> list[Row]:
+    """Each draft, and the exits after every sixth of the layers, the last but one and all."""
+    rows = []
+    for name, r in a.drafts.items():
+        rows += _rates_rows(f"agreement draft {name}", r)
+    n_layer = max(a.exits)
+    step = max(1, n_layer // 6)
+    for layers in sorted({*range(step, n_layer, step), max(1, n_layer - 1), n_layer}):
+        check = " (all layers: the method's check)" if layers == n_layer else ""
+        rows += _rates_rows(f"agreement exit after {layers} layers, {a.exit_cost[layers]:.2f} of the "
+                            f"target's multiply-adds{check}", a.exits[layers])
+    return [*rows, Row("agreement", "positions, greedy target tokens", a.positions)]
+
+
+def _rates_rows(scenario: str, r: Rates) -> list[Row]:
+    return [Row(scenario, "top-1 is the target's token", r.top1),
+            Row(scenario, "top-2 holds it where top-1 missed", _second(r))]
+
+
+def _second(r: Rates) -> float:
+    return (r.top2 - r.top1) / (1 - r.top1) if r.top1 < 1 else 0.0
 
 
 def _follow(engines: list[LlamaRangeEngine], taps: LayerOutputs, head: Head, prompt: list[int],

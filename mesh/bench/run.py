@@ -29,7 +29,8 @@ import httpx
 from config.paths import cache_dir
 from mesh.api.responses import SpeculativeUsage
 from mesh.bearer import KEY_ENV, auth_headers
-from mesh.bench import agreement, numerics
+from mesh.bench import numerics
+from mesh.bench.agreement import agreement_rows
 from mesh.bench.breakdown import measure
 from mesh.bench.busy import Busy, busy_during
 from mesh.bench.client import StreamTiming, stream_chat
@@ -143,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     if "numerics" in scenarios:
         rows += _numerics_rows(setup, args.numerics_gguf)
     if "agreement" in scenarios:
-        rows += _agreement_rows(setup, PROMPTS[: args.prompts])
+        rows += agreement_rows(setup, PROMPTS[: args.prompts])
     if scenarios & MESH_SCENARIOS:
         rows += _mesh_rows(setup, args, scenarios, delays)
     if "chat" in scenarios:
@@ -262,32 +263,6 @@ def _numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
             rows += [Row(f"numerics {name}", f"{fa}: ms per decode of {k} rows at position "
                                              f"{numerics.POSITION}", ms) for k, ms in n.decode_ms.items()]
     return rows
-
-
-def _agreement_rows(setup: Setup, prompts: list[str]) -> list[Row]:
-    """The package's in-package drafts and the target's early exits, over the built-in prompts."""
-    _, strategies = declared(setup.manifest.generation)
-    drafts = {s.name: verify_draft(setup.package, s) for s in strategies.values() if s.in_package}
-    tokenizer = Tokenizer(setup.gguf, setup.model_id)
-    chats = [tokenizer.tokenize(tokenizer.render_chat([{"role": "user", "content": p}])) for p in prompts]
-    a = agreement.measure(setup.gguf, drafts, chats, setup.tokens, setup.threads)
-    rows = []
-    for name, r in a.drafts.items():
-        rows += [Row(f"agreement draft {name}", "top-1 is the target's token", r.top1),
-                 Row(f"agreement draft {name}", "top-2 holds it where top-1 missed", _second(r))]
-    n_layer = max(a.exits)
-    for layers in sorted({*range(n_layer // 6, n_layer, max(1, n_layer // 6)), n_layer - 1, n_layer}):
-        r, cost = a.exits[layers], a.exit_cost[layers]
-        check = " (all layers: the method's check)" if layers == n_layer else ""
-        rows += [Row(f"agreement exit after {layers} layers, {cost:.2f} of the target's multiply-adds{check}",
-                     "top-1 is the target's token", r.top1),
-                 Row(f"agreement exit after {layers} layers, {cost:.2f} of the target's multiply-adds{check}",
-                     "top-2 holds it where top-1 missed", _second(r))]
-    return [*rows, Row("agreement", "positions, greedy target tokens", a.positions)]
-
-
-def _second(r: agreement.Rates) -> float:
-    return (r.top2 - r.top1) / (1 - r.top1) if r.top1 < 1 else 0.0
 
 
 # -- scenarios ------------------------------------------------------------------------------
