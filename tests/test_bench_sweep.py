@@ -25,3 +25,21 @@ def test_where_no_setting_beats_no_draft_the_controller_is_held_to_no_draft():
     rows = by_metric(_rows_at(0, tok_s, {k: [v] for k, v in tok_s.items()}))
     assert rows["defaults ÷ the best of every fixed setting and no draft"].ratio == 49.0 / 50.0
     assert all(r.scenario == "sweep split-2, 0 ms" for r in rows.values())
+
+
+def test_another_pair_is_named_in_every_row():
+    """--cost-realistic sweeps peers' F32 pair: its rows must not read as the package's own."""
+    tok_s = {PLAIN: 12.0, DEFAULT: 18.0, fixed(1, 3): 19.6}
+    rows = _rows_at(20, tok_s, {k: [v] for k, v in tok_s.items()}, "cost-realistic pair: F32 target, Q4_0 draft")
+    assert {r.scenario for r in rows} == {"sweep split-2, cost-realistic pair: F32 target, Q4_0 draft, 20 ms"}
+
+
+def test_the_flag_parses_for_the_sweep():
+    import argparse
+
+    from mesh.bench.run import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    assert parser.parse_args(["bench", "--scenarios", "sweep", "--cost-realistic"]).cost_realistic
+    assert not parser.parse_args(["bench", "--scenarios", "sweep"]).cost_realistic

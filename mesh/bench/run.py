@@ -123,6 +123,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--llama-cpp-bin", type=Path, default=None, metavar="DIR",
                    help="for peers: a directory holding llama-server and ggml-rpc-server "
                         "(deploy/build-llama-cpp.sh); without it the llama.cpp rows are skipped")
+    p.add_argument("--cost-realistic", action="store_true",
+                   help="for sweep: the cost-realistic pair of peers (the package's target in F32, with its "
+                        "draft) instead of the package's own")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.set_defaults(func=_run)
@@ -159,8 +162,7 @@ def _run(args: argparse.Namespace) -> int:
         peers, table = _peers_rows(setup, bins, args, delays)
         rows, tables = rows + peers, [*tables, table]
     if "sweep" in scenarios:
-        with tempfile.TemporaryDirectory(prefix="mesh-bench-sweep-") as tmp:
-            rows += sweep_rows(setup, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp))
+        rows += _sweep_rows(setup, args, delays)
     header = _header(setup, args)
     print("\n\n".join([format_table(header, rows), *tables]))
     if args.json:
@@ -199,6 +201,20 @@ def _peers_rows(setup: Setup, bins: Binaries | None, args: argparse.Namespace,
     pairs = [same_cost_pair(setup, draft), cost_realistic_pair(setup, draft, say)]
     with tempfile.TemporaryDirectory(prefix="mesh-bench-peers-") as tmp:
         return peer_rows(setup, pairs, bins, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp))
+
+
+def _sweep_rows(setup: Setup, args: argparse.Namespace, delays: list[float]) -> list[Row]:
+    """The package's own pair, or with --cost-realistic the one peers tables beside it."""
+    label = ""
+    if args.cost_realistic:
+        draft = package_draft(setup)
+        if draft is None:
+            raise SystemExit("mesh bench: --cost-realistic needs a package that ships its draft (the embedded "
+                             "model does)")
+        pair = cost_realistic_pair(setup, draft, lambda m: print(f"bench: {m}", file=sys.stderr))
+        setup, label = pair.setup, pair.label
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-sweep-") as tmp:
+        return sweep_rows(setup, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp), label)
 
 
 def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str], delays: list[float]) -> list[Row]:

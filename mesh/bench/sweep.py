@@ -27,11 +27,13 @@ def fixed(k: int, d: int) -> str:
     return f"window {k}, {d} in flight"
 
 
-def sweep_rows(setup: Setup, prompts: list[str], delays: list[float], repeats: int, tmp: Path) -> list[Row]:
+def sweep_rows(setup: Setup, prompts: list[str], delays: list[float], repeats: int, tmp: Path,
+               pair: str = "") -> list[Row]:
+    """`pair` names a target and draft other than the package's own in every row."""
     rows: list[Row] = []
     for delay in delays:
         tps = _measure(setup, prompts, delay, repeats, tmp)
-        rows += _rows_at(delay, {name: statistics.median(s) for name, s in tps.items()}, tps)
+        rows += _rows_at(delay, {name: statistics.median(s) for name, s in tps.items()}, tps, pair)
     return rows
 
 
@@ -54,8 +56,8 @@ def _measure(setup: Setup, prompts: list[str], delay: float, repeats: int, tmp: 
         return tps
 
 
-def _rows_at(delay: float, tok_s: dict[str, float], samples: dict[str, list[float]]) -> list[Row]:
-    scenario = f"sweep split-2, {delay:g} ms"
+def _rows_at(delay: float, tok_s: dict[str, float], samples: dict[str, list[float]], pair: str = "") -> list[Row]:
+    scenario = f"sweep split-2, {pair + ', ' if pair else ''}{delay:g} ms"
     rows = [Row(scenario, f"{name} decode tok/s", value, samples=samples[name]) for name, value in tok_s.items()]
     settings = {name: v for name, v in tok_s.items() if name not in (PLAIN, DEFAULT)}
     best = max(settings, key=lambda name: settings[name])
