@@ -33,15 +33,19 @@ def validate_package(
 
 def check_metadata_agrees(package_dir: Path, manifest: Manifest) -> None:
     meta = package_dir / manifest.shared["metadata"].path
-    arch = str(_header(meta, "general.architecture"))
-    if arch != manifest.architecture:
+    # the keys are named by the manifest's architecture, so the header is read once; a file of
+    # another architecture is caught by its own name before its numbers are looked at
+    arch = manifest.architecture
+    header = read_scalars(meta, ["general.architecture", f"{arch}.block_count", f"{arch}.embedding_length"])
+    found = str(_required(header, "general.architecture"))
+    if found != arch:
         raise PackageError(
-            f"field 'architecture' is {manifest.architecture} but metadata says {arch}"
+            f"field 'architecture' is {manifest.architecture} but metadata says {found}"
         )
-    blocks = int(_header(meta, f"{arch}.block_count"))
+    blocks = int(_required(header, f"{arch}.block_count"))
     if blocks != manifest.layer_count:
         raise PackageError(f"field 'layer_count' is {manifest.layer_count} but metadata says {blocks}")
-    width = int(_header(meta, f"{arch}.embedding_length"))
+    width = int(_required(header, f"{arch}.embedding_length"))
     if width != manifest.activation_width:
         raise PackageError(
             f"field 'activation_width' is {manifest.activation_width} but metadata says {width}"
@@ -51,8 +55,8 @@ def check_metadata_agrees(package_dir: Path, manifest: Manifest) -> None:
         raise PackageError(f"field 'allowed_cuts' lists {unsafe[0]}, which is unsafe for {arch}")
 
 
-def _header(gguf: Path, key: str) -> Scalar:
-    value = read_scalars(gguf, [key]).get(key)
+def _required(header: dict[str, Scalar], key: str) -> Scalar:
+    value = header.get(key)
     if value is None:
         raise PackageError(f"GGUF metadata lacks '{key}'")
     return value
