@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import numpy as np
 from llama_cpp import llama_cpp as L
 
 _LIB = Path(L.__file__).parent / "lib"
@@ -41,6 +42,13 @@ class _Ggml:
 
     def name(self, tensor: int) -> str:
         return (self.lib.ggml_get_name(tensor) or b"").decode()
+
+    def rows(self, tensor: int, width: int) -> np.ndarray:
+        """A computed float32 node's rows, copied out of ggml's buffer (the next decode reuses it)."""
+        nbytes = self.lib.ggml_nbytes(tensor)
+        out = np.empty(nbytes // 4, dtype=np.float32)
+        self.lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, nbytes)
+        return out.reshape(-1, width)
 
     def op(self, tensor: int) -> str:
         return (self.lib.ggml_op_desc(tensor) or b"").decode()

@@ -36,12 +36,10 @@ class HiddenTap:
         self.user: ctypes.c_void_p | None = None  # the callback's user data: none, it is a closure
 
     def _copy(self, tensor: int) -> None:
-        nbytes = ggml.lib.ggml_nbytes(tensor)
-        out = np.empty(nbytes // 4, dtype=np.float32)
-        ggml.lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, nbytes)
-        self.chunks.append(out.reshape(-1, self.width))
+        self.chunks.append(ggml.rows(tensor, self.width))
 
     def take(self) -> np.ndarray:
         rows = self.chunks[0] if len(self.chunks) == 1 else np.concatenate(self.chunks)
         self.chunks = []
         return rows
+

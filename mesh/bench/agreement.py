@@ -72,16 +72,10 @@ class LayerOutputs:
             if not name.startswith(b"l_out-"):
                 return not ask  # not wanted; asked about nothing, so never here when computed
             if not ask:
-                self._copy(int(name[len(b"l_out-"):]), tensor)
+                self.rows[int(name[len(b"l_out-"):])] = ggml.rows(tensor, self.width)[-1]
             return True  # go on: the graph must finish for the target's own logits
 
         self.callback = ggml.callback_type(on_eval)  # llama.cpp holds only the pointer
-
-    def _copy(self, layer: int, tensor: int) -> None:
-        nbytes = ggml.lib.ggml_nbytes(tensor)
-        out = np.empty(nbytes // 4, dtype=np.float32)
-        ggml.lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, nbytes)
-        self.rows[layer] = out.reshape(-1, self.width)[-1]
 
 
 def measure(target: Path, drafts: Mapping[str, Path], prompts: list[list[int]], tokens: int,
