@@ -50,14 +50,24 @@ class Head:
     def __init__(self, reader: GGUFReader) -> None:
         tensors = {t.name: t for t in reader.tensors}
         self.norm = _weights(tensors["output_norm.weight"]).reshape(-1)
-        head = tensors.get("output.weight") or tensors["token_embd.weight"]  # tied, as SmolLM2's
-        self.head = _weights(head).reshape(-1, self.norm.shape[0])
+        self.head = _weights(tensors[head_name(tensors)]).reshape(-1, self.norm.shape[0])
         arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
         self.eps = float(reader.fields[f"{arch}.attention.layer_norm_rms_epsilon"].parts[-1][0])
 
     def logits(self, residual: np.ndarray) -> np.ndarray:
         x = residual / np.sqrt(np.mean(residual * residual) + self.eps) * self.norm
         return self.head @ x
+
+
+def head_name(tensors: Mapping[str, object]) -> str:
+    """The output head's tensor: its own, or the token embedding where it is tied (SmolLM2)."""
+    return "output.weight" if "output.weight" in tensors else "token_embd.weight"
+
+
+def shown_exits(n_layer: int) -> list[int]:
+    """The exits the table shows: after every sixth of the layers, the last but one and all."""
+    step = max(1, n_layer // 6)
+    return sorted({*range(step, n_layer, step), max(1, n_layer - 1), n_layer})
 
 
 class LayerOutputs:
@@ -80,7 +90,9 @@ class LayerOutputs:
 
 def measure(target: Path, drafts: Mapping[str, Path], prompts: list[list[int]], tokens: int,
             threads: int) -> Agreement:
-    """Greedy target tokens after each prompt, and who else would have proposed them."""
+    """Greedy target tokens after each prompt, and who else would have proposed them: the
+    drafts, and the exits `shown_exits` names: each exit is a product with the whole head at
+    every position, so exits the table does not show are not computed."""
     reader = GGUFReader(target)
     head = Head(reader)
     taps = LayerOutputs(head.norm.shape[0])
@@ -89,17 +101,18 @@ def measure(target: Path, drafts: Mapping[str, Path], prompts: list[list[int]], 
     engines = [LlamaRangeEngine(target, cfg, observe=taps.callback)]
     engines += [LlamaRangeEngine(path, cfg) for path in drafts.values()]
     n_layer = engines[0].n_layer
-    counts = np.zeros((len(drafts) + n_layer, 2), dtype=np.int64)
+    exits = shown_exits(n_layer)
+    counts = np.zeros((len(drafts) + len(exits), 2), dtype=np.int64)
     try:
         for prompt in prompts:
-            _follow(engines, taps, head, prompt, tokens, counts)
+            _follow(engines, taps, head, exits, prompt, tokens, counts)
     finally:
         for engine in engines:
             engine.close()
     positions = len(prompts) * tokens
     rates = [Rates(float(c[0]) / positions, float(c[1]) / positions) for c in counts]
-    return Agreement(positions, MappingProxyType(dict(zip(drafts, rates, strict=False))),
-                     MappingProxyType({layer + 1: rates[len(drafts) + layer] for layer in range(n_layer)}),
+    return Agreement(positions, MappingProxyType(dict(zip(drafts, rates[:len(drafts)], strict=True))),
+                     MappingProxyType(dict(zip(exits, rates[len(drafts):], strict=True))),
                      MappingProxyType(_exit_cost(reader, n_layer)))
 
 
@@ -113,13 +126,12 @@ def agreement_rows(setup: Setup, prompts: list[str]) -> list[Row]:
 
 
 def rows_of(a: Agreement) -> list[Row]:
-    """Each draft, and the exits after every sixth of the layers, the last but one and all."""
+    """Each draft, and each exit measured."""
     rows = []
     for name, r in a.drafts.items():
         rows += _rates_rows(f"agreement draft {name}", r)
     n_layer = max(a.exits)
-    step = max(1, n_layer // 6)
-    for layers in sorted({*range(step, n_layer, step), max(1, n_layer - 1), n_layer}):
+    for layers in sorted(a.exits):
         check = " (all layers: the method's check)" if layers == n_layer else ""
         rows += _rates_rows(f"agreement exit after {layers} layers, {a.exit_cost[layers]:.2f} of the "
                             f"target's multiply-adds{check}", a.exits[layers])
@@ -135,15 +147,16 @@ def _second(r: Rates) -> float:
     return (r.top2 - r.top1) / (1 - r.top1) if r.top1 < 1 else 0.0
 
 
-def _follow(engines: list[LlamaRangeEngine], taps: LayerOutputs, head: Head, prompt: list[int],
-            tokens: int, counts: np.ndarray) -> None:
-    """One prompt: every engine fed the target's greedy tokens; `counts` rows are drafts, then exits."""
+def _follow(engines: list[LlamaRangeEngine], taps: LayerOutputs, head: Head, exits: list[int],
+            prompt: list[int], tokens: int, counts: np.ndarray) -> None:
+    """One prompt: every engine fed the target's greedy tokens; `counts` rows are drafts, then
+    `exits` (layers run: the output of layer L - 1)."""
     last = [e.step([Step(lane=0, start=0, tokens=np.asarray(prompt, dtype=np.int32))])[0][-1] for e in engines]
     for position in range(len(prompt), len(prompt) + tokens):
         token = np.asarray([int(np.argmax(last[0]))], dtype=np.int32)
         last = [e.step([Step(lane=0, start=position, tokens=token)])[0][-1] for e in engines]
         wanted = int(np.argmax(last[0]))
-        guesses = [*last[1:], *(head.logits(taps.rows[layer]) for layer in sorted(taps.rows))]
+        guesses = [*last[1:], *(head.logits(taps.rows[layers - 1]) for layers in exits)]
         for row, logits in zip(counts, guesses, strict=True):
             row += (int(np.argmax(logits)) == wanted, wanted in np.argpartition(logits, -2)[-2:])
 
@@ -155,7 +168,7 @@ def _exit_cost(reader: GGUFReader, n_layer: int) -> dict[int, float]:
     counts only when it doubles as the head.
     """
     sizes = {t.name: int(t.n_elements) for t in reader.tensors if len(t.shape) > 1}
-    head = sizes.get("output.weight", sizes["token_embd.weight"])
+    head = sizes[head_name(sizes)]
     layer = [sum(v for k, v in sizes.items() if k.startswith(f"blk.{i}.")) for i in range(n_layer)]
     whole = sum(layer) + head
     return {n: (sum(layer[:n]) + head) / whole for n in range(1, n_layer + 1)}

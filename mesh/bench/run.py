@@ -161,9 +161,13 @@ def _run(args: argparse.Namespace) -> int:
     if "peers" in scenarios:
         peers, table = _peers_rows(setup, bins, args, delays)
         rows, tables = rows + peers, [*tables, table]
+    pair = ""
     if "sweep" in scenarios:
-        rows += _sweep_rows(setup, args, delays)
+        sweep, pair = _sweep_rows(setup, args, delays)
+        rows += sweep
     header = _header(setup, args)
+    if pair:  # model and quant above are the package's own, which the sweep did not run
+        header["sweep"] = pair
     print("\n\n".join([format_table(header, rows), *tables]))
     if args.json:
         args.json.write_text(json.dumps({"setup": header, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]},
@@ -203,8 +207,8 @@ def _peers_rows(setup: Setup, bins: Binaries | None, args: argparse.Namespace,
         return peer_rows(setup, pairs, bins, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp))
 
 
-def _sweep_rows(setup: Setup, args: argparse.Namespace, delays: list[float]) -> list[Row]:
-    """The package's own pair, or with --cost-realistic the one peers tables beside it."""
+def _sweep_rows(setup: Setup, args: argparse.Namespace, delays: list[float]) -> tuple[list[Row], str]:
+    """The package's own pair, or with --cost-realistic the one peers tables beside it, named."""
     label = ""
     if args.cost_realistic:
         draft = package_draft(setup)
@@ -214,7 +218,7 @@ def _sweep_rows(setup: Setup, args: argparse.Namespace, delays: list[float]) -> 
         pair = cost_realistic_pair(setup, draft, lambda m: print(f"bench: {m}", file=sys.stderr))
         setup, label = pair.setup, pair.label
     with tempfile.TemporaryDirectory(prefix="mesh-bench-sweep-") as tmp:
-        return sweep_rows(setup, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp), label)
+        return sweep_rows(setup, PROMPTS[: args.prompts], delays, args.repeats, Path(tmp), label), label
 
 
 def _mesh_rows(setup: Setup, args: argparse.Namespace, scenarios: set[str], delays: list[float]) -> list[Row]:
