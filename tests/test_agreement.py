@@ -59,3 +59,10 @@ def test_the_table_names_each_draft_and_a_few_exits(tmp_path: Path) -> None:
     r2 = a.exits[2]
     assert second.value == pytest.approx((r2.top2 - r2.top1) / (1 - r2.top1))
     assert rows[-1].value == 24
+
+
+def test_smollm2s_thirty_layers_show_seven_exits() -> None:
+    """Every fifth layer, the last but one and all: what DESIGN.md §6's table reports, and
+    the only exits `measure` puts through the head."""
+    assert agreement.shown_exits(30) == [5, 10, 15, 20, 25, 29, 30]
+    assert agreement.shown_exits(2) == [1, 2]
