@@ -32,6 +32,7 @@ from mesh.bench.peers import (
     RPC_SPEC,
     Record,
     controller_choice,
+    cuts_note,
     goal,
     rows_of,
     skipped_message,
@@ -206,3 +207,14 @@ def test_the_table_says_what_the_defaults_controller_chose_at_each_delay():
     record.choices[20.0] = Counter({"window 1, 3 frames out": 3, "off": 1})
     assert ("- 20 ms: the defaults' controller ended window 1, 3 frames out in 3, off in 1 of 4 requests"
             in tables(record, [20.0]).splitlines())
+
+
+def test_the_table_says_where_each_meshpipe_split_cut():
+    """The no-draft and the defaults servers re-cut on their own calibrations: a table whose
+    ratio compares two cuts says so."""
+    record = _record()
+    record.notes += [cuts_note(0.0, 17, 17), cuts_note(20.0, 16, 19)]
+    lines = tables(record, [20.0]).splitlines()
+    assert "- 0 ms: meshpipe's split-2 servers both cut at layer 17" in lines
+    assert ("- 20 ms: meshpipe's split-2 cut at layer 16 without a draft and at layer 19 with its defaults "
+            "(each re-cut on its own calibrations at start)") in lines

@@ -126,8 +126,9 @@ def _split_units(pair: Pair, bins: Binaries | None, delay: float, tmp: Path,
     with contextlib.ExitStack() as stack:
         units = {MESH_PLAIN: stack.enter_context(serve(setup, tmp, 2, delay_ms=delay)).url,
                  MESH_DEFAULT: stack.enter_context(serve(setup, tmp, 2, draft=True, delay_ms=delay)).url}
+        cut = mesh_cut(units[MESH_PLAIN])
+        notes.append(cuts_note(delay, cut, mesh_cut(units[MESH_DEFAULT])))
         if bins:
-            cut = mesh_cut(units[MESH_PLAIN])
             offload = llama_cpp.offload_for_cut(setup.manifest.layer_count, cut)
             first, second = setup.machines.for_stages(2)
             for unit, draft in ((RPC, None), (RPC_SPEC, pair.draft)):
@@ -138,6 +139,16 @@ def _split_units(pair: Pair, bins: Binaries | None, delay: float, tmp: Path,
                          f"(-ngl {offload}: layers {cut}-{setup.manifest.layer_count - 1} and the head "
                          "on the RPC device, confirmed from its log)")
         yield units
+
+
+def cuts_note(delay: float, plain: int, default: int) -> str:
+    """Where meshpipe's two split-2 servers cut: each re-cuts at start on its own
+    calibrations, so servers started alike may cut apart, and their ratio then compares
+    two cuts as well as speculation."""
+    if plain == default:
+        return f"{delay:g} ms: meshpipe's split-2 servers both cut at layer {plain}"
+    return (f"{delay:g} ms: meshpipe's split-2 cut at layer {plain} without a draft and at layer {default} "
+            "with its defaults (each re-cut on its own calibrations at start)")
 
 
 def mesh_cut(url: str) -> int:
