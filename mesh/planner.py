@@ -120,7 +120,7 @@ def plan_measured(allowed_cuts: Sequence[int], work: LayerWork, stages: Sequence
 def worth_recut(current: Sequence[float], measured: Sequence[float], margin: float = 0.20) -> bool:
     """Re-cut a loaded route only when the measured plan's bottleneck is clearly lower: a
     re-cut reloads every stage, and a calibration is noisy. On a quiet 2-core VM, one range
-    on one pinned core timed 18.6-27.1 ms a 4-row decode on eight fresh engines; with a 10%
+    on one pinned core timed 20.3-28.0 ms a 4-row decode on eight fresh engines; with a 10%
     margin three of four starts alike re-cut, two ways, on predicted gains of 10-11%, and
     two of those three recalibrated slower than the cut they left (DESIGN.md §3)."""
     return max(measured) < (1.0 - margin) * max(current)
