@@ -42,4 +42,3 @@ class HiddenTap:
         rows = self.chunks[0] if len(self.chunks) == 1 else np.concatenate(self.chunks)
         self.chunks = []
         return rows
-

@@ -13,7 +13,7 @@ numpy's float32 head and llama.cpp's quantized one break a near tie differently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -51,8 +51,7 @@ class Head:
         tensors = {t.name: t for t in reader.tensors}
         self.norm = _weights(tensors["output_norm.weight"]).reshape(-1)
         self.head = _weights(tensors[head_name(tensors)]).reshape(-1, self.norm.shape[0])
-        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-        self.eps = float(reader.fields[f"{arch}.attention.layer_norm_rms_epsilon"].parts[-1][0])
+        self.eps = _arch_scalar(reader, "attention.layer_norm_rms_epsilon")
 
     def logits(self, residual: np.ndarray) -> np.ndarray:
         x = residual / np.sqrt(np.mean(residual * residual) + self.eps) * self.norm
@@ -71,15 +70,16 @@ def shown_exits(n_layer: int) -> list[int]:
 
 
 class LayerOutputs:
-    """An eval callback that keeps the last row of every layer's output of one decode."""
+    """An eval callback that keeps the last row of the output of each of `layers` (0-based)
+    of one decode. Only those are asked for: ggml stops the graph at every node asked."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, layers: Collection[int]) -> None:
         self.width = width
         self.rows: dict[int, np.ndarray] = {}
 
         def on_eval(tensor: int, ask: bool, _user: int) -> bool:
             name = ggml.lib.ggml_get_name(tensor)
-            if not name.startswith(b"l_out-"):
+            if not name.startswith(b"l_out-") or int(name[len(b"l_out-"):]) not in layers:
                 return not ask  # not wanted; asked about nothing, so never here when computed
             if not ask:
                 self.rows[int(name[len(b"l_out-"):])] = ggml.rows(tensor, self.width)[-1]
@@ -95,13 +95,13 @@ def measure(target: Path, drafts: Mapping[str, Path], prompts: list[list[int]], 
     every position, so exits the table does not show are not computed."""
     reader = GGUFReader(target)
     head = Head(reader)
-    taps = LayerOutputs(head.norm.shape[0])
+    n_layer = int(_arch_scalar(reader, "block_count"))
+    exits = shown_exits(n_layer)
+    taps = LayerOutputs(head.norm.shape[0], {layers - 1 for layers in exits})
     ctx = max(len(p) for p in prompts) + tokens + 8
     cfg = EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=ctx, threads=threads)
     engines = [LlamaRangeEngine(target, cfg, observe=taps.callback)]
     engines += [LlamaRangeEngine(path, cfg) for path in drafts.values()]
-    n_layer = engines[0].n_layer
-    exits = shown_exits(n_layer)
     counts = np.zeros((len(drafts) + len(exits), 2), dtype=np.int64)
     try:
         for prompt in prompts:
@@ -172,6 +172,12 @@ def _exit_cost(reader: GGUFReader, n_layer: int) -> dict[int, float]:
     layer = [sum(v for k, v in sizes.items() if k.startswith(f"blk.{i}.")) for i in range(n_layer)]
     whole = sum(layer) + head
     return {n: (sum(layer[:n]) + head) / whole for n in range(1, n_layer + 1)}
+
+
+def _arch_scalar(reader: GGUFReader, name: str) -> float:
+    """A number the target's metadata keys by its architecture, as `llama.block_count`."""
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    return float(reader.fields[f"{arch}.{name}"].parts[-1][0])
 
 
 def _weights(tensor: object) -> np.ndarray:
