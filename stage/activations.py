@@ -22,7 +22,7 @@ from proto import meshpipe_pb2 as pb
 from stage.batcher import VoidFrameError
 from stage.core import StageCore, Work
 from stage.engine import RangeEngine
-from stage.frames import error_frame, input_rows, sampling_of
+from stage.frames import FrameSampling, error_frame, input_rows, sampling_of
 from stage.lanes import LanesExhaustedError
 from stage.transport import NO_EMULATION, REPLIES_ROLE, FrameError, Link, LinkClosedError, WireEmulation
 
@@ -35,6 +35,7 @@ class _Admitted:
     header: pb.FrameHeader
     work: Work | None  # a compute frame's step or an END's trim; None when there is nothing to wait for
     error: str | None = None
+    sampling: FrameSampling | None = None  # a frame the final stage answers: read once, at admission
 
 
 class ActivationStage:
@@ -128,9 +129,12 @@ class ActivationStage:
             return _Admitted(header, None, error=str(exc))
 
     def _submit(self, header: pb.FrameHeader, payload: bytes) -> _Admitted:
-        if self.downstream is None and header.want_reply and (problem := self.core.sampling_problem(header)):
-            return _Admitted(header, None, error=problem)
-        return _Admitted(header, self.core.submit_frame(header, payload))
+        sampling = None
+        if self.downstream is None and header.want_reply:
+            sampling = sampling_of(header)
+            if problem := self.core.sampling_problem(header, sampling):
+                return _Admitted(header, None, error=problem)
+        return _Admitted(header, self.core.submit_frame(header, payload), sampling=sampling)
 
     async def _send_results(self, link: Link, outbox: asyncio.Queue[_Admitted | None]) -> None:
         while (item := await outbox.get()) is not None:
@@ -163,8 +167,8 @@ class ActivationStage:
         assert item.work is not None
         assert result is not None
         if self.downstream is None:
-            if h.want_reply:
-                await link.send(self.core.answer(h, item.work, result, sampling_of(h), input_rows(h)))
+            if item.sampling is not None:
+                await link.send(self.core.answer(h, item.work, result, item.sampling, input_rows(h)))
             return
         out = pb.FrameHeader()
         out.CopyFrom(h)

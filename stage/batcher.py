@@ -153,11 +153,16 @@ class Batcher:
         return taken
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             batch = await self._next()
-            work = ENGINE_THREAD.submit(self._execute, batch)
+            # One wake-up of the event loop per decode: the engine thread hands back every
+            # result in one callback (`_finish`), where wrapping the executor's future
+            # would post a second callback for the same decode.
+            done: asyncio.Future[None] = loop.create_future()
+            work = ENGINE_THREAD.submit(self._execute, batch, done)
             try:
-                await asyncio.wrap_future(work)
+                await done
             except asyncio.CancelledError:
                 # Stopped while the batch waited for the engine thread (shared with other
                 # engines): it will never run now, so fail its steps or they wait forever.
@@ -176,9 +181,8 @@ class Batcher:
             await self.wake.wait()
         return self._take()
 
-    def _execute(self, batch: list[_Job]) -> None:
-        loop = batch[0].future.get_loop()
-        results: list[np.ndarray | BaseException]
+    def _execute(self, batch: list[_Job], done: asyncio.Future[None]) -> None:
+        results: list[np.ndarray | BaseException] = []
         started = time.perf_counter()
         try:
             if batch[0].control is not None:
@@ -187,12 +191,13 @@ class Batcher:
                 results = self._step_all([j.step for j in batch if j.step is not None])
         except Exception as exc:  # noqa: BLE001 -- never let the worker die with futures pending
             results = [exc] * len(batch)
-        finished = time.perf_counter()
-        self.busy_s += finished - started
-        rows = sum(job.step.n for job in batch if job.step is not None)
-        for job, result in zip(batch, results, strict=True):
-            job.clock.started, job.clock.finished, job.clock.rows = started, finished, rows
-            loop.call_soon_threadsafe(_resolve, job.future, result)
+        finally:
+            finished = time.perf_counter()
+            self.busy_s += finished - started
+            rows = sum(job.step.n for job in batch if job.step is not None)
+            for job in batch:
+                job.clock.started, job.clock.finished, job.clock.rows = started, finished, rows
+            done.get_loop().call_soon_threadsafe(_finish, batch, results, done)
 
     def _step_all(self, steps: list[Step]) -> list[np.ndarray | BaseException]:
         try:
@@ -213,6 +218,16 @@ class Batcher:
             return result if isinstance(result, np.ndarray) else np.empty(0)
         except Exception as exc:  # noqa: BLE001 -- the error goes to the job's future, not up the worker
             return exc
+
+
+def _finish(batch: list[_Job], results: list[np.ndarray | BaseException], done: asyncio.Future[None]) -> None:
+    """On the event loop: resolve a decode's steps, then let the worker take the next batch."""
+    if len(results) != len(batch):  # the decode was interrupted (BaseException): none of it counts
+        results = [EngineError("the engine step was interrupted")] * len(batch)
+    for job, result in zip(batch, results, strict=True):
+        _resolve(job.future, result)
+    if not done.done():
+        done.set_result(None)
 
 
 def _resolve(future: asyncio.Future[np.ndarray], result: np.ndarray | BaseException) -> None:

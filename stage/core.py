@@ -24,7 +24,7 @@ from config.errors import MeshpipeError
 from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
-from stage.frames import FrameSampling, error_frame, input_rows, reply_frame, sampling_of
+from stage.frames import FrameSampling, error_frame, input_rows, reply_frame
 from stage.lanes import LanePool
 from stage.sampling import sample_rows
 from stage.transport import decode_tensor, encode_tensor
@@ -145,10 +145,11 @@ class StageCore:
         codec_s = time.perf_counter() - clock.queued
         return Work(self.batcher.submit(step, clock), clock, codec_s)
 
-    def sampling_problem(self, header: pb.FrameHeader) -> str | None:
-        """Sampling arrives from the network: check it before it reaches the sampler."""
+    def sampling_problem(self, header: pb.FrameHeader, sampling: FrameSampling) -> str | None:
+        """Sampling arrives from the network (`sampling`, read off `header`): check it
+        before it reaches the sampler."""
         rows = input_rows(header) if header.all_logits else 1
-        problem = sampling_of(header).problem(self.engine.n_vocab, self.engine.ctx_per_lane, rows)
+        problem = sampling.problem(self.engine.n_vocab, self.engine.ctx_per_lane, rows)
         return None if problem is None else f"stage {self.index}: {problem}"
 
     # -- outputs -------------------------------------------------------------------------

@@ -129,3 +129,44 @@ def test_a_batch_dropped_unrun_by_a_stop_fails_its_steps():
             module.ENGINE_THREAD = saved
 
     asyncio.run(go())
+
+
+class _Rows:
+    """An engine whose step returns each step's tokens as its output (the batcher reads graph_rows)."""
+
+    graph_rows = 512
+
+    def __init__(self) -> None:
+        self.decodes = 0
+
+    def step(self, steps: list[Step]) -> list[np.ndarray]:
+        self.decodes += 1
+        return [s.tokens.astype(np.float32) for s in steps if s.tokens is not None]
+
+
+def test_a_decode_wakes_the_event_loop_once_and_resolves_every_step_batched_in_it():
+    """The engine thread hands back a decode's results in one callback: the loop's wake-ups
+    cost on every token (DESIGN.md §2), so three steps batched together cost one."""
+    async def main() -> tuple[list[np.ndarray], int, int]:
+        loop = asyncio.get_running_loop()
+        posted = 0
+        post = loop.call_soon_threadsafe
+
+        def counting(*args: object, **kwargs: object) -> asyncio.Handle:
+            nonlocal posted
+            posted += 1
+            return post(*args, **kwargs)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        engine = _Rows()
+        batcher = Batcher(engine)  # type: ignore[arg-type]
+        futures = [batcher.submit(Step(lane, 0, tokens=np.full(2, lane, np.int32))) for lane in range(3)]
+        batcher.start()
+        outs = await asyncio.gather(*futures)
+        await batcher.stop()
+        return outs, posted, engine.decodes
+
+    outs, posted, decodes = asyncio.run(main())
+    assert decodes == 1
+    assert posted == 1
+    assert [o.tolist() for o in outs] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
