@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import secrets
 import sys
 from pathlib import Path
 
+from common import event_loop
 from config.paths import cache_dir
 from config.settings import Config, Speculative, UsageError, load_config
 from mesh.api.app import build_app
@@ -169,7 +169,7 @@ def _run(args: argparse.Namespace) -> int:
     sampler = Sampler(coordinator, metrics)  # the web page's snapshots
     app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access, ui=sampler)
     try:
-        asyncio.run(serve(coordinator, app, sock, args.shutdown_grace, _say, on_stop=sampler.close))
+        event_loop.run(serve(coordinator, app, sock, args.shutdown_grace, _say, on_stop=sampler.close))
     finally:
         kill_children()  # normally none are left; a forced or abandoned stop may leave some
     return 0

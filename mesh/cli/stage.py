@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 from pathlib import Path
 
+from common import event_loop
 from config.paths import cache_dir
 from mesh.cli.tls_args import add_tls_arguments, tls_of
 from stage.control import StageOptions, own_address
@@ -60,5 +60,5 @@ def _run(args: argparse.Namespace) -> int:
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)
-    asyncio.run(run_stage(args.listen, options, announce=args.announce))
+    event_loop.run(run_stage(args.listen, options, announce=args.announce))
     return 0
