@@ -150,3 +150,45 @@ def test_a_frame_that_stalls_halfway_or_does_not_parse_is_a_frame_error():
         server.close()
 
     asyncio.run(go())
+
+
+def test_frames_sent_in_one_turn_of_the_loop_leave_in_one_write_in_order():
+    """A decode's sessions send their frames in one turn: one write carries them all, so the
+    next stage reads and batches them together (8 streams on split-2: 3.0 rows a decode
+    became 3.8). A close writes what is still held."""
+    async def go() -> tuple[list[int], int, list[int]]:
+        got: asyncio.Queue[int] = asyncio.Queue()
+
+        async def read(link: Link) -> None:
+            with contextlib.suppress(LinkClosedError):
+                while True:
+                    header, _ = await link.recv()
+                    await got.put(header.frame_id)
+
+        server = await serve("127.0.0.1", 0, read, token=None)
+        link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token=None)
+        writes = 0
+        write = link.writer.writelines
+
+        def counting(parts: list[bytes]) -> None:
+            nonlocal writes
+            writes += 1
+            write(parts)
+
+        link.writer.writelines = counting  # type: ignore[method-assign]
+        data = np.ones((1, 8), np.float32).tobytes()
+        for frame in range(4):  # no await between them suspends: one turn
+            await link.send(pb.FrameHeader(kind=pb.DECODE, frame_id=frame, dtype=pb.F32, shape=[1, 8],
+                                           payload_bytes=len(data)), data)
+        first = [await asyncio.wait_for(got.get(), 5) for _ in range(4)]
+        one_turn = writes
+        await link.send(pb.FrameHeader(kind=pb.END, frame_id=4))
+        link.close()  # before the loop turned: the close writes it
+        last = [await asyncio.wait_for(got.get(), 5)]
+        server.close()
+        return first, one_turn, last
+
+    first, writes, last = asyncio.run(go())
+    assert first == [0, 1, 2, 3]
+    assert writes == 1
+    assert last == [4]
