@@ -175,7 +175,7 @@ def test_frames_sent_in_one_turn_of_the_loop_leave_in_one_write_in_order():
             writes += 1
             write(parts)
 
-        link.writer.writelines = counting  # type: ignore[method-assign]
+        link.writer.writelines = counting  # type: ignore[method-assign, assignment]
         data = np.ones((1, 8), np.float32).tobytes()
         for frame in range(4):  # no await between them suspends: one turn
             await link.send(pb.FrameHeader(kind=pb.DECODE, frame_id=frame, dtype=pb.F32, shape=[1, 8],
