@@ -23,4 +23,3 @@ def test_the_processes_run_on_uvloop_when_it_is_installed():
 def test_without_uvloop_it_is_asyncios_own_loop(monkeypatch):
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
     assert event_loop.run(_loop_module()).startswith("asyncio")
-
