@@ -61,6 +61,15 @@ def test_one_node_llama_server_is_pinned_with_one_thread_per_cpu_and_has_no_rpc_
     assert not {"--rpc", "-md", "--spec-type"} & set(cmd)
 
 
+@pytest.mark.parametrize(("setting", "repacks"), [("on", True), ("off", False)])
+def test_llama_server_repacks_weights_only_where_meshpipes_engines_do(monkeypatch, setting, repacks):
+    # on an AMX CPU meshpipe loads without extra buffer types, and llama-server's default
+    # repack (AMX) segfaults there: both must run the same kernels
+    monkeypatch.setenv("MESHPIPE_EXTRA_BUFTS", setting)
+    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0", 1024), port=8080)
+    assert ("--no-repack" not in cmd) is repacks
+
+
 def test_the_rpc_split_puts_the_last_layers_on_the_proxied_rpc_device():
     cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0-1", 1024, rpc="127.0.0.1:5000", offload=12), 1)
     assert (_flag(cmd, "--rpc"), _flag(cmd, "-ngl")) == ("127.0.0.1:5000", "12")

@@ -14,7 +14,10 @@ own with the same draft on the first machine: without `--spec-type` it loads the
 and never uses it.
 
 Each process is pinned with `taskset -c` to its emulated machine and runs one thread per
-CPU of it, as `mesh serve --stage-cpus` runs each stage. Built by deploy/build-llama-cpp.sh.
+CPU of it, as `mesh serve --stage-cpus` runs each stage. llama-server repacks weights only
+where meshpipe's engines do (`--no-repack` otherwise, stage/llama_model.py): on a CPU with
+AMX its default repack segfaults on the first prompt, as meshpipe's would. Built by
+deploy/build-llama-cpp.sh.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 from mesh.bench.delay_proxy import DelayProxy
 from mesh.bench.local_server import free_port, stop, unhealthy
 from stage.cpus import parse_cpus
-from stage.llama_model import flash_attn
+from stage.llama_model import flash_attn, use_extra_bufts
 
 SERVER, RPC_SERVER = "llama-server", "ggml-rpc-server"
 BUILD_HINT = "build them with deploy/build-llama-cpp.sh, README section Benchmarks"
@@ -80,6 +83,8 @@ def server_cmd(bins: Binaries, spec: ServerSpec, port: int) -> list[str]:
            "--port", str(port), "-c", str(spec.ctx), "-np", "1", "-t", t, "-tb", t,
            "-fa", "on" if flash_attn() else "off", "--fit", "off", "--no-webui",
            "-lv", "4"]  # the load_tensors lines the split is checked from are logged from level 4
+    if not use_extra_bufts():  # the kernels meshpipe's engines run; AMX's crash llama-server too
+        cmd.append("--no-repack")
     # without an RPC device nothing can be offloaded, but the log would still say "offloaded 31/31"
     cmd += ["--rpc", spec.rpc, "-ngl", str(spec.offload)] if spec.rpc else ["-ngl", "0"]
     if spec.draft:
