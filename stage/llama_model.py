@@ -4,7 +4,8 @@ The range engine, the draft, the tokenizer, the bench baseline and the test refe
 load through here. Two choices are made once, for all of them:
 
 - **Extra buffer types.** llama.cpp repacks weights into CPU-specific layouts (CPU_REPACK,
-  AMX). The AMX one segfaults at the first decode (upstream llama.cpp #20824), so where the
+  AMX). The AMX one segfaults at the first decode of several rows (upstream llama.cpp #20824;
+  DESIGN.md §3 item 10 has where), so where the
   loaded library offers it, models load without extra buffer types. The library is asked
   which types it would use, not /proc/cpuinfo: a wheel built without AMX keeps its repacked
   kernels on an AMX CPU. `MESHPIPE_EXTRA_BUFTS=on|off` overrides the choice.
