@@ -7,7 +7,8 @@ load through here. Two choices are made once, for all of them:
   AMX). The AMX one segfaults at the first decode of several rows (upstream llama.cpp #20824;
   DESIGN.md §3 item 10 says where), so where the loaded library offers it, models load
   without extra buffer types. The library is asked which types it would use, not
-  /proc/cpuinfo: a wheel built without AMX keeps its repacked kernels on an AMX CPU. `MESHPIPE_EXTRA_BUFTS=on|off` overrides the choice.
+  /proc/cpuinfo: a wheel built without AMX keeps its repacked kernels on an AMX CPU.
+  `MESHPIPE_EXTRA_BUFTS=on|off` overrides the choice.
 - **Flash attention.** With it on, a verify window of k rows gives logits bit-identical to k
   single-row decodes on SmolLM2 Q4_1, so speculation cannot change greedy output (README,
   "Numerics"). `MESHPIPE_FLASH_ATTN=on|off` overrides it.
