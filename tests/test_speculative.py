@@ -496,7 +496,7 @@ def test_frames_in_flight_give_plain_greedy_output_on_every_split(smollm2_packag
             busy = stages[-1].core.batcher if stages else None
             assert busy is None or isinstance(busy, BusyBatcher)
             if busy is not None:  # long enough for stage 0 to draft and send the next epoch while frames wait there
-                busy.pause = 0.1
+                busy.pause = 0.3
             fixed = controller_for(WindowPolicy(policy="fixed", initial=4, min=1, max=4))
             req = GenerationRequest(prompts[0], 48, GREEDY, ignore_eos=True)
             events, done = await _generated(pipeline, pipeline.lease(SessionId(1)), req, draft, fixed, in_flight=3)
