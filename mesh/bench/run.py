@@ -422,11 +422,11 @@ def _concurrency_rows(setup: Setup, server: LocalServer, single: LocalServer | N
     agg: dict[tuple[str, int], list[float]] = {(u, n): [] for u in units for n in streams}
     gaps: dict[int, list[float]] = {n: [] for n in streams}
     for s in units.values():  # unmeasured: a server's first round prefills cold and runs 20-30% slower
-        _parallel(s.url, setup, [prompts[i % len(prompts)] for i in range(max(streams))])
+        _parallel(s.url, setup, _cycled(prompts, max(streams)))
     for _ in range(repeats):
         for n in streams:
             for unit, s in units.items():
-                total, wall, timings = _parallel(s.url, setup, [prompts[i % len(prompts)] for i in range(n)])
+                total, wall, timings = _parallel(s.url, setup, _cycled(prompts, n))
                 agg[(unit, n)].append(total / wall)
                 gaps[n] += [g for t in timings for g in t.gaps()] if unit == "split-2" else []
     one = statistics.median(agg[("split-2", streams[0])])
@@ -446,8 +446,7 @@ def _concurrency_rows(setup: Setup, server: LocalServer, single: LocalServer | N
         rows.append(Row(f"concurrency-{n}", "inter-token p50 (ms)", statistics.median(gaps[n]) * 1e3))
         rows.append(Row(f"concurrency-{n}", "inter-token p95 (ms)", q[18] * 1e3))
     most = max(streams)
-    _, busy = busy_during(server.url, lambda: _parallel(server.url, setup,
-                                                        [prompts[i % len(prompts)] for i in range(most)]))
+    _, busy = busy_during(server.url, lambda: _parallel(server.url, setup, _cycled(prompts, most)))
     return rows + _busy_of(f"concurrency-{most}", f"split-2, {most} streams", busy)
 
 
@@ -459,11 +458,16 @@ def _breakdown_rows(setup: Setup, servers: dict[int, LocalServer], prompts: list
         units.append((f"concurrency-{streams}", servers[2], streams))
     rows = []
     for unit, server, n in units:
-        asked = [prompts[i % len(prompts)] for i in range(max(n, len(prompts)))]
+        asked = _cycled(prompts, max(n, len(prompts)))
         batches = [asked[i : i + n] for i in range(0, len(asked), n)]
         run = functools.partial(_run_batches, server.url, setup, batches)
         rows += [Row(f"breakdown {unit}", what, value) for what, value in measure(server.url, n, run)]
     return rows
+
+
+def _cycled(prompts: list[str], n: int) -> list[str]:
+    """`n` prompts, the given ones over again as often as it takes."""
+    return [prompts[i % len(prompts)] for i in range(n)]
 
 
 def _run_batches(url: str, setup: Setup, batches: list[list[str]]) -> int:
