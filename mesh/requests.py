@@ -46,7 +46,7 @@ from mesh.route import RouteSettings
 from mesh.speculative.draft import DRAFT
 from mesh.speculative.loop import Windows, generate
 from mesh.speculative.ngram import NGRAM
-from mesh.speculative.plan import FRAMES_IN_FLIGHT, SpecPlan
+from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, SpecPlan
 from mesh.speculative.proposer import Proposer
 from mesh.speculative.window import Controller, controller_for
 from stage.engine import RangeEngine
@@ -199,12 +199,15 @@ async def _until(deadline: float | None, step: Awaitable[T]) -> T:
 def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | None) -> int:
     """The verify frames a session may keep out: the configured number, else (auto) 1 where
     frames sent ahead cannot overlap, with no stage past stage 0 or with stages taking turns
-    on shared cores, and FRAMES_IN_FLIGHT elsewhere, for the cost-aware window to price."""
+    on shared cores; elsewhere PRICED_FRAMES_IN_FLIGHT for cost-aware windows to price, and
+    FRAMES_IN_FLIGHT for fixed and adaptive ones, which keep the bound out."""
     if spec is None:
         return 1
     if spec.in_flight is not None:
         return spec.in_flight
-    return FRAMES_IN_FLIGHT if downstream and cpu_lock is None else 1
+    if not downstream or cpu_lock is not None:
+        return 1
+    return PRICED_FRAMES_IN_FLIGHT if spec.priced() else FRAMES_IN_FLIGHT
 
 
 def _outcome(account: Account) -> str:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from config.settings import Config, ConfigError, ModelEntry, Speculative, UsageError, load_config, parse_config
 from mesh.cli.serve import _cli_speculative
 from mesh.requests import frames_in_flight
-from mesh.speculative.plan import FRAMES_IN_FLIGHT, NgramPlan, resolve_plan
+from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, NgramPlan, resolve_plan
 from packages.errors import PackageError
 from packages.manifest import load_manifest
 from packages.speculative import DraftStrategy, NgramStrategy, WindowPolicy, block_for, declared, ngram_window
@@ -84,6 +84,15 @@ def test_auto_frames_in_flight_are_one_where_frames_sent_ahead_cannot_overlap(ma
     assert frames_in_flight(auto, downstream=False, cpu_lock=None) == 1  # stage 0 is the whole route
     assert frames_in_flight(auto, downstream=True, cpu_lock=lock) == 1  # stages take turns on the cores
     assert frames_in_flight(None, downstream=True, cpu_lock=None) == 1  # no draft
+    priced, _ = resolve_plan(Speculative(window_policy="cost-aware"), False, Config(), NAMES, manifest)
+    assert priced
+    assert priced.priced()
+    assert auto
+    assert not auto.priced()
+    # a cost-aware window prices each depth, so it is given more to choose from
+    assert frames_in_flight(priced, downstream=True, cpu_lock=None) == PRICED_FRAMES_IN_FLIGHT > FRAMES_IN_FLIGHT
+    assert frames_in_flight(priced, downstream=True, cpu_lock=lock) == 1
+    assert frames_in_flight(priced, downstream=False, cpu_lock=None) == 1
     for n in (1, 5):  # a number set anywhere is honoured, lock or not
         chosen, _ = resolve_plan(Speculative(frames_in_flight=n), False, Config(), NAMES, manifest)
         assert frames_in_flight(chosen, downstream=True, cpu_lock=lock) == n

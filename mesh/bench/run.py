@@ -73,7 +73,7 @@ ALONE_SCENARIOS = {"numerics", "agreement", "chat", "ngram", "engines", "constra
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
 ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
 PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 pairs x 4 delays: kept short
-SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 10 servers x 4 delays
+SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 14 servers x 4 delays
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

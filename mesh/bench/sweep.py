@@ -19,7 +19,7 @@ from mesh.bench.client import stream_chat
 from mesh.bench.harness import Row, Setup, serve
 
 WINDOWS = (1, 2, 3, 4)
-DEPTHS = (1, 3)
+DEPTHS = (1, 3, 5)
 PLAIN, DEFAULT = "no draft", "defaults (cost-aware)"
 
 

@@ -25,10 +25,14 @@ from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, NgramStrategy, Strategy, WindowPolicy, declared, parse, problem
 
-# The bound when `frames_in_flight` is unset and stages can compute at once (the coordinator's
-# `frames_in_flight`): the cost-aware controller prices depth and keeps 1 where more does not
-# pay. Under a CPU lock stages take turns, so frames ahead cannot overlap: there it is 1.
+# The bound when `frames_in_flight` is unset and stages can compute at once (mesh/requests.py
+# `frames_in_flight`). Fixed and adaptive windows keep the bound out; under a CPU lock stages
+# take turns, so frames ahead cannot overlap: there it is 1.
 FRAMES_IN_FLIGHT = 3
+# The bound when every window is cost-aware: the controller prices each depth and keeps fewer
+# where more does not pay, so it gets more to choose from. At 50 ms a bound of 5 ran 6-8%
+# faster than 3 in two interleaved sweeps, the same at 20 ms, and 8 no better (DESIGN.md §6).
+PRICED_FRAMES_IN_FLIGHT = 5
 NGRAM, NGRAM_DRAFT = "ngram", "ngram+draft"  # the built-in strategy names besides auto and disabled
 BUILT_IN = ("auto", "disabled", NGRAM, NGRAM_DRAFT)
 _Kind = TypeVar("_Kind", DraftStrategy, NgramStrategy)
@@ -55,6 +59,11 @@ class SpecPlan:
     strategy: DraftStrategy | None  # the package's draft-model strategy in use, if any
     in_flight: int | None = None  # verify frames a session may have out at once; None: auto
     ngram: NgramPlan | None = None  # prompt lookup, first when there is a draft model too
+
+    def priced(self) -> bool:
+        """Every proposer's window is cost-aware, so each prices how many frames out pay."""
+        windows = [self.window, *([self.ngram.window] if self.ngram else [])]
+        return all(w.policy == "cost-aware" for w in windows)
 
     def describe(self) -> str:
         flight = f"frames in flight: {'auto' if self.in_flight is None else self.in_flight}"
