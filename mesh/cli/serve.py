@@ -23,7 +23,7 @@ from mesh.model_source import resolve_model
 from mesh.peer_probe import discovered_peers
 from mesh.route import RouteSettings
 from mesh.sampler import Sampler
-from mesh.speculative.plan import FRAMES_IN_FLIGHT, resolve_plan
+from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, resolve_plan
 from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
@@ -96,8 +96,8 @@ def _speculation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames-in-flight", type=int, default=None, metavar="N",
                    help="the most verify frames a session may have in flight while the draft goes on "
                    "(1: wait for each reply). Default auto: 1 with no stage past stage 0 or under a CPU "
-                   f"lock, else {FRAMES_IN_FLIGHT}, and the cost-aware window keeps fewer where more does not pay "
-                   "(DESIGN.md §6)")
+                   f"lock, else {PRICED_FRAMES_IN_FLIGHT} for a cost-aware window, which keeps fewer where more "
+                   f"does not pay, and {FRAMES_IN_FLIGHT} for a fixed or adaptive one (DESIGN.md §6)")
     p.add_argument("--windows-in-flight", type=int, dest="frames_in_flight", help=argparse.SUPPRESS)  # its old name
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
