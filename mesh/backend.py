@@ -53,6 +53,8 @@ class GenerationRequest:
     stop_tokens: frozenset[int] = frozenset()
     ignore_eos: bool = False
     constraint: Constraint | None = None  # a grammar every token must follow (mesh/constraints/)
+    keep: bool = True  # its tokens stay in its lane for a later request (the prefix cache)
+    request_id: str = ""  # the API's id for it (cmpl-..., chatcmpl-...): the log and an error name it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(self.prompt))

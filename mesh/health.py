@@ -57,7 +57,9 @@ class RecoveryHealth(_Frozen):
 class Health(_Frozen):
     """What the coordinator serves at /health; HTTP 200 when `ok`, else 503."""
 
-    ok: bool  # only a broken pipeline counts: an UNREACHABLE stage alone leaves it true
+    # false while the route is broken, or while generations fail in a row with internal errors
+    # (mesh/failures.py); an UNREACHABLE stage alone leaves it true
+    ok: bool
     model: str
     route: str
     stages: tuple[StageHealth, ...]
@@ -67,4 +69,6 @@ class Health(_Frozen):
     recoveries: int = 0  # route rebuilds after a break, since start
     sessions_resumed: int = 0  # generations that went on through one
     last_recovery: RecoveryHealth | None = None
+    internal_errors: int = 0  # generations that failed inside the mesh (HTTP 500), since start
+    last_internal_error: str | None = None  # the latest: its request id, cause and message
 

@@ -19,6 +19,8 @@ class Metrics:
         self.requests = Counter("meshpipe_requests", "HTTP requests", ["endpoint", "status"], registry=r)
         self.stream_errors = Counter("meshpipe_stream_errors", "streams that failed after their 200 began",
                                      ["endpoint", "status"], registry=r)
+        self.internal_errors = Counter("meshpipe_internal_errors", "requests that failed inside the server "
+                                       "(HTTP 500), by the exception's class", ["cause"], registry=r)
         self.prompt_tokens = Counter("meshpipe_prompt_tokens", "prompt tokens processed", registry=r)
         self.prompt_cached = Counter("meshpipe_prompt_tokens_cached", "prompt tokens found in the KV "
                                      "(the prefix cache): reused, not prefilled", registry=r)

@@ -26,6 +26,7 @@ import anyio
 
 from common.ids import SessionId
 from common.sampling import Sampled
+from config.errors import MeshpipeError
 from mesh.admission import Admission
 from mesh.backend import (
     Account,
@@ -38,6 +39,7 @@ from mesh.backend import (
     Resumed,
     WindowChoice,
 )
+from mesh.failures import Failures, InternalError
 from mesh.healing import Healer
 from mesh.pipeline import Pipeline, StageFailedError
 from mesh.recovery import Recoveries
@@ -74,6 +76,7 @@ class Requests:
         self.admission = Admission(settings.lanes, settings.max_queue)
         self.ids = itertools.count(1)  # session ids, one per request
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
+        self.failures = Failures()  # internal errors: /metrics by cause, /health on a run of them
         self.generated = 0  # tokens handed on, counted as they go: the web page's tok/s (mesh/sampler.py)
 
     def generate(self, req: GenerationRequest) -> Generation:
@@ -102,7 +105,23 @@ class Requests:
         return req.sampling.problem(self.host.engine.n_vocab) if self.host.engine is not None else None
 
     async def _generate(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
-        """One request, resumed on a rebuilt route as often as the route breaks under it."""
+        """One request, resumed on a rebuilt route as often as the route breaks under it. An
+        internal error (a bug, a broken state) is logged with its traceback and the request
+        id, counted, and raised as `InternalError`, whose message names the id."""
+        try:
+            async for event in self._resumed(live):
+                yield event
+        except MeshpipeError:
+            raise
+        except Exception as exc:
+            rid = live.state.req.request_id or "-"
+            log.exception("request %s: internal error on lane %s", rid, live.state.lane)
+            self.failures.failed(rid, exc)
+            raise InternalError(f"internal error (request {rid}, logged with its traceback): "
+                                f"{type(exc).__name__}: {exc}", type(exc).__name__) from exc
+        self.failures.succeeded()
+
+    async def _resumed(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
         if (problem := self._refusal(live.state.req)) is not None:
             raise RequestRejectedError(problem)
         timeout = self.settings.request_timeout_s
@@ -144,6 +163,7 @@ class Requests:
         where the draft's KV still holds its tokens. The session ends there with it, and
         what every stage's KV holds of it stays in the lane (the prefix cache)."""
         lease = pipeline.lease(session, live.state.tokens, live.state.lane)
+        failed = False
         try:
             in_flight = frames_in_flight(self.host.spec, pipeline.link is not None, self.settings.cpu_lock)
             draft = self.host.proposer if self.host.spec is not None else None
@@ -152,11 +172,18 @@ class Requests:
                 yield sampled
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
+        except Exception as exc:
+            failed = not isinstance(exc, MeshpipeError)
+            raise
         finally:
-            # the request's own cleanup: shielded from its cancellation (a client gone), and bounded
-            held = live.state.tokens[: live.state.computed]
+            # the request's own cleanup: shielded from its cancellation (a client gone), and bounded.
+            # A lane whose request raised is emptied on every stage and in the draft: nothing it
+            # holds can be trusted by the next request (the prefix cache)
+            held = live.state.tokens[: live.state.computed] if live.state.req.keep and not failed else ()
             with anyio.move_on_after(END_S, shield=True), contextlib.suppress(Exception):
                 await pipeline.end(lease.session, held)
+            if failed and self.host.proposer is not None:
+                self.host.proposer.forget(lease.lane)
 
     def _forced(self, req: GenerationRequest) -> bool:
         """A constrained request's forced tokens are drafts, a proposer of their own (usage counts them)."""

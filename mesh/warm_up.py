@@ -42,7 +42,9 @@ async def warm_up(requests: Requests, tokenizer: Tokenizer, say: Callable[[str],
     first request's to report, not start-up's: serving goes on."""
     text = tokenizer.render_chat([{"role": "user", "content": PROMPT}])
     began = time.perf_counter()
-    generation = requests.generate(GenerationRequest(tokenizer.tokenize(text), TOKENS, ignore_eos=True))
+    # its lane keeps nothing: a client's first request would find the warm-up's prompt in the
+    # prefix cache and report cached tokens it never sent
+    generation = requests.generate(GenerationRequest(tokenizer.tokenize(text), TOKENS, ignore_eos=True, keep=False))
     try:
         async for _ in generation:
             pass

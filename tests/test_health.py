@@ -21,7 +21,7 @@ from mesh.metrics import Metrics
 # The keys, in order, that /health serves; readers outside this repo rely on them, so new
 # keys only ever go at the end (the busy seconds came with issue 14, the engine with 17).
 HEALTH_KEYS = ["ok", "model", "route", "stages", "error", "speculative", "draft_busy_s", "recoveries",
-               "sessions_resumed", "last_recovery"]
+               "sessions_resumed", "last_recovery", "internal_errors", "last_internal_error"]
 STAGE_KEYS = ["stage", "endpoint", "start", "end", "state", "rss_bytes", "mem_available_bytes", "status_at",
               "busy_s", "engine", "predicted_ms", "measured_ms", "link_ms"]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
@@ -146,8 +147,8 @@ def _v1(backend: Backend, metrics: Metrics, max_body: int) -> APIRouter:
             return await _respond(request, Responder(backend, metrics, prepared, endpoint), prepared)
         except ApiError as err:
             return error_response(err)
-        except Exception as exc:  # noqa: BLE001 -- a bug: one line in the log, a 500 to the client, server on
-            return error_response(as_api_error(exc))
+        except Exception as exc:  # noqa: BLE001 -- a bug: logged, counted, a 500 to the client, server on
+            return error_response(as_api_error(exc, "req-" + uuid.uuid4().hex[:24], metrics))
 
     @router.post("/chat/completions", response_model=None, dependencies=[Depends(json_required)])
     async def chat(request: Request) -> Response:

@@ -3,6 +3,7 @@ result is one JSON body or a stream of server-sent events."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -42,6 +43,7 @@ from mesh.backend import (
     RequestTimeoutError,
 )
 from mesh.constraints.tools import ToolFormat
+from mesh.failures import InternalError
 from mesh.metrics import Metrics
 from mesh.tokenizer import TextStream
 
@@ -66,13 +68,13 @@ class Responder:
     async def open(self) -> None:
         """Start generating; errors before the first token raise here, with their status."""
         self.metrics.in_flight.inc()
-        self.events = self.backend.generate(self.p.generation)
+        self.events = self.backend.generate(dataclasses.replace(self.p.generation, request_id=self.id))
         try:
             self.first = await self._next_token()
         except BaseException as exc:  # cancellation too: it must free the session, then go on
             await self._finish(failed=True, refused=isinstance(exc, RequestRejectedError | MeshBusyError))
             if isinstance(exc, Exception):
-                raise as_api_error(exc) from None
+                raise as_api_error(exc, self.id, self.metrics) from None
             raise
         self.metrics.ttft.observe(time.perf_counter() - self.started)
 
@@ -117,7 +119,7 @@ class Responder:
             parts = [d async for d in self.deltas()]
             failed = False
         except Exception as exc:  # noqa: BLE001 -- every failure leaves as an API error with its status
-            raise as_api_error(exc) from None
+            raise as_api_error(exc, self.id, self.metrics) from None
         finally:
             await self._finish(failed=failed)
         return self._body("".join(t for t, _ in parts), [s for _, made in parts for s in made]).model_dump()
@@ -151,7 +153,7 @@ class Responder:
                 yield _sse(self._usage_chunk())
             failed = False
         except Exception as exc:  # noqa: BLE001 -- headers are sent: the error must go out as an event
-            err = as_api_error(exc)
+            err = as_api_error(exc, self.id, self.metrics)
             self.metrics.stream_errors.labels(self.endpoint, str(err.status)).inc()
             yield _sse(err.body())
         finally:
@@ -282,7 +284,10 @@ def _lp(logprob: float | None) -> float:
     return logprob
 
 
-def as_api_error(exc: BaseException) -> ApiError:
+def as_api_error(exc: BaseException, request_id: str, metrics: Metrics) -> ApiError:
+    """The API's answer to a failure: its status and OpenAI's error shape. An internal error
+    is counted by cause and named by request id; one the mesh did not log already is logged
+    here, with its traceback."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, MeshUnavailableError):
@@ -294,8 +299,13 @@ def as_api_error(exc: BaseException) -> ApiError:
                         headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, RequestTimeoutError):
         return ApiError(504, str(exc), "request_timeout", kind="server_error")
-    log.error("generation failed: %r", exc)
-    return ApiError(500, f"internal error: {exc}", "internal_error", kind="server_error")
+    if isinstance(exc, InternalError):  # the mesh logged it with its traceback
+        metrics.internal_errors.labels(exc.cause).inc()
+        return ApiError(500, str(exc), "internal_error", kind="server_error")
+    log.error("request %s: internal error", request_id, exc_info=exc)
+    metrics.internal_errors.labels(type(exc).__name__).inc()
+    return ApiError(500, f"internal error (request {request_id}, logged with its traceback): "
+                    f"{type(exc).__name__}: {exc}", "internal_error", kind="server_error")
 
 
 def _sse(payload: BaseModel | dict[str, Any]) -> str:

@@ -1,0 +1,163 @@
+"""An internal error is never the client's problem, and never the next request's (issue 39).
+
+`Requests` in-process over a real pipeline on the tiny random model (stage 0 final, no
+link) with a real draft: a proposer that raises once fails its request with an error that
+names the request id, counts it by cause, and empties the lane in the prefix cache and the
+draft before the lane serves again. A run of them makes /health say so; a good request
+clears it. The HTTP layer answers such a failure 500 with the id and counts it in /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fake_backend import FakeBackend
+from fastapi.testclient import TestClient
+
+from mesh.api.app import build_app
+from mesh.backend import GenerationRequest, MeshUnavailableError
+from mesh.failures import FAILING_STREAK, InternalError
+from mesh.metrics import Metrics
+from mesh.pipeline import Pipeline
+from mesh.recovery import Recoveries
+from mesh.requests import Requests
+from mesh.route import RouteSettings
+from mesh.speculative.draft import Draft
+from mesh.speculative.plan import SpecPlan
+from mesh.speculative.proposer import Budget, Proposal, Proposer
+from packages.speculative import WindowPolicy
+from stage.batcher import close_engine
+from stage.engine import EngineConfig, RangeEngine
+from stage.llama_engine import LlamaRangeEngine
+
+LANES, CTX = 2, 128
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+class Faulty:
+    """The draft, but its next `fail` proposals raise: a bug in a proposer, as issue 39's was."""
+
+    def __init__(self, draft: Draft) -> None:
+        self.draft, self.fail = draft, 0
+        self.names = draft.names
+        self.forgotten: list[int] = []
+
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None) -> Proposal:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("a proposer's bug")
+        return await self.draft.proposal(lane, sequence, budget)
+
+    def forget(self, lane: int) -> None:
+        self.forgotten.append(lane)
+        self.draft.forget(lane)
+
+
+@dataclass
+class Host:
+    spec: SpecPlan | None
+    proposer: Proposer | None
+    engine: RangeEngine | None
+    ctx_per_session: int = CTX
+
+
+class Healer:
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def live_pipeline(self) -> Pipeline:
+        return self.pipeline
+
+    async def next_pipeline(self, cause: str) -> Pipeline:
+        raise MeshUnavailableError(cause)
+
+
+async def _run(requests: Requests, rid: str, tokens: int = 6) -> list[int]:
+    req = GenerationRequest(PROMPT, tokens, request_id=rid, ignore_eos=True)
+    return [s.token async for s in requests.generate(req) if hasattr(s, "token")]
+
+
+Served = Callable[[], AbstractAsyncContextManager[tuple[Requests, Pipeline, Faulty]]]
+
+
+@pytest.fixture
+def served(tiny_gguf: Path, tmp_path: Path) -> Served:
+    @contextlib.asynccontextmanager
+    async def serve() -> AsyncIterator[tuple[Requests, Pipeline, Faulty]]:
+        engine = LlamaRangeEngine(tiny_gguf, EngineConfig(first=True, final=True, lanes=LANES, ctx_per_lane=CTX))
+        pipeline = Pipeline(engine, None)
+        pipeline.start()
+        draft = Draft(tiny_gguf, LANES, CTX, threads=1)
+        draft.start()
+        spec = SpecPlan("tiny", WindowPolicy(policy="fixed", initial=3, min=1, max=3), "test", None)
+        faulty = Faulty(draft)
+        settings = RouteSettings(token=None, cache_dir=tmp_path, lanes=LANES, ctx_size=CTX, batch=64, threads=1)
+        try:
+            # on purpose: a stand-in for the healer, which only hands out the one pipeline here
+            healer = Healer(pipeline)
+            yield Requests(Host(spec, faulty, engine), healer, settings, Recoveries()), pipeline, faulty  # type: ignore[arg-type]
+        finally:
+            await draft.stop()
+            await pipeline.stop()
+            await close_engine(engine)
+
+    return serve
+
+
+def test_a_request_that_raised_fails_by_id_and_leaves_its_lane_empty_everywhere(served):
+    async def scenario() -> None:
+        async with served() as (requests, pipeline, faulty):
+            good = await _run(requests, "cmpl-good")
+            lane = next(iter(pipeline.cache.held))
+            assert pipeline.cache.match(lane, [*PROMPT, 0]) == len(PROMPT)  # a good request's lane keeps its tokens
+            faulty.fail = 1
+            with pytest.raises(InternalError, match=r"request cmpl-bad\b.*RuntimeError: a proposer's bug") as caught:
+                await _run(requests, "cmpl-bad")
+            assert caught.value.cause == "RuntimeError"
+            bad_lane = faulty.forgotten[-1]
+            assert pipeline.cache.held[bad_lane] == ()  # the prefix cache offers nothing of it
+            assert faulty.draft.held[bad_lane] == []
+            assert faulty.draft.base[bad_lane] == 0
+            assert requests.failures.by_cause == {"RuntimeError": 1}
+            assert await _run(requests, "cmpl-again") == good  # the lane serves again, as before
+
+    asyncio.run(scenario())
+
+
+def test_a_run_of_internal_errors_is_failing_until_a_request_succeeds(served):
+    async def scenario() -> None:
+        async with served() as (requests, _, faulty):
+            for n in range(FAILING_STREAK):
+                assert requests.failures.failing() is None
+                faulty.fail = 1
+                with pytest.raises(InternalError):
+                    await _run(requests, f"cmpl-{n}")
+            why = requests.failures.failing()
+            assert why is not None
+            assert f"the last {FAILING_STREAK} generations failed" in why
+            assert f"cmpl-{FAILING_STREAK - 1}" in why
+            await _run(requests, "cmpl-ok")
+            assert requests.failures.failing() is None
+            assert requests.failures.count == FAILING_STREAK  # the count since start stays
+
+    asyncio.run(scenario())
+
+
+def test_the_api_answers_an_internal_error_500_with_the_request_id_and_counts_its_cause(byte_tokenizer):
+    backend = FakeBackend(byte_tokenizer, fail=lambda: KeyError("lost"), fail_after=2)
+    metrics = Metrics()
+    with TestClient(build_app(backend, metrics)) as client:
+        for stream in (False, True):
+            r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "stream": stream})
+            body = r.text
+            assert "internal error (request cmpl-" in body
+            assert "KeyError" in body
+            assert r.status_code == (200 if stream else 500)  # a stream's error is an event after its 200
+        assert 'meshpipe_internal_errors_total{cause="KeyError"} 2.0' in client.get("/metrics").text
+    assert [req.request_id.startswith("cmpl-") for req in backend.requests] == [True, True]
