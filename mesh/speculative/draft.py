@@ -50,8 +50,13 @@ class Draft:
         assert isinstance(engine, LlamaRangeEngine)
         self.engine = engine
         self.core = StageCore(engine, 0)  # the lanes are stage 0's: a session's draft lane is its lane there
-        self.held: list[list[int]] = [[] for _ in range(lanes)]  # the tokens each lane's KV holds
-        self.base = [0] * lanes  # where in the sequence each lane's KV starts
+        # Each lane's KV holds `held` at positions 0.. : the tokens of the sequence that put them
+        # there from `base` on, whose first `base` tokens were `before`. A lane serves request
+        # after request (the prefix cache), so what it holds is re-derived from the sequence at
+        # every proposal (`_view`), never assumed to be the same request's.
+        self.held: list[list[int]] = [[] for _ in range(lanes)]
+        self.base = [0] * lanes
+        self.before: list[list[int]] = [[] for _ in range(lanes)]
         # what one proposal step costs, catch-ups left out: with frames ahead every step is
         # one row; one frame at a time, a window first feeds the token after the accepted
         # drafts, which the verify frame's measured overhead (estimates.Overhead) prices
@@ -98,16 +103,26 @@ class Draft:
         return out
 
     def _view(self, lane: int, sequence: list[int]) -> list[int]:
-        """The part of `sequence` the lane's KV holds from position 0. A draft that sat out
-        more than CATCH_UP tokens of its session (speculation was off) starts over on the
-        last CONTEXT of them: a probe then costs a bounded catch-up, not one as long as the
-        time off. A session's first proposal reads its whole prompt."""
+        """The part of `sequence` the lane's KV holds from position 0: never empty. A lane whose
+        KV started past position 0 of another sequence (an earlier request on the lane, or this
+        one before a rejection took back what its start was cut from) starts over from position
+        0. A draft that sat out more than CATCH_UP tokens of its session (speculation was off)
+        starts over on the last CONTEXT of them: a probe then costs a bounded catch-up, not one
+        as long as the time off. A session's first proposal reads its whole prompt."""
         base = self.base[lane]
+        if base and (len(sequence) <= base or sequence[:base] != self.before[lane]):
+            self._start_over(lane, 0, sequence)
+            base = 0
         behind = len(sequence) - base - common_prefix(self.held[lane], sequence[base:])
         if behind > CATCH_UP and self.held[lane]:
-            self.base[lane] = base = max(len(sequence) - CONTEXT, 0)
-            self.held[lane] = []  # its KV is replaced from position 0 (a step's start is authoritative)
+            base = max(len(sequence) - CONTEXT, 0)
+            self._start_over(lane, base, sequence)
         return sequence[base:]
+
+    def _start_over(self, lane: int, base: int, sequence: list[int]) -> None:
+        """The lane's KV is to hold `sequence` from `base` on, from position 0 (a step's start
+        is authoritative: the next decode replaces what was there)."""
+        self.held[lane], self.base[lane], self.before[lane] = [], base, sequence[:base]
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
                        guide: Guide | None = None) -> Proposal:
@@ -116,7 +131,7 @@ class Draft:
         return Proposal(tokens, DRAFT, self.step_seconds * len(tokens))
 
     def forget(self, lane: int) -> None:
-        self.held[lane], self.base[lane] = [], 0
+        self._start_over(lane, 0, [])
         self.core.batcher.trim(lane, 0)
 
 
