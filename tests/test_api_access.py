@@ -73,6 +73,16 @@ def test_every_v1_route_needs_a_key_when_keys_are_set(keyed: TestClient, method:
         assert r.text.endswith("data: [DONE]\n\n")
 
 
+@pytest.mark.parametrize("header", ["second-key", "Basic c2Vjb25kLWtleQ==", "Token second-key"])
+def test_a_key_without_the_bearer_scheme_is_told_the_scheme(keyed: TestClient, header: str):
+    err = _error(keyed.post(CHAT, json={"model": "tiny", "messages": HI}, headers={"authorization": header}),
+                 401, "invalid_api_key")
+    assert err["message"] == "the Authorization header must use the Bearer scheme: 'Authorization: Bearer <key>'"
+    wrong = _error(keyed.post(CHAT, json={"model": "tiny", "messages": HI}, headers={"authorization": "Bearer x"}),
+                   401, "invalid_api_key")
+    assert wrong["message"] == "the API key is not valid for this server"
+
+
 def test_without_keys_the_api_stays_open(backend: FakeBackend):
     with _client(backend) as c:
         assert c.post(CHAT, json={"model": "tiny", "messages": HI}).status_code == 200

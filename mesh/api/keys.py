@@ -43,9 +43,17 @@ class ApiKeys:
         header = request.headers.get("authorization")
         if self.admits(header):
             return
-        message = ("this server needs an API key: send it as `Authorization: Bearer KEY`" if header is None
-                   else "the API key is not valid for this server")
+        if header is None:
+            message = "this server needs an API key: send it as `Authorization: Bearer KEY`"
+        elif not _is_bearer(header):  # a bare key, or Basic: the key may be right, the header is not
+            message = "the Authorization header must use the Bearer scheme: 'Authorization: Bearer <key>'"
+        else:
+            message = "the API key is not valid for this server"
         raise ApiError(401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def _is_bearer(authorization: str) -> bool:
+    return authorization.strip().partition(" ")[0].lower() == "bearer"
 
 
 def _bearer(authorization: str | None) -> str:
