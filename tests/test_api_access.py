@@ -83,6 +83,16 @@ def test_a_key_without_the_bearer_scheme_is_told_the_scheme(keyed: TestClient, h
     assert wrong["message"] == "the API key is not valid for this server"
 
 
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/nothing"), ("POST", "/v1/nothing"), ("GET", "/v1"),
+                                             ("GET", "/v1/chat/completions"), ("DELETE", "/v1/models")])
+def test_a_path_the_api_lacks_needs_the_key_before_it_is_a_404(keyed: TestClient, method: str, path: str):
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        _error(keyed.request(method, path, json={}, headers=headers), 401, "invalid_api_key")
+    r = keyed.request(method, path, json={}, headers=GOOD)
+    assert r.status_code in (404, 405), r.text
+    assert keyed.get("/nothing").status_code == 404  # outside /v1 there is nothing a key would unlock
+
+
 def test_without_keys_the_api_stays_open(backend: FakeBackend):
     with _client(backend) as c:
         assert c.post(CHAT, json={"model": "tiny", "messages": HI}).status_code == 200

@@ -7,9 +7,9 @@ Every response, errors included, is counted in /metrics, and no exception escape
 (one that did would make the server drop the keep-alive connection).
 
 The front door, outermost first: a web origin not allowed is refused (mesh/api/origins.py);
-every /v1 route needs an API key when keys are set (mesh/api/keys.py), and so do /metrics,
-/health's details and the web page's data (mesh/api/ui.py); a POST must be JSON
-(mesh/api/media.py); then the body's size.
+every /v1 path needs an API key when keys are set (mesh/api/keys.py), one with no route too,
+and so do /metrics, /health's details and the web page's data (mesh/api/ui.py); a POST must
+be JSON, sent uncompressed (mesh/api/media.py); then the body's size.
 """
 
 from __future__ import annotations
@@ -65,7 +65,12 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
     keys = ApiKeys(access.api_keys)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if _is_v1(request.url.path):  # no route matched (404, 405): the key still comes first
+            try:
+                await keys.required(request)
+            except ApiError as refused:
+                return error_response(refused)
         err = ApiError(exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "http_error")
         return error_response(err)
 
@@ -229,6 +234,12 @@ class _CountResponses:
             await self.app(scope, receiving, sending)
         finally:
             self.metrics.requests.labels(endpoint, str(CLIENT_GONE if gone and not ended else status)).inc()
+
+
+def _is_v1(path: str) -> bool:
+    """Whether `path` is the API's, whose every answer, even "no such path", needs the key:
+    without one, which paths exist is nobody's business."""
+    return path == "/v1" or path.startswith("/v1/")
 
 
 def _endpoint(path: str) -> str | None:
