@@ -4,6 +4,7 @@ one, JSON-only POSTs, web origins and CORS, GET /v1/models/{id}, and a left stre
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hmac
 import json
 from collections.abc import Iterator, MutableMapping
@@ -165,6 +166,21 @@ def test_json_with_parameters_is_json(backend: FakeBackend):
     with _client(backend) as c:
         for kind in ("application/json; charset=utf-8", "Application/JSON", "application/json ; charset=UTF-8"):
             assert c.post(CHAT, content=body, headers={"content-type": kind}).status_code == 200, kind
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "GZIP", "gzip, identity"])
+def test_a_compressed_body_gets_415_naming_its_encoding(backend: FakeBackend, encoding: str):
+    body = json.dumps({"model": "tiny", "messages": HI}).encode()
+    with _client(backend) as c:
+        for path in (CHAT, COMPLETIONS):
+            r = c.post(path, content=gzip.compress(body), headers={"content-type": "application/json",
+                                                                   "content-encoding": encoding})
+            err = _error(r, 415, "unsupported_content_encoding")
+            assert err["message"] == (f"Content-Encoding {encoding.lower()!r} is not supported; "
+                                      "send the body uncompressed")
+        assert backend.requests == []
+        r = c.post(CHAT, content=body, headers={"content-type": "application/json", "content-encoding": "identity"})
+        assert r.status_code == 200, r.text
 
 
 def test_without_cors_any_web_origin_is_refused(backend: FakeBackend):
