@@ -73,6 +73,22 @@ def test_an_integer_is_still_a_number(client: TestClient):
     assert client.post(CHAT, json={"model": "tiny", "messages": HI, "logit_bias": {"72": 1}}).status_code == 200
 
 
+@pytest.mark.parametrize(("field", "literal"), [("temperature", "NaN"), ("temperature", "Infinity"),
+                                               ("top_p", "NaN"), ("presence_penalty", "-Infinity"),
+                                               ("frequency_penalty", "1e999"), ("temperature", "-1e999")])
+def test_a_number_that_is_not_finite_is_told_so(backend: FakeBackend, client: TestClient, field: str, literal: str):
+    """Python's json reads NaN and Infinity, and 1e999 as infinity: each is named as not finite,
+    never as out of the field's range."""
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (
+        field.encode(), literal.encode())
+    err = _refused(_raw(client, CHAT, body), field)
+    assert err["message"] == f"invalid value for '{field}': Input should be a finite number"
+    err = _refused(_raw(client, CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], '
+                                      b'"logit_bias": {"72": NaN}}'), "logit_bias")
+    assert "finite" in err["message"]
+    assert backend.requests == []
+
+
 @pytest.mark.parametrize("prompt", [[True], [1, False], [[True]], 5, [1.5], {"a": 1}])
 def test_a_prompt_of_the_wrong_type_names_every_shape_it_may_take(backend: FakeBackend, client: TestClient,
                                                                   prompt: Any):

@@ -32,8 +32,10 @@ _DIGITS = re.compile("[0-9]+")  # ASCII only, unlike \d and str.isdigit()
 
 
 class _Strict(BaseModel):
-    # strict: as OpenAI, no "42" for 42 and no true for 1; an int is still a number
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # strict: as OpenAI, no "42" for 42 and no true for 1; an int is still a number. Python's
+    # json reads NaN and Infinity (and 1e999 as inf): a number field is told it must be finite,
+    # not that NaN is out of its range
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
