@@ -197,6 +197,15 @@ def test_invalid_requests_are_400(client: TestClient):
            param="logit_bias")
 
 
+@pytest.mark.parametrize(("stop", "param"), [("", "stop"), (["x", ""], "stop.1"), ([""], "stop.0")])
+def test_an_empty_stop_string_is_refused_naming_it(backend: FakeBackend, client: TestClient, stop: Any, param: str):
+    for path, body in ((CHAT, {"messages": HI}), (COMPLETIONS, {"prompt": "hi"})):
+        err = _error(client.post(path, json={"model": "tiny", **body, "stop": stop}), 400, param=param)
+        assert "empty string" in err["message"]
+    assert backend.requests == []
+    assert client.post(CHAT, json={"model": "tiny", "messages": HI, "stop": []}).status_code == 200
+
+
 def test_unknown_model_and_path_are_404(client: TestClient):
     _error(client.post(CHAT, json={"model": "gpt-4", "messages": HI}), 404, "model_not_found", "model")
     _error(client.get("/v1/nothing"), 404, "not_found")

@@ -215,7 +215,11 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if len(stops) > MAX_STOPS:
         raise bad_request(f"at most {MAX_STOPS} stop sequences are supported", "stop")
-    return tuple(s for s in stops if s)
+    if "" in stops:  # a client that sends one meant something; stopping nowhere is not it
+        at = "stop" if isinstance(stop, str) else f"stop[{stops.index('')}]"
+        raise bad_request(f"{at} is an empty string; a stop sequence holds at least one character",
+                          at.replace("[", ".").rstrip("]"))
+    return tuple(stops)
 
 
 def _sampling(body: _Common, n_vocab: int) -> SamplingParams:

@@ -16,7 +16,7 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 
     A 300-character stop string holds back nothing while the text cannot begin it."""
     longest = 0
-    for stop in filter(None, stops):  # an empty stop string is never one (request.py drops them)
+    for stop in filter(None, stops):  # an empty stop string is never one (request.py refuses them)
         # the candidates are where stop[0] occurs among the last len(stop) - 1 characters,
         # longest suffix first: the first one that begins the stop is this stop's longest
         at = text.find(stop[0], max(0, len(text) - len(stop) + 1))
