@@ -206,6 +206,14 @@ def test_an_empty_stop_string_is_refused_naming_it(backend: FakeBackend, client:
     assert client.post(CHAT, json={"model": "tiny", "messages": HI, "stop": []}).status_code == 200
 
 
+@pytest.mark.parametrize("role", ["user", "system", "assistant"])
+def test_an_empty_content_array_is_refused(backend: FakeBackend, client: TestClient, role: str):
+    messages = [*HI, {"role": role, "content": []}]
+    err = _error(client.post(CHAT, json={"model": "tiny", "messages": messages}), 400, param="messages.1.content")
+    assert "empty array" in err["message"]
+    assert backend.requests == []
+
+
 def test_unknown_model_and_path_are_404(client: TestClient):
     _error(client.post(CHAT, json={"model": "gpt-4", "messages": HI}), 404, "model_not_found", "model")
     _error(client.get("/v1/nothing"), 404, "not_found")

@@ -291,6 +291,9 @@ def _message(i: int, m: Message, tok: Tokenizer) -> dict[str, Any]:
 def _content_text(i: int, content: str | list[dict[str, Any]] | None) -> str | None:
     if not isinstance(content, list):
         return content
+    if not content:  # as OpenAI: an empty array is refused, not read as no content
+        raise bad_request(f"messages[{i}].content is an empty array; send at least one content part, "
+                          "or a string", f"messages.{i}.content")
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type")
