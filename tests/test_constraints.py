@@ -206,6 +206,25 @@ def test_a_bad_tool_choice_is_a_400(byte_tokenizer, choice, param):
     assert err.value.param == param
 
 
+@pytest.mark.parametrize(("names", "param", "words"), [
+    (["get weather"], "tools.0.function.name", "not a function name"),
+    (["add", "f.x"], "tools.1.function.name", "not a function name"),
+    (["add", ""], "tools.1.function.name", "not a function name"),
+    (["x" * 65], "tools.0.function.name", "not a function name"),
+    (["名前"], "tools.0.function.name", "not a function name"),
+    (["add", "sub", "add"], "tools.2.function.name", r"the name of tools\[0\] too"),
+])
+@pytest.mark.parametrize("choice", ["required", "none"])
+def test_a_tool_name_openai_refuses_or_used_twice_is_a_400_naming_it(byte_tokenizer, names, param, words, choice):
+    tools = [{"type": "function", "function": {"name": name}} for name in names]
+    with pytest.raises(ApiError, match=words) as err:
+        structure(byte_tokenizer, None, tools, choice, None)
+    assert (err.value.status, err.value.param) == (400, param)
+    ok = [{"type": "function", "function": {"name": name}} for name in ("a-b_C9", "x" * 64)]
+    shape = structure(byte_tokenizer, None, ok, choice, None)
+    assert (shape is None) == (choice == "none")  # "none" offers no tools, yet checks them
+
+
 def test_the_parser_reads_calls_and_drops_a_call_cut_short():
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
     content, calls = parse_calls(f"{call}\n{call}\n<tool_call>\n{{\"name\": \"ad", HERMES)

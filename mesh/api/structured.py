@@ -8,6 +8,7 @@ text, or tools with `tool_choice: "none"`, gets no grammar.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from mesh.constraints.tools import ToolFormat, tool_grammar
 from mesh.tokenizer import Tokenizer
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+_FUNCTION_NAME = re.compile("[a-zA-Z0-9_-]{1,64}")  # OpenAI's; ASCII only, unlike \w
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Structure:
 def structure(tok: Tokenizer, response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None,
               tool_choice: str | dict[str, Any] | None, parallel: bool | None) -> Structure | None:
     """What the request's output must follow; None for free text. A 400 for what cannot be served."""
+    _check_tools(tools or [])  # even under tool_choice "none": OpenAI refuses a bad tool whatever the choice
     choice = _choice(tool_choice, tools)
     if tools and choice != "none":
         if response_format not in (None, {"type": "text"}):
@@ -94,13 +97,28 @@ def _choice(tool_choice: str | dict[str, Any] | None, tools: list[dict[str, Any]
     return name
 
 
-def _tools(tok: Tokenizer, tools: list[dict[str, Any]], choice: str, parallel: bool) -> Structure:
+def _check_tools(tools: list[dict[str, Any]]) -> None:
+    """Each tool is a function with a name OpenAI allows, no two with the same name: a call
+    names its function, so a name the model cannot write, or two alike, cannot be answered."""
+    seen: dict[str, int] = {}
     for i, tool in enumerate(tools):
         fn = tool.get("function")
         if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad_request(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
                               f"tools.{i}")
-        params = fn.get("parameters", _ANY_OBJECT)
+        name = fn["name"]
+        if not _FUNCTION_NAME.fullmatch(name):
+            raise bad_request(f"tools[{i}].function.name {name[:80]!r} is not a function name: it must be 1 to 64 "
+                              "letters, digits, '_' or '-'", f"tools.{i}.function.name")
+        if name in seen:
+            raise bad_request(f"tools[{i}].function.name {name!r} is the name of tools[{seen[name]}] too; each "
+                              "function needs a name of its own", f"tools.{i}.function.name")
+        seen[name] = i
+
+
+def _tools(tok: Tokenizer, tools: list[dict[str, Any]], choice: str, parallel: bool) -> Structure:
+    for i, tool in enumerate(tools):
+        params = tool["function"].get("parameters", _ANY_OBJECT)
         _schema(params, "tools", f"tools[{i}].function.parameters")  # each one's 400 names it
     fmt = tool_format(tok)
     if fmt is None:
