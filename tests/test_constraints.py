@@ -160,6 +160,30 @@ def test_an_unsupported_keyword_is_named_with_its_path(byte_tokenizer):
         build(byte_tokenizer, schema_grammar(schema, "s"), "json_schema", lambda e: explain(e, schema, "s"))
 
 
+@pytest.mark.parametrize(("schema", "where", "why"), [
+    ({"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}, ".properties.x.pattern: '('",
+     "unclosed group"),
+    ({"type": "object", "properties": {"c": {"const": {"pattern": "("}}, "y": {"pattern": "(?=a)"}}},
+     ".properties.y.pattern: '(?=a)'", "look-around"),  # a const's "pattern" is data, not a regex
+    ({"type": "object", "patternProperties": {"a[": {}}}, ".patternProperties['a[']: 'a['", "unclosed"),
+])
+def test_a_pattern_that_is_no_regex_is_named_by_its_path_not_the_grammar(byte_tokenizer, schema, where, why):
+    tools = [{"type": "function", "function": {"name": "add"}},
+             {"type": "function", "function": {"name": "f", "parameters": schema}}]
+    asked = [(structure(byte_tokenizer, {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+                        None, None, None), "response_format.json_schema.schema"),
+             (structure(byte_tokenizer, None, tools, "required", None), "tools[1].function.parameters")]
+    for shape, path in asked:
+        assert shape is not None
+        with pytest.raises(ConstraintError) as err:
+            build(byte_tokenizer, shape.grammar, shape.kind, shape.explain)
+        message = str(err.value)
+        assert message.startswith(f"{path}{where} is not a valid regular expression ("), message
+        assert why in message
+        assert "calls:" not in message
+        assert "%json" not in message
+
+
 # -- tools --------------------------------------------------------------------------------
 
 FUNCTIONS = [Function("add", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],

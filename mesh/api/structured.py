@@ -132,7 +132,8 @@ def _tools(tok: Tokenizer, tools: list[dict[str, Any]], choice: str, parallel: b
     except ConstraintError as exc:  # a name the model's call format cannot write
         raise bad_request(str(exc), exc.param) from None
     offered = [t["function"] for t in tools]
-    return Structure(grammar, "tools", "tools", lambda error: explain(error, offered, "tools"),
+    # explained over the tools as sent, so a path reads as the request's: tools[0].function...
+    return Structure(grammar, "tools", "tools", lambda error: explain(error, tools, "tools"),
                      Tools(fmt, tools_message(offered, fmt)))
 
 

@@ -21,6 +21,8 @@ from mesh.constraints.errors import ConstraintError
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*)\]')
+_GRAMMAR_QUOTED = re.compile(r"\n +\d+ \|.*", re.DOTALL)  # llguidance quotes the grammar's lines from here on
+_DATA = frozenset({"const", "enum", "default", "examples"})  # keywords whose values are data, not schemas
 
 
 def schema_grammar(schema: Any, param: str) -> str:
@@ -43,7 +45,8 @@ def schema_grammar(schema: Any, param: str) -> str:
 
 def explain(error: str, schema: Any, param: str) -> ConstraintError:
     """llguidance's refusal of a schema as a 400: an unsupported keyword is named with the
-    first path that uses it."""
+    first path that uses it, a regular expression it cannot parse with its path; never the
+    grammar the schema was built into (a tool's error quotes it)."""
     found = _UNIMPLEMENTED.search(error)
     if found:
         keys = [k.strip().strip('"') for k in found.group(1).split(",") if k.strip()]
@@ -51,7 +54,39 @@ def explain(error: str, schema: Any, param: str) -> ConstraintError:
         at = f" (at {param}{where})" if where else ""
         return ConstraintError(f"{param} uses {', '.join(map(repr, keys))}, which structured output does "
                                f"not support{at}", param)
-    return ConstraintError(f"{param} cannot be used for structured output: {error}", param)
+    if "regex parse error" in error:
+        bad = next(((where, regex, why) for where, regex in _regexes(schema) if (why := _regex_error(regex))), None)
+        if bad is not None:
+            where, regex, why = bad
+            return ConstraintError(f"{param}{where}: {regex[:100]!r} is not a valid regular expression ({why})",
+                                   param)
+    return ConstraintError(f"{param} cannot be used for structured output: {_GRAMMAR_QUOTED.sub('', error)}", param)
+
+
+def _regexes(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """Each regular expression in a schema, `pattern`'s and `patternProperties`' keys, with
+    its path; a value the schema gives as data (`const`, `enum`, ...) holds none."""
+    if isinstance(value, dict):
+        if isinstance(value.get("pattern"), str):
+            yield f"{path}.pattern", value["pattern"]
+        if isinstance(value.get("patternProperties"), dict):
+            yield from ((f"{path}.patternProperties[{k!r}]", k) for k in value["patternProperties"])
+        for k, v in value.items():
+            if k not in _DATA:
+                yield from _regexes(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _regexes(v, f"{path}[{i}]")
+
+
+def _regex_error(regex: str) -> str | None:
+    """Why llguidance cannot parse `regex` (its dialect is Rust's, not Python's), or None."""
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        llguidance.LLMatcher.grammar_from_json_schema({"type": "string", "pattern": regex}))
+    if not is_error:
+        return None
+    reasons = [line[len("error: "):] for m in messages for line in m.splitlines() if line.startswith("error: ")]
+    return reasons[-1] if reasons else "it cannot be parsed"
 
 
 def _depth(schema: Any) -> int:
