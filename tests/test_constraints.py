@@ -222,6 +222,27 @@ def test_auto_for_a_model_of_unknown_format_is_a_400_naming_it(byte_tokenizer):
     assert forced.tools.format.begin is None  # a bare call object
 
 
+@pytest.mark.parametrize(("spec", "param", "code"), [
+    ({"schema": {"type": "object"}}, "response_format.json_schema.name", "missing_required_parameter"),
+    ({"name": 5, "schema": {"type": "object"}}, "response_format.json_schema.name", "missing_required_parameter"),
+    ("x", "response_format.json_schema", "invalid_request"),
+])
+def test_a_json_schema_without_a_name_is_a_400_naming_it(byte_tokenizer, spec, param, code):
+    with pytest.raises(ApiError) as err:
+        structure(byte_tokenizer, {"type": "json_schema", "json_schema": spec}, None, None, None)
+    assert (err.value.status, err.value.param, err.value.code) == (400, param, code)
+
+
+def test_a_json_schema_without_a_schema_holds_the_output_to_an_object(byte_tokenizer):
+    """As OpenAI, `schema` may be left out: the output is still JSON, any object, never free text."""
+    shape = structure(byte_tokenizer, {"type": "json_schema", "json_schema": {"name": "x"}}, None, None, None)
+    assert shape is not None
+    assert shape.kind == "json_schema"
+    assert _accepts(byte_tokenizer, shape.grammar, '{"a": [1, "b"]}')
+    assert not _accepts(byte_tokenizer, shape.grammar, "hello")
+    assert not _accepts(byte_tokenizer, shape.grammar, "[1]")
+
+
 @pytest.mark.parametrize(("choice", "param"), [("sometimes", "tool_choice"),
                                                ({"type": "function", "function": {"name": "sub"}}, "tool_choice")])
 def test_a_bad_tool_choice_is_a_400(byte_tokenizer, choice, param):

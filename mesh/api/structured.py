@@ -65,8 +65,13 @@ def _response_format(rf: dict[str, Any] | None) -> Structure | None:
         raise bad_request(f"response_format type {kind!r} is not one of 'text', 'json_object', 'json_schema'",
                           "response_format")
     spec = rf.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise bad_request("response_format.json_schema needs a 'name' and a 'schema'", "response_format.json_schema")
+    if not isinstance(spec, dict):
+        raise bad_request("response_format.json_schema must be an object with a 'name' and a 'schema'",
+                          "response_format.json_schema")
+    if not isinstance(spec.get("name"), str):
+        raise bad_request("missing required parameter: 'response_format.json_schema.name'",
+                          "response_format.json_schema.name", "missing_required_parameter")
+    # OpenAI lets `schema` be left out: the output is then held to a JSON object, as json_object's
     return _schema(spec.get("schema", _ANY_OBJECT), "json_schema", "response_format.json_schema.schema")
 
 
