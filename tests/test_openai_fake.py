@@ -214,6 +214,26 @@ def test_an_empty_content_array_is_refused(backend: FakeBackend, client: TestCli
     assert backend.requests == []
 
 
+JSON_OBJECT = {"type": "json_object"}
+NO_JSON = "'{}' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'."
+
+
+def test_json_object_needs_the_word_json_in_the_prompt(backend: FakeBackend, client: TestClient):
+    """OpenAI's rule, in its words: in any message's content, in any case; a completion's prompt too."""
+    err = _error(client.post(CHAT, json={"model": "tiny", "messages": HI, "response_format": JSON_OBJECT}), 400,
+                 "invalid_request", "messages")
+    assert err["message"] == NO_JSON.format("messages")
+    err = _error(client.post(COMPLETIONS, json={"model": "tiny", "prompt": "hi", "response_format": JSON_OBJECT}),
+                 400, "invalid_request", "prompt")
+    assert err["message"] == NO_JSON.format("prompt")
+    assert backend.requests == []
+    asked = [{"role": "system", "content": [{"type": "text", "text": "Answer in JSON."}]}, *HI]
+    for path, body in ((CHAT, {"messages": asked}), (CHAT, {"messages": [*HI, {"role": "user", "content": "a Json"}]}),
+                       (COMPLETIONS, {"prompt": "as json:"}), (COMPLETIONS, {"prompt": [ord(c) + 3 for c in "JSON"]})):
+        r = client.post(path, json={"model": "tiny", **body, "response_format": JSON_OBJECT})
+        assert r.status_code == 200, r.text
+
+
 def test_unknown_model_and_path_are_404(client: TestClient):
     _error(client.post(CHAT, json={"model": "gpt-4", "messages": HI}), 404, "model_not_found", "model")
     _error(client.get("/v1/nothing"), 404, "not_found")

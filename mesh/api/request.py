@@ -150,12 +150,15 @@ def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> P
     try:
         if isinstance(body, ChatRequest):
             messages = _messages(body.messages, tok)
+            _json_asked(shape, [m["content"] for m in messages], where)
             if shape is not None and shape.tools is not None:
                 messages = _offer(messages, shape.tools.message)
             prompt = chat_tokens(tok, messages, ctx)
         else:
             assert isinstance(body, CompletionRequest)
             prompt = _completion_prompt(tok, body.prompt, ctx)
+            text = body.prompt if isinstance(body.prompt, str) else tok.detokenize(prompt).decode(errors="replace")
+            _json_asked(shape, [text], where)
     except PromptTooLongError as exc:
         raise bad_request(str(exc), where, "context_length_exceeded") from None
     except PromptRefusedError as exc:
@@ -177,6 +180,14 @@ def _structure(tok: Tokenizer, body: _Common) -> Structure | None:
         raise bad_request("ignore_eos cannot be combined with structured output: the grammar ends the output",
                           "ignore_eos")
     return shape
+
+
+def _json_asked(shape: Structure | None, texts: list[str], where: str) -> None:
+    """OpenAI's rule for json_object, with its words: the prompt must ask for JSON. A model
+    held to JSON it was not asked for writes whatever keeps it inside the grammar."""
+    if shape is not None and shape.kind == "json_object" and not any("json" in t.lower() for t in texts):
+        raise bad_request(f"'{where}' must contain the word 'json' in some form, to use 'response_format' of type "
+                          "'json_object'.", where)
 
 
 def _offer(messages: list[dict[str, Any]], offer: str) -> list[dict[str, Any]]:
