@@ -269,12 +269,16 @@ class Pipeline:
         keep = keep if self.cache is not None and lane is not None else ()
         # END leaves before the lane is free here: a later request's frames for this lane
         # must reach every stage after it, or the stage would find the lane still taken
-        if self.link is not None and not self.broken:
-            with contextlib.suppress(ConnectionError):
-                await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END, keep=len(keep)))
-        trim = self.core.release(session, len(keep))
-        if self.cache is not None and lane is not None:
-            self.cache.keep(lane, keep)
+        # (the send is queued before it drains, so END leaves first even when a slow link's
+        # drain outlasts the caller's bound and cancels this: the lane is freed here regardless)
+        try:
+            if self.link is not None and not self.broken:
+                with contextlib.suppress(ConnectionError):
+                    await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END, keep=len(keep)))
+        finally:
+            trim = self.core.release(session, len(keep))
+            if self.cache is not None and lane is not None:
+                self.cache.keep(lane, keep)
         if trim is not None:
             with contextlib.suppress(Exception):
                 await trim

@@ -109,8 +109,11 @@ class Requests:
         internal error (a bug, a broken state) is logged with its traceback and the request
         id, counted, and raised as `InternalError`, whose message names the id."""
         try:
-            async for event in self._resumed(live):
-                yield event
+            # closed here when the caller closes this one: the session is freed on every stage
+            # before the caller goes on, not whenever the garbage collector gets to it
+            async with contextlib.aclosing(self._resumed(live)) as events:
+                async for event in events:
+                    yield event
         except MeshpipeError:
             raise
         except Exception as exc:

@@ -40,7 +40,7 @@ def ask(url: str, path: str, body: dict[str, Any]) -> Answer:
 
 def answer_of(path: str, body: dict[str, Any]) -> Answer:
     choice = body["choices"][0]
-    text = choice["message"]["content"] or "" if path.endswith("chat/completions") else choice["text"]
+    text = (choice["message"]["content"] or "") if path.endswith("chat/completions") else choice["text"]
     return Answer(200, text, choice["finish_reason"], body["usage"]["completion_tokens"])
 
 

@@ -10,72 +10,47 @@ clears it. The HTTP layer answers such a failure 500 with the id and counts it i
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
+from inproc_requests import Served, serving
 
 from mesh.api.app import build_app
-from mesh.backend import GenerationRequest, MeshUnavailableError
+from mesh.backend import GenerationRequest
 from mesh.failures import FAILING_STREAK, InternalError
 from mesh.metrics import Metrics
-from mesh.pipeline import Pipeline
-from mesh.recovery import Recoveries
 from mesh.requests import Requests
-from mesh.route import RouteSettings
-from mesh.speculative.draft import Draft
-from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Budget, Proposal, Proposer
-from packages.speculative import WindowPolicy
-from stage.batcher import close_engine
-from stage.engine import EngineConfig, RangeEngine
-from stage.llama_engine import LlamaRangeEngine
 
-LANES, CTX = 2, 128
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
 class Faulty:
-    """The draft, but its next `fail` proposals raise: a bug in a proposer, as issue 39's was."""
+    """A proposer, but its next `fail` proposals raise: a bug in a proposer, as issue 39's was."""
 
-    def __init__(self, draft: Draft) -> None:
-        self.draft, self.fail = draft, 0
-        self.names = draft.names
+    def __init__(self, inner: Proposer) -> None:
+        self.inner, self.fail = inner, 0
+        self.names = inner.names
         self.forgotten: list[int] = []
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None) -> Proposal:
         if self.fail:
             self.fail -= 1
             raise RuntimeError("a proposer's bug")
-        return await self.draft.proposal(lane, sequence, budget)
+        return await self.inner.proposal(lane, sequence, budget)
 
     def forget(self, lane: int) -> None:
         self.forgotten.append(lane)
-        self.draft.forget(lane)
+        self.inner.forget(lane)
 
 
-@dataclass
-class Host:
-    spec: SpecPlan | None
-    proposer: Proposer | None
-    engine: RangeEngine | None
-    ctx_per_session: int = CTX
-
-
-class Healer:
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-
-    async def live_pipeline(self) -> Pipeline:
-        return self.pipeline
-
-    async def next_pipeline(self, cause: str) -> Pipeline:
-        raise MeshUnavailableError(cause)
+def _faulty(served: Served) -> Faulty:
+    assert isinstance(served.requests.host.proposer, Faulty)
+    return served.requests.host.proposer
 
 
 async def _run(requests: Requests, rid: str, tokens: int = 6) -> list[int]:
@@ -83,36 +58,15 @@ async def _run(requests: Requests, rid: str, tokens: int = 6) -> list[int]:
     return [s.token async for s in requests.generate(req) if hasattr(s, "token")]
 
 
-Served = Callable[[], AbstractAsyncContextManager[tuple[Requests, Pipeline, Faulty]]]
-
-
 @pytest.fixture
-def served(tiny_gguf: Path, tmp_path: Path) -> Served:
-    @contextlib.asynccontextmanager
-    async def serve() -> AsyncIterator[tuple[Requests, Pipeline, Faulty]]:
-        engine = LlamaRangeEngine(tiny_gguf, EngineConfig(first=True, final=True, lanes=LANES, ctx_per_lane=CTX))
-        pipeline = Pipeline(engine, None)
-        pipeline.start()
-        draft = Draft(tiny_gguf, LANES, CTX, threads=1)
-        draft.start()
-        spec = SpecPlan("tiny", WindowPolicy(policy="fixed", initial=3, min=1, max=3), "test", None)
-        faulty = Faulty(draft)
-        settings = RouteSettings(token=None, cache_dir=tmp_path, lanes=LANES, ctx_size=CTX, batch=64, threads=1)
-        try:
-            # on purpose: a stand-in for the healer, which only hands out the one pipeline here
-            healer = Healer(pipeline)
-            yield Requests(Host(spec, faulty, engine), healer, settings, Recoveries()), pipeline, faulty  # type: ignore[arg-type]
-        finally:
-            await draft.stop()
-            await pipeline.stop()
-            await close_engine(engine)
-
-    return serve
+def served(tiny_gguf: Path, tmp_path: Path) -> Callable[[], AbstractAsyncContextManager[Served]]:
+    return lambda: serving(tiny_gguf, tmp_path, draft=True, prefix_cache=True, wrap=Faulty)
 
 
 def test_a_request_that_raised_fails_by_id_and_leaves_its_lane_empty_everywhere(served):
     async def scenario() -> None:
-        async with served() as (requests, pipeline, faulty):
+        async with served() as served_:
+            requests, pipeline, faulty = served_.requests, served_.pipeline, _faulty(served_)
             good = await _run(requests, "cmpl-good")
             lane = next(iter(pipeline.cache.held))
             assert pipeline.cache.match(lane, [*PROMPT, 0]) == len(PROMPT)  # a good request's lane keeps its tokens
@@ -122,8 +76,9 @@ def test_a_request_that_raised_fails_by_id_and_leaves_its_lane_empty_everywhere(
             assert caught.value.cause == "RuntimeError"
             bad_lane = faulty.forgotten[-1]
             assert pipeline.cache.held[bad_lane] == ()  # the prefix cache offers nothing of it
-            assert faulty.draft.held[bad_lane] == []
-            assert faulty.draft.base[bad_lane] == 0
+            assert served_.draft is not None
+            assert served_.draft.held[bad_lane] == []
+            assert served_.draft.base[bad_lane] == 0
             assert requests.failures.by_cause == {"RuntimeError": 1}
             assert await _run(requests, "cmpl-again") == good  # the lane serves again, as before
 
@@ -132,7 +87,8 @@ def test_a_request_that_raised_fails_by_id_and_leaves_its_lane_empty_everywhere(
 
 def test_a_run_of_internal_errors_is_failing_until_a_request_succeeds(served):
     async def scenario() -> None:
-        async with served() as (requests, _, faulty):
+        async with served() as served_:
+            requests, faulty = served_.requests, _faulty(served_)
             for n in range(FAILING_STREAK):
                 assert requests.failures.failing() is None
                 faulty.fail = 1

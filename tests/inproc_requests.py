@@ -1,0 +1,86 @@
+"""`Requests` in-process over a real pipeline on the tiny random model: stage 0 holds every
+layer (no link), with a real draft and prompt lookup when asked. Milliseconds a request, so
+the fast tier can drive the coordinator's request path through many histories."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mesh.backend import MeshUnavailableError
+from mesh.pipeline import Pipeline
+from mesh.recovery import Recoveries
+from mesh.requests import Requests
+from mesh.route import RouteSettings
+from mesh.speculative.draft import Draft
+from mesh.speculative.ngram import NgramProposer
+from mesh.speculative.plan import NgramPlan, SpecPlan
+from mesh.speculative.proposer import Combined, Proposer
+from packages.speculative import WindowPolicy
+from stage.batcher import close_engine
+from stage.engine import EngineConfig, RangeEngine
+from stage.llama_engine import LlamaRangeEngine
+
+LANES, CTX = 2, 256
+FIXED = WindowPolicy(policy="fixed", initial=3, min=1, max=3)
+
+
+@dataclass
+class Host:
+    """What `Requests` reads of the coordinator."""
+
+    spec: SpecPlan | None
+    proposer: Proposer | None
+    engine: RangeEngine | None
+    ctx_per_session: int = CTX
+
+
+class Healer:
+    """The one pipeline, never rebuilt."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def live_pipeline(self) -> Pipeline:
+        return self.pipeline
+
+    async def next_pipeline(self, cause: str) -> Pipeline:
+        raise MeshUnavailableError(cause)
+
+
+@dataclass(frozen=True)
+class Served:
+    requests: Requests
+    pipeline: Pipeline
+    draft: Draft | None
+
+
+@contextlib.asynccontextmanager
+async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, lookup: bool = False,
+                  wrap: type | None = None, window: WindowPolicy = FIXED) -> AsyncIterator[Served]:
+    """Requests over the tiny model; with `draft`, the same GGUF drafts for itself, after prompt
+    lookup with `lookup`; `wrap(proposer)` stands between the loop and the proposers."""
+    engine = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=LANES, ctx_per_lane=CTX))
+    pipeline = Pipeline(engine, None, prefix_cache=prefix_cache)
+    pipeline.start()
+    d = Draft(gguf, LANES, CTX, threads=1) if draft else None
+    proposer: Proposer | None = d
+    if d is not None:
+        d.start()
+        proposer = Combined(NgramProposer(1, 3), d) if lookup else d
+        proposer = wrap(proposer) if wrap is not None else proposer
+    ngram = NgramPlan(1, 3, window, "test") if lookup else None
+    spec = SpecPlan("tiny", window, "test", None, ngram=ngram) if d is not None else None
+    settings = RouteSettings(token=None, cache_dir=cache_dir, lanes=LANES, ctx_size=CTX, batch=64, threads=1,
+                             prefix_cache=prefix_cache)
+    # on purpose: a stand-in for the healer, which only hands out the one pipeline here
+    requests = Requests(Host(spec, proposer, engine), Healer(pipeline), settings, Recoveries())  # type: ignore[arg-type]
+    try:
+        yield Served(requests, pipeline, d)
+    finally:
+        if d is not None:
+            await d.stop()
+        await pipeline.stop()
+        await close_engine(engine)
