@@ -38,6 +38,10 @@ class HiddenTap:
     def _copy(self, tensor: int) -> None:
         self.chunks.append(ggml.rows(tensor, self.width))
 
+    def clear(self) -> None:
+        """Drop what an earlier decode left: one that failed partway never reached `take`."""
+        self.chunks = []
+
     def take(self) -> np.ndarray:
         rows = self.chunks[0] if len(self.chunks) == 1 else np.concatenate(self.chunks)
         self.chunks = []

@@ -122,6 +122,8 @@ class LlamaRangeEngine:
                 n_out += count
             row += seg.count
         b.n_tokens = row
+        if self.tap is not None:  # a decode that failed after some ubatches left their rows there
+            self.tap.clear()
         with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
             rc = L.llama_decode(self.ctx, b)
         if rc != 0:

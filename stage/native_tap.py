@@ -78,6 +78,10 @@ class NativeTap:
         self.callback = ctypes.cast(lib.meshpipe_tap_eval, ggml.callback_type)
         self.user = ctypes.cast(ctypes.pointer(self.state), ctypes.c_void_p)
 
+    def clear(self) -> None:
+        """Drop what an earlier decode left: one that failed partway never reached `take`."""
+        self.state.used, self.state.overflow = 0, 0
+
     def take(self) -> np.ndarray:
         if self.state.overflow:
             raise RuntimeError("hidden-state tap: a decode gave more rows than the engine's batch")

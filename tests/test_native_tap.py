@@ -49,3 +49,27 @@ def test_without_a_c_compiler_the_python_tap_serves(fresh_cache, monkeypatch, ca
     tap = native_tap.open_tap(14, 576, 32)
     assert isinstance(tap, HiddenTap)
     assert tap.user is None
+
+
+def test_a_decode_that_failed_partway_leaves_no_rows_for_the_next(tiny_package, tmp_path, monkeypatch):
+    """A decode runs in ubatches, each tapped as it ends: one that fails after some of them
+    had left their rows in the tap, and the next decode, maybe on another lane, was handed
+    them before its own (stage/llama_engine.py clears the tap before each decode)."""
+    manifest, sha = validate_package(tiny_package)
+    stage = materialize_stage(tiny_package, manifest, sha, 0, 2, tmp_path)
+    monkeypatch.setattr(llama_engine, "open_tap", lambda last, width, rows: HiddenTap(last, width))
+    engine = llama_engine.LlamaRangeEngine(stage, EngineConfig(first=True, final=False, lanes=2, ctx_per_lane=64))
+    real = llama_engine.L.llama_decode
+    try:
+        step = Step(1, 0, tokens=np.arange(3, 8, dtype=np.int32))
+        clean = engine.step([step])[0]
+        # the graph ran and the tap took its rows; then llama.cpp reports a failure
+        monkeypatch.setattr(llama_engine.L, "llama_decode", lambda ctx, batch: real(ctx, batch) or 1)
+        with pytest.raises(Exception, match="llama_decode failed"):
+            engine.step([Step(0, 0, tokens=np.arange(10, 14, dtype=np.int32))])
+        monkeypatch.setattr(llama_engine.L, "llama_decode", real)
+        again = engine.step([step])[0]
+        assert again.shape == clean.shape
+        assert np.array_equal(again, clean)
+    finally:
+        engine.close()
