@@ -9,9 +9,11 @@ tests/test_speculative.py), so any difference here is the cache's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
 
+import anyio
 import numpy as np
 import openai
 import pytest
@@ -21,6 +23,7 @@ from toy_engine import ToyEngine
 
 from common.ids import LaneId, SessionId
 from mesh.model_source import EMBEDDED_ID
+from mesh.pipeline import Pipeline
 from mesh.prefix_cache import PrefixCache
 from mesh.speculative.draft import common_prefix
 from mesh.tokenizer import Tokenizer
@@ -72,6 +75,31 @@ def test_an_end_cannot_keep_more_than_the_lane_holds():
     with pytest.raises(ValueError, match="outside the lane's context"):
         core.release(SessionId(1), core.engine.ctx_per_lane + 1)
 
+
+
+class _StuckLink:
+    """An activation link whose every send is queued and never drains: a backed-up link."""
+
+    async def send(self, header: object, payload: object = None) -> None:
+        await asyncio.Event().wait()
+
+
+def test_an_end_whose_drain_is_cut_short_still_frees_the_lane_here():
+    """`Requests` bounds a session's end (END_S): a slow link's drain past it had left the
+    lane taken at stage 0, and its tokens out of the prefix cache, for the route's life."""
+
+    async def scenario() -> None:
+        pipeline = Pipeline(ToyEngine(first=True, final=False), _StuckLink())  # type: ignore[arg-type]
+        lease = pipeline.lease(SessionId(1), [5, 6, 7])
+        async with asyncio.timeout(5):
+            with anyio.move_on_after(0.2):
+                await pipeline.end(SessionId(1), [5, 6])
+        assert pipeline.core.lanes.by_session == {}
+        assert pipeline.cache is not None
+        assert pipeline.cache.held[lease.lane] == (5, 6)
+        await pipeline.core.stop()
+
+    asyncio.run(scenario())
 
 # -- through mesh serve, SmolLM2 --------------------------------------------------------------
 
