@@ -26,6 +26,7 @@ from inproc_requests import Served, serving
 
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
+from mesh.speculative.draft import Draft
 from packages.requantize import requantize
 
 T = TypeVar("T")
@@ -116,3 +117,23 @@ def test_lanes_through_any_history_give_the_reference_tokens(tiny_q4_0: Path, tm
     run_state_machine_as_test(machine, settings=settings(
         max_examples=15, stateful_step_count=20, deadline=None, derandomize=True, database=None,
         suppress_health_check=[HealthCheck.too_slow]))
+
+
+def test_two_proposals_on_one_draft_lane_take_turns(tiny_q4_0: Path):
+    """A request paused by a route break may still be in a long catch-up when the rebuilt route
+    hands its lane to a new request: the two proposals on that draft lane must not interleave."""
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]]]:
+        draft = Draft(tiny_q4_0, lanes=2, ctx_per_lane=256, threads=1)
+        draft.start()
+        try:
+            a, b = POOL[4], POOL[7]  # a long catch-up, and another sequence altogether
+            alone = [await draft.propose(1, a, 4), await draft.propose(1, b, 4)]
+            draft.forget(0)
+            both = list(await asyncio.gather(draft.propose(0, a, 4), draft.propose(0, b, 4)))
+            return alone, both
+        finally:
+            await draft.stop()
+
+    alone, both = asyncio.run(scenario())
+    assert both == alone

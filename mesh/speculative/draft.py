@@ -6,6 +6,7 @@ the target's own sample, so a poor draft costs speed, never correctness.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +58,9 @@ class Draft:
         self.held: list[list[int]] = [[] for _ in range(lanes)]
         self.base = [0] * lanes
         self.before: list[list[int]] = [[] for _ in range(lanes)]
+        # one proposal at a time per lane: a request paused by a route break may still be in a
+        # long catch-up when the rebuilt route gives its lane to a new request
+        self.locks = [asyncio.Lock() for _ in range(lanes)]
         # what one proposal step costs, catch-ups left out: with frames ahead every step is
         # one row; one frame at a time, a window first feeds the token after the accepted
         # drafts, which the verify frame's measured overhead (estimates.Overhead) prices
@@ -77,6 +81,10 @@ class Draft:
     async def propose(self, lane: int, sequence: list[int], k: int, guide: Guide | None = None) -> list[int]:
         """k greedy tokens to follow `sequence`; KV past what still matches is dropped. With a
         `guide`, each is the best the grammar allows, and the proposal ends at the grammar's end."""
+        async with self.locks[lane]:
+            return await self._propose(lane, sequence, k, guide)
+
+    async def _propose(self, lane: int, sequence: list[int], k: int, guide: Guide | None) -> list[int]:
         view = self._view(lane, sequence)
         start = min(common_prefix(self.held[lane], view), len(view) - 1)
         held, feed = view[:start], view[start:]
