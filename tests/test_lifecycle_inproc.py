@@ -27,6 +27,7 @@ from inproc_requests import Served, serving
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
 from mesh.speculative.draft import Draft
+from mesh.warm_up import warm_up
 from packages.requantize import requantize
 
 T = TypeVar("T")
@@ -137,3 +138,28 @@ def test_two_proposals_on_one_draft_lane_take_turns(tiny_q4_0: Path):
 
     alone, both = asyncio.run(scenario())
     assert both == alone
+
+
+class _WarmUpTokenizer:
+    """What the warm-up reads of a tokenizer: its prompt, as tokens of the tiny model."""
+
+    def render_chat(self, messages: object) -> str:
+        return "the warm-up's prompt"
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(POOL[3])
+
+
+def test_the_warm_up_leaves_nothing_for_a_first_request_to_find(tiny_q4_0: Path, tmp_path: Path):
+    """A fresh server's first request had reported cached prompt tokens it never sent: the
+    warm-up's, left in its lane for the prefix cache."""
+
+    async def scenario() -> int:
+        async with serving(tiny_q4_0, tmp_path, draft=True, prefix_cache=True) as served:
+            await warm_up(served.requests, _WarmUpTokenizer(), lambda _: None)  # type: ignore[arg-type]
+            first = served.requests.generate(GenerationRequest([*POOL[3], 5], 4))
+            async with contextlib.aclosing(first) as events:
+                assert len([e async for e in events if isinstance(e, Sampled)]) == 4
+            return first.account.cached_tokens
+
+    assert asyncio.run(scenario()) == 0
