@@ -12,7 +12,8 @@ error counted.
 Hypothesis shrinks a failing history; the server's lanes are not reset between examples, so
 a shrunk history is a lead, and the history that broke it belongs in test_lane_history.py.
 In CI it runs a few minutes (EXAMPLES x STEPS per mesh, derandomized); set
-MESHPIPE_LIFECYCLE_EXAMPLES and MESHPIPE_LIFECYCLE_STEPS for a longer, random run.
+MESHPIPE_LIFECYCLE_EXAMPLES and MESHPIPE_LIFECYCLE_STEPS for a longer, random run, with
+`--timeout 0` (pytest's limit is 600 s a test) and `-s` for its progress.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ class Lifecycle(RuleBasedStateMachine):
     @invariant()
     def healthy(self) -> None:
         Lifecycle.steps += 1
+        if LONG_RUN and Lifecycle.steps % 100 == 0:
+            print(f"lifecycle: {self.stages} stages, {Lifecycle.steps} steps", flush=True)
         health = httpx.get(f"{self.url}/health", timeout=10)
         assert health.status_code == 200, health.text
         assert health.json()["internal_errors"] == 0, health.text
