@@ -216,7 +216,7 @@ def test_errors_are_counted_and_keep_the_connection(server):
 
 
 class _BrokenBackend:
-    """A backend with a bug: the server must answer 500, log one line, and keep serving."""
+    """A backend with a bug: the server must answer 500, log it once with its traceback, and keep serving."""
 
     model_id, ctx_per_session = "broken", 64
 
@@ -230,7 +230,7 @@ class _BrokenBackend:
         raise AssertionError("unreachable: every request fails at tok() before it generates")
 
 
-def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):
+def test_a_500_is_logged_once_with_its_traceback_and_id_counted_by_cause_and_keeps_the_connection(caplog):
     import uvicorn
 
     from mesh.api.app import build_app
@@ -247,17 +247,23 @@ def test_a_500_logs_one_line_is_counted_and_keeps_the_connection(caplog):
             time.sleep(0.05)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         body = json.dumps({"model": "broken", "messages": HI})
+        answers = []
         with caplog.at_level("INFO", logger="meshpipe.api"):
             for path, method, status in [("/v1/chat/completions", "POST", 500), ("/v1/models", "GET", 200)]:
                 conn.request(method, path, body if method == "POST" else None, JSON)
                 resp = conn.getresponse()
-                assert (resp.status, json.loads(resp.read()).get("object", "error")) == \
+                answers.append(json.loads(resp.read()))
+                assert (resp.status, answers[-1].get("object", "error")) == \
                     (status, "list" if status == 200 else "error")
         records = [r for r in caplog.records if r.name == "meshpipe.api"]
         assert len(records) == 1
-        assert records[0].exc_info is None
-        assert "a bug" in records[0].getMessage()
-        assert 'meshpipe_requests_total{endpoint="chat",status="500"} 1.0' in metrics.render().decode()
+        assert records[0].exc_info is not None  # the traceback, for whoever reads the log
+        assert "a bug in the backend" in str(records[0].exc_info[1])
+        request_id = records[0].getMessage().split()[1].rstrip(":")  # "request req-...: internal error"
+        assert f"request {request_id}," in answers[0]["error"]["message"]  # the client can name it
+        rendered = metrics.render().decode()
+        assert 'meshpipe_requests_total{endpoint="chat",status="500"} 1.0' in rendered
+        assert 'meshpipe_internal_errors_total{cause="RuntimeError"} 1.0' in rendered
     finally:
         server.should_exit = True
         runner.join()
