@@ -15,6 +15,8 @@ import httpx
 
 from mesh.model_source import EMBEDDED_ID
 
+# at the mesh's own --threads (mesh_serve's 1): llama.cpp's sums depend on the thread count,
+# and a reference on 2 threads parted from every mesh at a near tie on a 2,000-character prompt
 REFERENCE_ARGS = ("--no-draft", "--no-prefix-cache", "--lanes", "2")
 TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 
