@@ -282,12 +282,11 @@ class Coordinator:
         broken = self.pipeline is None or self.pipeline.broken is not None
         failures = self.requests.failures
         failing = failures.failing()  # a route that serves, but whose generations fail
-        last = failures.last
         return Health(ok=not broken and failing is None, model=self.model_id, route=describe(self.route),
                       stages=stage_rows(self.route, self.pipeline, self.settings, self.hops),
                       error=self.healer.last_error or failing or None,
                       internal_errors=failures.count,
-                      last_internal_error=f"request {last.request_id}: {last.cause}: {last.message}" if last else None,
+                      last_internal_error=failures.last_line,
                       speculative=self.spec.describe() if self.spec else self.spec_note,
                       draft_busy_s=self.draft.busy_s if self.draft else None,
                       recoveries=self.recoveries.count, sessions_resumed=self.recoveries.sessions,

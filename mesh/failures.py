@@ -49,6 +49,12 @@ class Failures:
     def count(self) -> int:
         return sum(self.by_cause.values())
 
+    @property
+    def last_line(self) -> str | None:
+        """The latest internal error, for /health: its request id, cause and message."""
+        last = self.last
+        return None if last is None else f"request {last.request_id}: {last.cause}: {last.message}"
+
     def failed(self, request_id: str, exc: BaseException) -> None:
         cause = type(exc).__name__
         self.by_cause[cause] += 1

@@ -98,6 +98,7 @@ def test_a_run_of_internal_errors_is_failing_until_a_request_succeeds(served):
             assert why is not None
             assert f"the last {FAILING_STREAK} generations failed" in why
             assert f"cmpl-{FAILING_STREAK - 1}" in why
+            assert requests.failures.last_line == f"request cmpl-{FAILING_STREAK - 1}: RuntimeError: a proposer's bug"
             await _run(requests, "cmpl-ok")
             assert requests.failures.failing() is None
             assert requests.failures.count == FAILING_STREAK  # the count since start stays
