@@ -1,41 +1,162 @@
-"""Which architectures may be split, and where.
+"""Which architectures may be split, where, and what each stage's GGUF must say (DESIGN.md §3).
 
-A cut at layer c means one stage ends at c and the next starts there. Stage GGUFs renumber
-their layers from 0, so any per-layer behaviour that llama.cpp derives from the layer index
-must repeat with the cut's period, or the split model computes something else.
+A cut at layer c means one stage ends at c and the next starts there. A stage GGUF renumbers
+its layers from 0 (packages/materialize.py), so whatever llama.cpp derives from the layer
+index, reads from a per-layer array, counts from the front, or applies to a stage's input
+must survive the cut. `RULES` says how, for every architecture proven by a test
+(tests/test_architectures.py): split at every allowed cut equals the unsplit model, token
+for token. Every other architecture of the vendored llama.cpp (llama-cpp-python 0.3.36) is
+refused splitting with its reason, and served on one node unless it generates no text.
+The llama.cpp functions named are in its `src/models/<arch>.cpp` and `src/llama-model.cpp`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from packages.architecture_kinds import (
+    AUDIO,
+    DIFFUSION,
+    ENCODER,
+    ENCODER_DECODER,
+    HYBRID,
+    KINDS,
+    RECURRENT,
+    SPECULATOR,
+    TEXT,
+    UNKNOWN,
+    VISION,
+)
 from packages.errors import PackageError
 
-# Llama-family graphs do not depend on the layer index: every cut is safe.
-_ANY_CUT = {"llama"}
-# Gemma3 makes every 6th layer global attention and the rest sliding-window, by index.
-_PERIODIC = {"gemma3": 6}
 
-SUPPORTED = sorted(_ANY_CUT | set(_PERIODIC))
+@dataclass(frozen=True)
+class CutRule:
+    """What a proven architecture's stages need besides renumbered layers."""
+
+    # The graph takes something from the layer index that no metadata can carry: cuts fall
+    # on multiples of it, so each stage sees the pattern in its own phase.
+    period: int = 1
+    # `load_swa_pattern(ml, n, dense_first)` makes sliding-window layers from the index unless
+    # the per-layer array is present: the package writes the array, so every cut keeps it.
+    swa_pattern: tuple[int, bool] | None = None
+    # Counts of layers from the front (leading dense blocks): each stage gets its share.
+    front_counts: tuple[str, ...] = ()
+    # Scalars llama.cpp applies to embedding input of either kind (`build_inp_embd` scales
+    # `batch.embd` too): neutral on stages after the first, which get hidden states.
+    token_input_only: Mapping[str, Any] = field(default_factory=dict)
+    # The graph multiplies whatever it is fed by √n_embd: later stages feed h / √n_embd.
+    scales_any_input: bool = False
+    why: str = ""
 
 
-def require_supported(architecture: str) -> None:
-    if architecture not in SUPPORTED:
-        raise PackageError(
-            f"unsupported architecture '{architecture}': splitting is proven only for "
-            f"{', '.join(SUPPORTED)}"
-        )
+_INDEX_FREE = "the graph reads nothing from the layer index"
+_LEAD = ("leading_dense_block_count",)
+RULES: dict[str, CutRule] = {
+    "llama": CutRule(why=f"{_INDEX_FREE} (llama.cpp)"),
+    "mistral3": CutRule(why=f"{_INDEX_FREE}; attention temperature follows the position (mistral3.cpp)"),
+    "qwen2": CutRule(why=f"{_INDEX_FREE} (qwen2.cpp)"),
+    "qwen3": CutRule(why=f"{_INDEX_FREE} (qwen3.cpp)"),
+    "qwen3moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (qwen3moe.cpp)"),
+    "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
+    "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
+                      why="load_swa_pattern(ml, 2); the graph scales every input by √n_embd (gemma2.cpp)"),
+    "gemma3": CutRule(swa_pattern=(6, False),
+                      why="load_swa_pattern(ml, 6); only token input is scaled (gemma3.cpp)"),
+    "gpt-oss": CutRule(swa_pattern=(2, False), why="load_swa_pattern(ml, 2) (openai-moe.cpp)"),
+    "olmo2": CutRule(swa_pattern=(4, False), why="load_swa_pattern(ml, 4) when sliding_window > 0 (olmo2.cpp)"),
+    "granite": CutRule(token_input_only={"embedding_scale": 0.0},
+                       why="build_inp_embd applies f_embedding_scale to embd input too (llama-graph.cpp)"),
+    "smollm3": CutRule(period=4, why="no RoPE where (il + 1) % n_no_rope_layer_step(4) == 0 (smollm3.cpp)"),
+    "deepseek2": CutRule(front_counts=_LEAD,
+                         why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (deepseek2.cpp)"),
+    "glm4moe": CutRule(front_counts=_LEAD,
+                       why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (glm4-moe.cpp)"),
+    "llama4": CutRule(period=4, swa_pattern=(4, False),
+                      why="chunked attention load_swa_pattern(ml, 4); no RoPE and MoE by "
+                          "(il + 1) % step (llama4.cpp)"),
+}
+
+# Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).
+_NOT_TEXT = {
+    HYBRID: "hybrid attention and recurrent layers: their state cannot roll back to a position yet "
+            "(the next issue)",
+    RECURRENT: "recurrent layers: their state cannot roll back to a position yet (the next issue)",
+    ENCODER: "an encoder (embeddings or reranking), not a text generator",
+    ENCODER_DECODER: "an encoder-decoder model; meshpipe serves decoder-only models",
+    VISION: "a vision tower, not a text generator",
+    AUDIO: "an audio model, not a text generator",
+    DIFFUSION: "a diffusion language model: it does not decode left to right",
+    SPECULATOR: "a draft head that needs its target model's hidden states",
+    UNKNOWN: "not an architecture llama.cpp 0.3.36 knows",
+}
+UNPROVEN = "splitting is not yet proven for it: served on one node"
 
 
-def allowed_cuts(architecture: str, layer_count: int) -> list[int]:
-    """Interior cut points (0 < c < layer_count) that keep the model's computation unchanged."""
-    require_supported(architecture)
-    if architecture in _ANY_CUT:
-        return list(range(1, layer_count))
-    if architecture in _PERIODIC:
-        period = _PERIODIC[architecture]
-        return list(range(period, layer_count, period))
-    raise AssertionError(architecture)
+def kind_of(architecture: str) -> str:
+    return KINDS.get(architecture, UNKNOWN)
+
+
+def require_servable(architecture: str) -> None:
+    """Refuse what meshpipe cannot serve even on one node, with the reason."""
+    kind = kind_of(architecture)
+    if kind != TEXT and architecture not in RULES:
+        raise PackageError(f"cannot serve architecture '{architecture}': {_NOT_TEXT[kind]}")
+
+
+def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) -> str | None:
+    """Why this model may not be split, or None when it may."""
+    if architecture not in RULES:
+        return _NOT_TEXT.get(kind_of(architecture), UNPROVEN) if kind_of(architecture) != TEXT else UNPROVEN
+    if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
+        # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
+        return "llama4 without chunked attention takes its RoPE rule from the total layer count"
+    return None
+
+
+def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any] | None = None) -> list[int]:
+    """Interior cut points (0 < c < layer_count) that keep the model's computation unchanged:
+    none for an architecture not proven, which still serves on one node."""
+    if split_refusal(architecture, metadata) is not None:
+        return []
+    return list(range(period(architecture, metadata), layer_count, period(architecture, metadata)))
+
+
+def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:
+    """Cuts fall on multiples of this: 1 where nothing is taken from the index."""
+    rule, meta = RULES[architecture], metadata or {}
+    steps = [rule.period]
+    if rule.swa_pattern is not None and not isinstance(meta.get(swa_key(architecture)), list):
+        # no per-layer array (a package written before it was added): keep the pattern's phase
+        steps.append(int(meta.get(swa_key(architecture)) or rule.swa_pattern[0]))
+    if architecture == "llama4":
+        steps.append(int(meta.get("llama4.interleave_moe_layer_step") or 1))
+    return math.lcm(*steps)
+
+
+def swa_key(architecture: str) -> str:
+    return f"{architecture}.attention.sliding_window_pattern"
+
+
+def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) -> str:
+    """One line for `mesh package` and `mesh serve`: proven with its rule, or why not."""
+    refusal = split_refusal(architecture, metadata)
+    if refusal is not None:
+        return f"{architecture}: not split ({refusal})"
+    n = period(architecture, metadata)
+    where = "any layer" if n == 1 else f"every {n}th layer"
+    return f"{architecture}: proven to split at {where}; {RULES[architecture].why}"
+
+
+def hidden_input_scale(architecture: str, width: int) -> float:
+    """What a later stage multiplies hidden states by before feeding them: 1/√n_embd where the
+    graph scales any input by √n_embd. Exact where √n_embd is a power of two, else within an
+    ulp or so of the unsplit model."""
+    rule = RULES.get(architecture)
+    return 1.0 / math.sqrt(width) if rule is not None and rule.scales_any_input else 1.0
 
 
 def check_range(start: int, end: int, layer_count: int, cuts: Sequence[int]) -> None:
@@ -49,5 +170,5 @@ def check_range(start: int, end: int, layer_count: int, cuts: Sequence[int]) -> 
         if edge not in boundaries:
             raise PackageError(
                 f"cut at layer {edge} is not allowed for this architecture; "
-                f"allowed cuts: {cuts}"
+                f"allowed cuts: {list(cuts) or 'none'}"
             )

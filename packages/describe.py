@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from packages.architectures import allowed_cuts
-from packages.errors import PackageError
-from packages.gguf_files import architecture_of, field_value, open_gguf
+from packages.architectures import allowed_cuts, describe_rule, split_refusal
+from packages.gguf_files import architecture_of, field_value, metadata_of, open_gguf
 from packages.manifest import load_manifest
+from packages.stage_metadata import package_metadata
 from packages.writer import block_index, quantization_of
 
 
@@ -30,6 +30,8 @@ def _describe_package(package_dir: Path) -> list[tuple[str, str]]:
         ("width", str(m.activation_width)),
         ("quantization", m.quantization),
         ("allowed cuts", _cuts_text(m.allowed_cuts, m.layer_count)),
+        ("splitting", describe_rule(m.architecture) if m.allowed_cuts else
+         f"{m.architecture}: not split ({split_refusal(m.architecture) or 'no cut listed'})"),
     ]
     rows += [(f"shared/{k}", human_bytes(a.artifact_bytes)) for k, a in m.shared.items()]
     rows.append(("layer artifacts", f"{human_bytes(layer_bytes)} in {len(m.layers)} files"))
@@ -43,17 +45,16 @@ def _describe_gguf(path: Path) -> list[tuple[str, str]]:
     arch = architecture_of(reader)
     layers = int(field_value(reader, f"{arch}.block_count"))
     layer_bytes = sum(int(t.n_bytes) for t in reader.tensors if block_index(t.name) is not None)
-    try:
-        cuts = _cuts_text(allowed_cuts(arch, layers), layers)
-    except PackageError as exc:  # an architecture nobody may split: say so in the table
-        cuts = str(exc)
+    metadata, main = package_metadata(arch, metadata_of(reader))
+    values = {kv.key: kv.value for kv in metadata}
     return [
         ("file", str(path)),
         ("architecture", arch),
         ("layers", str(layers)),
         ("width", str(field_value(reader, f"{arch}.embedding_length"))),
         ("quantization", quantization_of(reader)),
-        ("allowed cuts", cuts),
+        ("allowed cuts", _cuts_text(allowed_cuts(arch, main, values), main)),
+        ("splitting", describe_rule(arch, values)),
         ("file size", human_bytes(path.stat().st_size)),
         ("layer tensors", human_bytes(layer_bytes)),
     ]

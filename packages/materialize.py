@@ -1,6 +1,6 @@
 """Package + [start, end) -> one stage GGUF that stock llama.cpp loads (DESIGN.md §3 step 1).
 
-Layers are renumbered from 0 and `{arch}.block_count` becomes the range length. The
+Layers are renumbered from 0 and the metadata is the range's (packages/stage_metadata.py). The
 embedding and output tensors always ride along, because llama.cpp's loader requires them;
 stages that never touch them only pay disk, since the file is memory-mapped.
 """
@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from packages.architectures import check_range
-from packages.gguf_files import KeyValue, TensorCopy, metadata_of, open_gguf, write_gguf
+from packages.gguf_files import TensorCopy, metadata_of, open_gguf, write_gguf
 from packages.integrity import atomic_file, sha256_file, verify_file
 from packages.manifest import Artifact, Manifest
+from packages.stage_metadata import stage_metadata
 from packages.writer import block_index
 
 
@@ -42,12 +43,8 @@ def materialize_stage(
 
 def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, dest: Path) -> None:
     arch = manifest.architecture
-    block_key = f"{arch}.block_count"
     meta = open_gguf(package_dir / manifest.shared["metadata"].path)
-    metadata = [
-        KeyValue(kv.key, end - start, kv.vtype, None) if kv.key == block_key else kv
-        for kv in metadata_of(meta)
-    ]
+    metadata = stage_metadata(arch, metadata_of(meta), start, end)
     tensors = [
         *_copies(package_dir, manifest.shared["embeddings"], 0),
         *_copies(package_dir, manifest.shared["output"], 0),

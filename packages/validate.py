@@ -7,6 +7,7 @@ from pathlib import Path
 
 from packages.architectures import allowed_cuts
 from packages.errors import PackageError
+from packages.gguf_files import metadata_of, open_gguf
 from packages.gguf_header import Scalar, read_scalars
 from packages.integrity import verify_file
 from packages.manifest import Manifest, load_manifest
@@ -50,7 +51,8 @@ def check_metadata_agrees(package_dir: Path, manifest: Manifest) -> None:
         raise PackageError(
             f"field 'activation_width' is {manifest.activation_width} but metadata says {width}"
         )
-    unsafe = sorted(set(manifest.allowed_cuts) - set(allowed_cuts(arch, blocks)))
+    values = {kv.key: kv.value for kv in metadata_of(open_gguf(meta))}
+    unsafe = sorted(set(manifest.allowed_cuts) - set(allowed_cuts(arch, blocks, values)))
     if unsafe:
         raise PackageError(f"field 'allowed_cuts' lists {unsafe[0]}, which is unsafe for {arch}")
 

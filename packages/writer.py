@@ -12,9 +12,10 @@ from typing import Any
 
 from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType, ReaderTensor
 
-from packages.architectures import allowed_cuts, require_supported
+from packages.architectures import allowed_cuts, describe_rule, require_servable
 from packages.errors import PackageError
 from packages.gguf_files import (
+    KeyValue,
     TensorCopy,
     architecture_of,
     field_value,
@@ -26,6 +27,7 @@ from packages.gguf_files import (
 from packages.integrity import atomic_dir, sha256_file
 from packages.manifest import MANIFEST_NAME, Artifact, LayerArtifact, Manifest, SourceModel
 from packages.speculative import DraftStrategy, WindowPolicy, block_for, bundle_draft, declared, ref_in_package
+from packages.stage_metadata import package_metadata
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 Progress = Callable[[str], None]
@@ -54,17 +56,19 @@ def write_package(
         raise PackageError(f"draft model not found: {draft}")  # before minutes of splitting
     reader = open_gguf(src)
     arch = architecture_of(reader)
-    require_supported(arch)
-    layer_count = int(field_value(reader, f"{arch}.block_count"))
-    cuts = allowed_cuts(arch, layer_count)
-    by_layer = _group_tensors(reader, layer_count)
+    require_servable(arch)
+    metadata, layer_count = package_metadata(arch, metadata_of(reader))
+    values = {kv.key: kv.value for kv in metadata}
+    cuts = allowed_cuts(arch, layer_count, values)
+    say(describe_rule(arch, values))
+    by_layer = _group_tensors(reader, int(field_value(reader, f"{arch}.block_count")), layer_count)
     say(f"hashing source {src.name}")
     source_sha = sha256_file(src)
     with atomic_dir(out_dir) as tmp:
-        shared = _write_shared(reader, arch, tmp, by_layer[None])
+        shared = _write_shared(metadata, arch, tmp, by_layer[None])
         layers = []
         for i in range(layer_count):
-            layers.append(_write_layer(reader, arch, tmp, i, by_layer[i]))
+            layers.append(_write_layer(arch, tmp, i, by_layer[i]))
             say(f"[{i + 1}/{layer_count}] {layer_path(i)}")
         manifest = Manifest(
             model_id=model_id or src.stem,
@@ -100,14 +104,16 @@ def _generation(draft: str | None, window: WindowPolicy, package_dir: Path, name
     return block_for(strategy)
 
 
-def _group_tensors(reader: GGUFReader, layer_count: int) -> dict[int | None, list[ReaderTensor]]:
+def _group_tensors(reader: GGUFReader, blocks: int, layer_count: int) -> dict[int | None, list[ReaderTensor]]:
+    """Tensors by layer (None: global); those of layers past `layer_count` (nextn) are left out."""
     groups: dict[int | None, list[ReaderTensor]] = {i: [] for i in range(layer_count)}
     groups[None] = []
     for tensor in reader.tensors:
         index = block_index(tensor.name)
-        if index is not None and index not in groups:
-            raise PackageError(f"tensor {tensor.name} lies beyond block_count {layer_count}")
-        groups[index].append(tensor)
+        if index is not None and index >= blocks:
+            raise PackageError(f"tensor {tensor.name} lies beyond block_count {blocks}")
+        if index is None or index < layer_count:
+            groups[index].append(tensor)
     empty = [i for i in range(layer_count) if not groups[i]]
     if empty:
         raise PackageError(f"GGUF has no tensors for layer {empty[0]}")
@@ -115,7 +121,7 @@ def _group_tensors(reader: GGUFReader, layer_count: int) -> dict[int | None, lis
 
 
 def _write_shared(
-    reader: GGUFReader, arch: str, root: Path, tensors: list[ReaderTensor]
+    metadata: list[KeyValue], arch: str, root: Path, tensors: list[ReaderTensor]
 ) -> dict[str, Artifact]:
     embeddings = [t for t in tensors if t.name == "token_embd.weight"]
     if not embeddings:
@@ -125,25 +131,22 @@ def _write_shared(
     parts = {"metadata": [], "embeddings": embeddings, "output": output}
     return {
         name: _write_artifact(
-            root, f"shared/{name}.gguf", arch, reader if name == "metadata" else None, group
+            root, f"shared/{name}.gguf", arch, metadata if name == "metadata" else [], group
         )
         for name, group in parts.items()
     }
 
 
-def _write_layer(
-    reader: GGUFReader, arch: str, root: Path, index: int, tensors: list[ReaderTensor]
-) -> LayerArtifact:
-    art = _write_artifact(root, layer_path(index), arch, None, tensors)
+def _write_layer(arch: str, root: Path, index: int, tensors: list[ReaderTensor]) -> LayerArtifact:
+    art = _write_artifact(root, layer_path(index), arch, [], tensors)
     return LayerArtifact(**vars(art), layer_index=index)
 
 
 def _write_artifact(
-    root: Path, rel: str, arch: str, meta_from: GGUFReader | None, tensors: list[ReaderTensor]
+    root: Path, rel: str, arch: str, metadata: list[KeyValue], tensors: list[ReaderTensor]
 ) -> Artifact:
     dest = root / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
-    metadata = metadata_of(meta_from) if meta_from is not None else []
     write_gguf(dest, arch, metadata, [TensorCopy(t.name, t) for t in tensors])
     return Artifact(
         path=rel,

@@ -13,9 +13,10 @@ import numpy as np
 from llama_cpp import llama_cpp as L
 
 from common.errors import EngineError
+from packages.architectures import hidden_input_scale
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
-from stage.llama_model import INVARIANT_ROWS, flash_attn_type, load_model
+from stage.llama_model import INVARIANT_ROWS, architecture, flash_attn_type, load_model
 from stage.native_tap import open_tap
 
 _silence = L.llama_log_callback(lambda level, text, user: None)
@@ -46,6 +47,8 @@ class LlamaRangeEngine:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.graph_rows = min(cfg.batch, INVARIANT_ROWS)
+        # 1.0 except where the graph scales hidden-state input as it scales token input (gemma2)
+        self.input_scale = 1.0 if cfg.first else hidden_input_scale(architecture(self.model), self.width)
         self.tap = None if cfg.final else open_tap(self.n_layer - 1, self.width, cfg.batch)
         self.ctx = self._new_context(self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
         self.mem = L.llama_get_memory(self.ctx)
@@ -115,6 +118,8 @@ class LlamaRangeEngine:
             if not self.first:
                 embd = np.ctypeslib.as_array(b.embd, shape=(self.cfg.batch * self.width,))
                 block = s.hidden[seg.offset : seg.offset + seg.count]  # type: ignore[index]
+                if self.input_scale != 1.0:
+                    block = block * np.float32(self.input_scale)
                 embd[row * self.width : (row + seg.count) * self.width] = block.reshape(-1)
             if self.final and (s.all_logits or seg.offset + seg.count == s.n):
                 count = seg.count if s.all_logits else 1

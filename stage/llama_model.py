@@ -112,3 +112,10 @@ def open_llama(gguf: Path, **kwargs: Any) -> llama_cpp.Llama:
             return llama_cpp.Llama(str(gguf), **kwargs)
         finally:
             L.llama_model_default_params = original
+
+
+def architecture(model: ctypes.c_void_p) -> str:
+    """The model's `general.architecture`, as llama.cpp read it."""
+    buf = ctypes.create_string_buffer(64)
+    n = L.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
+    return buf.value.decode() if n >= 0 else ""

@@ -59,13 +59,14 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, lookup: bool = False,
-                  wrap: type | None = None, window: WindowPolicy = FIXED) -> AsyncIterator[Served]:
-    """Requests over the tiny model; with `draft`, the same GGUF drafts for itself, after prompt
-    lookup with `lookup`; `wrap(proposer)` stands between the loop and the proposers."""
+                  wrap: type | None = None, window: WindowPolicy = FIXED,
+                  draft_gguf: Path | None = None) -> AsyncIterator[Served]:
+    """Requests over the tiny model; with `draft`, `draft_gguf` (default: the same GGUF) drafts,
+    after prompt lookup with `lookup`; `wrap(proposer)` stands between the loop and the proposers."""
     engine = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=LANES, ctx_per_lane=CTX))
     pipeline = Pipeline(engine, None, prefix_cache=prefix_cache)
     pipeline.start()
-    d = Draft(gguf, LANES, CTX, threads=1) if draft else None
+    d = Draft(draft_gguf or gguf, LANES, CTX, threads=1) if draft else None
     proposer: Proposer | None = d
     if d is not None:
         d.start()

@@ -1,0 +1,72 @@
+"""The metadata a package keeps, and what each stage's GGUF says (DESIGN.md §3 step 1).
+
+Two passes. `package_metadata` runs once, when a package is written: it drops the layers past
+the main stack and writes out the sliding-window pattern llama.cpp would derive from the
+index. `stage_metadata` runs for each stage [a, b): the layer count, per-layer arrays sliced,
+counts from the front shifted, and scalars meant for token input made neutral after stage 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gguf import GGUFValueType
+
+from packages.architecture_kinds import PER_LAYER_KEYS
+from packages.architectures import RULES, swa_key
+from packages.gguf_files import KeyValue
+
+
+def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyValue], int]:
+    """(the package's metadata, its layer count): nextn layers dropped, the swa pattern written."""
+    kvs = {kv.key: kv for kv in metadata}
+    blocks = int(kvs[f"{arch}.block_count"].value)
+    nextn = kvs.get(f"{arch}.nextn_predict_layers")
+    # Multi-token-prediction layers sit past the main stack: llama.cpp builds the decode
+    # graph over n_layer() = block_count - nextn_predict_layers, and meshpipe drafts with
+    # its own models, so they would be weights nobody runs (deepseek2.cpp, glm4-moe.cpp).
+    main = blocks - int(nextn.value) if nextn is not None else blocks
+    out = [_layers(kv, arch, 0, main, blocks) for kv in metadata]
+    out = [replace(kv, value=0) if kv.key == f"{arch}.nextn_predict_layers" else kv for kv in out]
+    rule = RULES.get(arch)
+    pattern = kvs.get(swa_key(arch))
+    if rule is not None and rule.swa_pattern is not None and (pattern is None or not isinstance(pattern.value, list)):
+        n = int(pattern.value) if pattern is not None else rule.swa_pattern[0]
+        out = [kv for kv in out if kv.key != swa_key(arch)]
+        out.append(KeyValue(swa_key(arch), swa_layers(n, rule.swa_pattern[1], main), GGUFValueType.ARRAY,
+                            GGUFValueType.BOOL))
+    return out, main
+
+
+def swa_layers(n_pattern: int, dense_first: bool, layers: int) -> list[bool]:
+    """Which layers use the sliding window, as llama.cpp's `set_swa_pattern` derives them."""
+    if dense_first:
+        return [n_pattern == 0 or il % n_pattern != 0 for il in range(layers)]
+    return [n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(layers)]
+
+
+def stage_metadata(arch: str, metadata: Sequence[KeyValue], start: int, end: int) -> list[KeyValue]:
+    """The package's metadata as the stage [start, end) must see it."""
+    blocks = next(int(kv.value) for kv in metadata if kv.key == f"{arch}.block_count")
+    rule = RULES.get(arch)
+    out = []
+    for kv in metadata:
+        kv = _layers(kv, arch, start, end, blocks)
+        suffix = kv.key.removeprefix(f"{arch}.")
+        if rule is not None and suffix in rule.front_counts:
+            kv = replace(kv, value=min(max(int(kv.value) - start, 0), end - start))
+        if rule is not None and start > 0 and suffix in rule.token_input_only:
+            kv = replace(kv, value=rule.token_input_only[suffix])
+        out.append(kv)
+    return out
+
+
+def _layers(kv: KeyValue, arch: str, start: int, end: int, blocks: int) -> KeyValue:
+    """The layer count, or a per-layer array's slice, for layers [start, end)."""
+    if kv.key == f"{arch}.block_count":
+        return replace(kv, value=end - start, sub_type=None)
+    suffix = kv.key.removeprefix(f"{arch}.")
+    if suffix in PER_LAYER_KEYS and isinstance(kv.value, list) and len(kv.value) == blocks:
+        return replace(kv, value=kv.value[start:end])
+    return kv

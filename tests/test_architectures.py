@@ -1,0 +1,151 @@
+"""Every proven architecture splits exactly, and speculates losslessly (issue 40).
+
+For each architecture in `packages.architectures.RULES`, a tiny random-weight GGUF
+(tests/tiny_models.py) is packaged, and:
+- split-2 at every allowed cut, and a split-3, give the unsplit model's greedy tokens;
+- each rule is needed: packaged and cut without it, some cut parts from the unsplit output,
+  and a stage that keeps the whole per-layer arrays does not load;
+- speculation with a draft of the same weights at another quantization (so some windows are
+  rejected) gives the tokens of plain decoding, through the coordinator's request path.
+All in-process, milliseconds a decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chain import build_chain, close, greedy, reference_greedy
+from inproc_requests import serving
+from tiny_models import WRITERS, write_tiny
+
+from common.errors import EngineError
+from common.sampling import Sampled, SamplingParams
+from mesh.backend import GenerationRequest
+from packages import architectures, stage_metadata
+from packages.architectures import RULES, CutRule, allowed_cuts
+from packages.manifest import load_manifest
+from packages.requantize import requantize
+from packages.writer import write_package
+
+PROVEN = sorted(RULES)
+PROMPT = [1, *range(40, 60), 7, 7, 9]  # past every tiny sliding window
+N = 12
+
+
+def test_every_rule_has_a_tiny_model() -> None:
+    assert sorted(WRITERS) == PROVEN
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("archs")
+    return {arch: write_tiny(root / f"{arch}.gguf", arch) for arch in WRITERS}
+
+
+def _package(gguf: Path, out: Path) -> Path:
+    write_package(gguf, out, progress=lambda _: None)
+    return out
+
+
+def _splits(cuts: list[int]) -> list[list[int]]:
+    """Every split-2, and one split-3 (the first and last allowed cuts)."""
+    return [[c] for c in cuts] + ([[cuts[0], cuts[-1]]] if len(cuts) >= 2 else [])
+
+
+def _chain_tokens(package: Path, cuts: list[int], cache: Path) -> list[int]:
+    engines = build_chain(package, cuts, cache, lanes=1, ctx=128)
+    try:
+        return greedy(engines, PROMPT, N)
+    finally:
+        close(engines)
+
+
+@pytest.mark.parametrize("arch", PROVEN)
+def test_split_equals_unsplit(arch: str, tiny: dict[str, Path], tmp_path: Path) -> None:
+    gguf = tiny[arch]
+    expected = reference_greedy(gguf, PROMPT, N)
+    package = _package(gguf, tmp_path / "pkg")
+    manifest, _ = load_manifest(package)
+    assert manifest.allowed_cuts, f"{arch} is proven but allows no cut"
+    assert _chain_tokens(package, [], tmp_path / "cache") == expected  # unsplit, the engine's way
+    for cuts in _splits(list(manifest.allowed_cuts)):
+        assert _chain_tokens(package, cuts, tmp_path / "cache") == expected, f"{arch} cut at {cuts}"
+
+
+@contextlib.contextmanager
+def _without_rule(arch: str) -> Iterator[None]:
+    saved = RULES[arch]
+    RULES[arch] = CutRule()
+    try:
+        yield
+    finally:
+        RULES[arch] = saved
+
+
+@pytest.mark.parametrize("arch", [a for a in PROVEN if RULES[a] != CutRule(why=RULES[a].why)])
+def test_each_rule_is_needed(arch: str, tiny: dict[str, Path], tmp_path: Path) -> None:
+    """Packaged and cut at every layer without its rule, some split parts from the model."""
+    gguf = tiny[arch]
+    expected = reference_greedy(gguf, PROMPT, N)
+    with _without_rule(arch):
+        package = _package(gguf, tmp_path / "pkg")
+        outputs = [_outcome(package, [c], tmp_path / "cache") for c in range(1, 8)]
+    assert any(out != expected for out in outputs), f"{arch}: every cut matched without the rule"
+
+
+def _outcome(package: Path, cuts: list[int], cache: Path) -> list[int] | str:
+    try:
+        return _chain_tokens(package, cuts, cache)
+    except EngineError as exc:
+        return str(exc)
+
+
+def test_a_stage_keeping_whole_per_layer_arrays_does_not_load(tiny: dict[str, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    package = _package(tiny["qwen3"], tmp_path / "pkg")
+    monkeypatch.setattr(stage_metadata, "PER_LAYER_KEYS", ())
+    with pytest.raises(EngineError, match="could not load"):
+        _chain_tokens(package, [4], tmp_path / "cache")
+
+
+def test_an_unproven_architecture_serves_on_one_node_only() -> None:
+    assert allowed_cuts("starcoder2", 8) == []
+    assert "not yet proven" in (architectures.split_refusal("starcoder2") or "")
+
+
+REQUESTS = [GenerationRequest(PROMPT, N, SamplingParams(), ignore_eos=True),
+            GenerationRequest(PROMPT[:9], N, SamplingParams(temperature=0.9, seed=5), ignore_eos=True)]
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """(target, draft) per architecture: Q4_0, whose k-row decode equals k single rows, and Q8_0."""
+    root = tmp_path_factory.mktemp("quantized")
+    return {arch: (requantize(gguf, root / f"{arch}-q4_0.gguf", "Q4_0"),
+                   requantize(gguf, root / f"{arch}-q8_0.gguf", "Q8_0")) for arch, gguf in tiny.items()}
+
+
+@pytest.mark.parametrize("arch", PROVEN)
+def test_speculation_is_lossless(arch: str, quantized: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    target, draft = quantized[arch]
+    plain = asyncio.run(_served_tokens(target, None, tmp_path))
+    drafted = asyncio.run(_served_tokens(target, draft, tmp_path))
+    assert drafted == plain
+
+
+async def _served_tokens(target: Path, draft: Path | None, cache: Path) -> list[list[int]]:
+    async with serving(target, cache, draft=draft is not None, prefix_cache=True, draft_gguf=draft) as served:
+        out = []
+        for req in REQUESTS:
+            tokens = []
+            async with contextlib.aclosing(served.requests.generate(req)) as events:
+                async for event in events:
+                    if isinstance(event, Sampled):
+                        tokens.append(event.token)
+            out.append(tokens)
+        return out
+

@@ -1,0 +1,169 @@
+"""Tiny random-weight GGUFs of many architectures, for split and serving proofs without downloads.
+
+Each writer follows its architecture's `load_arch_tensors` in the vendored llama.cpp
+(`src/models/<arch>.cpp`): the tensor names come from `gguf.constants.MODEL_TENSORS` and the
+shapes are what `create_tensor` checks. Per-layer counts are written as arrays, as converted
+models of several families carry them, so a stage that keeps the whole array fails to load.
+The vocabulary is SPM with byte tokens, so `mesh serve` can tokenize any text.
+Gotchas: a `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`;
+gemma's token embeddings are multiplied by √width, so they are drawn small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFValueType, GGUFWriter
+
+LAYERS = 8
+
+
+@dataclass
+class Tiny:
+    """One model being written: its sizes, its random numbers, and the writer."""
+
+    writer: GGUFWriter
+    arch: str
+    layers: int
+    rng: np.random.Generator
+    width: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    ff: int = 128
+    vocab: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def w(self, *shape: int, scale: float = 0.2) -> np.ndarray:
+        return (self.rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        self.writer.add_tensor(name, array)
+
+    def norm(self, name: str, n: int | None = None) -> None:
+        self.add(name, 1 + self.w(n or self.width, scale=0.1))
+
+    def key(self, suffix: str, value: Any, vtype: GGUFValueType | None = None) -> None:
+        """`{arch}.suffix`; an int list becomes a per-layer UINT32 array."""
+        if isinstance(value, list):
+            self.writer.add_key_value(f"{self.arch}.{suffix}", value, GGUFValueType.ARRAY,
+                                      sub_type=vtype or GGUFValueType.UINT32)
+        else:
+            self.writer.add_key_value(f"{self.arch}.{suffix}", value, vtype or _vtype(value))
+
+    def attention(self, i: int, q_norm: int = 0, k_norm: int = 0, bias: bool = False) -> None:
+        """Separate q, k, v and output projections; `q_norm`/`k_norm` the norms' lengths."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.add(f"blk.{i}.attn_q.weight", self.w(q, self.width))
+        self.add(f"blk.{i}.attn_k.weight", self.w(kv, self.width))
+        self.add(f"blk.{i}.attn_v.weight", self.w(kv, self.width))
+        self.add(f"blk.{i}.attn_output.weight", self.w(self.width, q))
+        if bias:
+            for name, n in (("q", q), ("k", kv), ("v", kv)):
+                self.add(f"blk.{i}.attn_{name}.bias", self.w(n, scale=0.05))
+        if q_norm:
+            self.norm(f"blk.{i}.attn_q_norm.weight", q_norm)
+        if k_norm:
+            self.norm(f"blk.{i}.attn_k_norm.weight", k_norm)
+
+    def swiglu(self, i: int, ff: int | None = None, suffix: str = "") -> None:
+        n = ff or self.ff
+        self.add(f"blk.{i}.ffn_gate{suffix}.weight", self.w(n, self.width))
+        self.add(f"blk.{i}.ffn_up{suffix}.weight", self.w(n, self.width))
+        self.add(f"blk.{i}.ffn_down{suffix}.weight", self.w(self.width, n))
+
+
+def _vtype(value: Any) -> GGUFValueType:
+    if isinstance(value, bool):
+        return GGUFValueType.BOOL
+    if isinstance(value, int):
+        return GGUFValueType.UINT32
+    if isinstance(value, float):
+        return GGUFValueType.FLOAT32
+    return GGUFValueType.STRING
+
+
+def _common(t: Tiny) -> None:
+    """Metadata every family reads, and the byte vocabulary."""
+    t.key("context_length", 512)
+    t.key("embedding_length", t.width)
+    t.key("block_count", t.layers)
+    t.key("feed_forward_length", [t.ff] * t.layers)
+    t.key("attention.head_count", [t.heads] * t.layers)
+    t.key("attention.head_count_kv", [t.kv_heads] * t.layers)
+    t.key("attention.layer_norm_rms_epsilon", 1e-5)
+    t.key("attention.key_length", t.head_dim)
+    t.key("attention.value_length", t.head_dim)
+    t.key("rope.dimension_count", t.head_dim)
+    t.writer.add_file_type(0)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    t.vocab = len(tokens)
+    t.writer.add_tokenizer_model("llama")
+    t.writer.add_token_list(tokens)
+    t.writer.add_token_scores([0.0] * t.vocab)
+    t.writer.add_token_types([3, 3, 3] + [6] * 256)
+    t.writer.add_bos_token_id(1)
+    t.writer.add_eos_token_id(2)
+    t.writer.add_unk_token_id(0)
+
+
+def _head(t: Tiny, tied: bool = False, embd_scale: float = 0.2) -> None:
+    t.add("token_embd.weight", t.w(t.vocab, t.width, scale=embd_scale))
+    t.norm("output_norm.weight")
+    if not tied:
+        t.add("output.weight", t.w(t.vocab, t.width))
+
+
+def _llama(t: Tiny) -> None:
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _qwen3(t: Tiny) -> None:
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _gemma3(t: Tiny) -> None:
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t, tied=True, embd_scale=0.02)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+
+
+WRITERS: dict[str, Callable[[Tiny], None]] = {
+    "llama": _llama,
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+}
+
+
+def write_tiny(path: Path, arch: str, layers: int = LAYERS, seed: int = 0) -> Path:
+    """A random-weight GGUF of `arch` that llama.cpp loads and decodes in milliseconds."""
+    writer = GGUFWriter(path, arch)
+    writer.add_name(f"tiny-{arch}")
+    t = Tiny(writer, arch, layers, np.random.default_rng(seed))
+    _common(t)
+    WRITERS[arch](t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
