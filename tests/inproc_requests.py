@@ -60,9 +60,10 @@ class Served:
 @contextlib.asynccontextmanager
 async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, lookup: bool = False,
                   wrap: type | None = None, window: WindowPolicy = FIXED,
-                  draft_gguf: Path | None = None) -> AsyncIterator[Served]:
+                  draft_gguf: Path | None = None, in_flight: int | None = None) -> AsyncIterator[Served]:
     """Requests over the tiny model; with `draft`, `draft_gguf` (default: the same GGUF) drafts,
-    after prompt lookup with `lookup`; `wrap(proposer)` stands between the loop and the proposers."""
+    after prompt lookup with `lookup`; `wrap(proposer)` stands between the loop and the proposers;
+    `in_flight` verify frames a session may keep out (default: 1, as with no stage downstream)."""
     engine = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=LANES, ctx_per_lane=CTX))
     pipeline = Pipeline(engine, None, prefix_cache=prefix_cache)
     pipeline.start()
@@ -73,7 +74,7 @@ async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, 
         proposer = Combined(NgramProposer(1, 3), d) if lookup else d
         proposer = wrap(proposer) if wrap is not None else proposer
     ngram = NgramPlan(1, 3, window, "test") if lookup else None
-    spec = SpecPlan("tiny", window, "test", None, ngram=ngram) if d is not None else None
+    spec = SpecPlan("tiny", window, "test", None, ngram=ngram, in_flight=in_flight) if d is not None else None
     settings = RouteSettings(token=None, cache_dir=cache_dir, lanes=LANES, ctx_size=CTX, batch=64, threads=1,
                              prefix_cache=prefix_cache)
     # on purpose: a stand-in for the healer, which only hands out the one pipeline here
