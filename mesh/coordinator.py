@@ -50,6 +50,7 @@ from mesh.speculative.proposer import Combined, Proposer
 from mesh.stage_cost import cost_at, decode_frames, measured
 from mesh.tokenizer import Tokenizer
 from mesh.warm_up import chooses, warm_up
+from packages.architectures import package_verdict
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
@@ -110,6 +111,8 @@ class Coordinator:
     async def start(self) -> None:
         self.healer.start()  # first: a route that breaks while the draft loads is rebuilt at once
         await self._start_artifact_server()
+        m = self.manifest
+        self.say(f"model {self.model_id}: {package_verdict(m.architecture, m.allowed_cuts, m.layer_count)}")
         await self.build_route()
         await self._load_draft()
         if self.settings.warm_up and self.tokenizer is not None and chooses(self.spec, self.proposer):

@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from config.errors import MeshpipeError
 from mesh.planner import LayerWork, StageCost, StageRange, plan_measured, plan_ranges
 from mesh.stage_fit import StageNeed, misfits, package_sizes
+from packages.architectures import split_refusal
 from packages.manifest import Manifest
 from packages.parameters import layer_parameters
 from proto import meshpipe_pb2 as pb
@@ -228,6 +229,10 @@ async def _plan(route: Route, weights: list[float], own_memory: int, measured: S
     """The ranges, one per stage: on measured time when there is a cost per stage and
     that cut fits, else on parameters and memory. Raises RouteError when neither fits."""
     m = route.manifest
+    if len(weights) > 1 and not m.allowed_cuts:
+        reason = split_refusal(m.architecture) or "its package lists no allowed cut"
+        raise RouteError(f"cannot split {m.model_id} ({m.architecture}) across {len(weights)} stages: {reason}; "
+                         "serve it on one node (no --peer, --local-stages 1)")
     costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
     route.work = LayerWork(tuple(costs), head)
     ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)

@@ -148,7 +148,7 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
         return f"{architecture}: not split ({refusal})"
     n = period(architecture, metadata)
     where = "any layer" if n == 1 else f"every {n}th layer"
-    return f"{architecture}: proven to split at {where}; {RULES[architecture].why}"
+    return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
 
 
 def hidden_input_scale(architecture: str, width: int) -> float:
@@ -157,6 +157,15 @@ def hidden_input_scale(architecture: str, width: int) -> float:
     ulp or so of the unsplit model."""
     rule = RULES.get(architecture)
     return 1.0 / math.sqrt(width) if rule is not None and rule.scales_any_input else 1.0
+
+
+def package_verdict(architecture: str, cuts: Sequence[int], layer_count: int) -> str:
+    """What a package's own cuts say: where it may be split and why, or why not."""
+    if not cuts:
+        return f"{architecture}: not split ({split_refusal(architecture) or 'the package lists no allowed cut'})"
+    where = "any layer" if list(cuts) == list(range(1, layer_count)) else f"layers {', '.join(map(str, cuts))}"
+    why = RULES[architecture].why if architecture in RULES else "as its package lists"
+    return f"{architecture}: may be split at {where}; {why}"
 
 
 def check_range(start: int, end: int, layer_count: int, cuts: Sequence[int]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from packages.architectures import allowed_cuts, describe_rule, split_refusal
+from packages.architectures import allowed_cuts, describe_rule, package_verdict
 from packages.gguf_files import architecture_of, field_value, metadata_of, open_gguf
 from packages.manifest import load_manifest
 from packages.stage_metadata import package_metadata
@@ -30,8 +30,7 @@ def _describe_package(package_dir: Path) -> list[tuple[str, str]]:
         ("width", str(m.activation_width)),
         ("quantization", m.quantization),
         ("allowed cuts", _cuts_text(m.allowed_cuts, m.layer_count)),
-        ("splitting", describe_rule(m.architecture) if m.allowed_cuts else
-         f"{m.architecture}: not split ({split_refusal(m.architecture) or 'no cut listed'})"),
+        ("splitting", package_verdict(m.architecture, m.allowed_cuts, m.layer_count)),
     ]
     rows += [(f"shared/{k}", human_bytes(a.artifact_bytes)) for k, a in m.shared.items()]
     rows.append(("layer artifacts", f"{human_bytes(layer_bytes)} in {len(m.layers)} files"))

@@ -167,7 +167,7 @@ def test_cli_bad_inputs_fail_cleanly(tiny_gguf, tiny_package, tmp_path):
         (("package", "write", garbage, tmp_path / "o1"), "not a valid GGUF"),
         (("package", "write", truncated, tmp_path / "o2"), "not a valid GGUF"),
         (("package", "write", tmp_path / "absent.gguf", tmp_path / "o3"), "missing file"),
-        (("package", "write", alien, tmp_path / "o4"), "unsupported architecture 'mamba'"),
+        (("package", "write", alien, tmp_path / "o4"), "cannot serve architecture 'mamba': recurrent layers"),
         (("package", "validate", tmp_path / "nope"), "not a package directory"),
         (("package", "materialize", tiny_package, "--range", "2:2", "--cache-dir", tmp_path / "c"),
          "empty"),
