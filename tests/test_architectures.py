@@ -26,7 +26,8 @@ from common.errors import EngineError
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
 from packages import architectures, stage_metadata
-from packages.architectures import RULES, CutRule, allowed_cuts
+from packages.architectures import RULES, CutRule, allowed_cuts, package_verdict
+from packages.errors import PackageError
 from packages.manifest import load_manifest
 from packages.requantize import requantize
 from packages.writer import write_package
@@ -112,9 +113,21 @@ def test_a_stage_keeping_whole_per_layer_arrays_does_not_load(tiny: dict[str, Pa
         _chain_tokens(package, [4], tmp_path / "cache")
 
 
-def test_an_unproven_architecture_serves_on_one_node_only() -> None:
-    assert allowed_cuts("starcoder2", 8) == []
-    assert "not yet proven" in (architectures.split_refusal("starcoder2") or "")
+def test_an_unproven_architecture_is_packaged_to_serve_on_one_node(tmp_path: Path) -> None:
+    gguf = write_tiny(tmp_path / "seed.gguf", "seed_oss")
+    package = _package(gguf, tmp_path / "pkg")
+    manifest, _ = load_manifest(package)
+    assert manifest.allowed_cuts == ()
+    assert "not yet proven" in package_verdict(manifest.architecture, manifest.allowed_cuts, manifest.layer_count)
+    assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
+
+
+@pytest.mark.parametrize(("arch", "reason"), [("mamba", "recurrent"), ("qwen35", "hybrid"), ("bert", "encoder"),
+                                              ("clip", "vision"), ("llada", "diffusion"), ("t5", "encoder-decoder")])
+def test_what_generates_no_text_or_cannot_roll_back_is_refused_with_its_reason(arch: str, reason: str) -> None:
+    with pytest.raises(PackageError, match=f"cannot serve architecture '{arch}': .*{reason}"):
+        architectures.require_servable(arch)
+    assert allowed_cuts(arch, 8) == []
 
 
 REQUESTS = [GenerationRequest(PROMPT, N, SamplingParams(), ignore_eos=True),

@@ -155,13 +155,26 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
 }
 
 
+def _seed_oss(t: Tiny) -> None:
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.swiglu(i)
+
+
+# Text architectures llama.cpp runs that are not proven to split: served on one node.
+UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
+
+
 def write_tiny(path: Path, arch: str, layers: int = LAYERS, seed: int = 0) -> Path:
     """A random-weight GGUF of `arch` that llama.cpp loads and decodes in milliseconds."""
     writer = GGUFWriter(path, arch)
     writer.add_name(f"tiny-{arch}")
     t = Tiny(writer, arch, layers, np.random.default_rng(seed))
     _common(t)
-    WRITERS[arch](t)
+    (WRITERS | UNPROVEN)[arch](t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
