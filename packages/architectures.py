@@ -23,6 +23,7 @@ from packages.architecture_kinds import (
     ENCODER,
     ENCODER_DECODER,
     HYBRID,
+    INDEX_RULES,
     KINDS,
     RECURRENT,
     SPECULATOR,
@@ -166,6 +167,20 @@ def package_verdict(architecture: str, cuts: Sequence[int], layer_count: int) ->
     where = "any layer" if list(cuts) == list(range(1, layer_count)) else f"layers {', '.join(map(str, cuts))}"
     why = RULES[architecture].why if architecture in RULES else "as its package lists"
     return f"{architecture}: may be split at {where}; {why}"
+
+
+def table() -> list[tuple[str, str]]:
+    """Every architecture of the vendored llama.cpp, with what meshpipe does with it."""
+    rows = []
+    for arch in sorted(a for a, kind in KINDS.items() if kind != UNKNOWN):
+        if arch in RULES:
+            rows.append((arch, f"split: {describe_rule(arch).split(': ', 1)[1]}"))
+        elif kind_of(arch) == TEXT:
+            needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
+            rows.append((arch, f"one node: {UNPROVEN.split(':')[0]}{needs}"))
+        else:
+            rows.append((arch, f"refused: {_NOT_TEXT[kind_of(arch)]}"))
+    return rows
 
 
 def check_range(start: int, end: int, layer_count: int, cuts: Sequence[int]) -> None:

@@ -26,6 +26,7 @@ from common.errors import EngineError
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
 from packages import architectures, stage_metadata
+from packages.architecture_kinds import KINDS
 from packages.architectures import RULES, CutRule, allowed_cuts, package_verdict
 from packages.errors import PackageError
 from packages.manifest import load_manifest
@@ -165,3 +166,11 @@ async def _served_tokens(target: Path, draft: Path | None, cache: Path) -> list[
             out.append(tokens)
         return out
 
+
+
+def test_the_table_names_every_architecture_once_with_what_is_done_with_it() -> None:
+    rows = dict(architectures.table())
+    assert len(rows) == len(architectures.table()) == len(KINDS) - 1  # all but "(unknown)"
+    assert sorted(a for a, verdict in rows.items() if verdict.startswith("split: ")) == PROVEN
+    assert rows["starcoder2"].startswith("one node: splitting is not yet proven")
+    assert rows["mamba"].startswith("refused: recurrent layers")

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from config.paths import cache_dir
 from config.settings import UsageError
-from packages import hub
+from packages import architectures, hub
 from packages.describe import describe, format_table, human_bytes
 from packages.materialize import materialize_stage
 from packages.publish import format_plan, plan_publish, publish
@@ -57,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--private", action="store_true", help="create the repo private")
     p.add_argument("--dry-run", action="store_true", help="print the files, sizes and total; upload nothing")
     p.set_defaults(func=_publish)
+
+    a = cmds.add_parser("architectures", help="list every architecture: split, one node only, or refused, and why")
+    a.set_defaults(func=_architectures)
 
     pl = cmds.add_parser("pull", help="fetch a Hub package, or one layer range of it, into the HF cache")
     pl.add_argument("ref", help="hf://org/name[@rev]")
@@ -106,6 +109,11 @@ def _materialize(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     print(format_table(describe(args.target)))
+    return 0
+
+
+def _architectures(args: argparse.Namespace) -> int:
+    print(format_table(architectures.table()))
     return 0
 
 
