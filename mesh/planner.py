@@ -3,8 +3,9 @@
 Each stage gets a share of the decode work in proportion to its weight (its free memory),
 snapped to the architecture's allowed cuts. Work is counted in parameters, which a CPU
 decode costs about in proportion to, and the final stage's output head counts too: on
-SmolLM2 it is worth 8 layers, measured at 8 (DESIGN.md §5). A plan is computed once and
-frozen for the topology's lifetime.
+SmolLM2 it is worth 8 layers, measured at 8 (DESIGN.md §5). A mixture-of-experts layer's
+work is its active parameters; memory is checked on all its weights (mesh/stage_fit.py).
+A plan is computed once and frozen for the topology's lifetime.
 """
 
 from __future__ import annotations
@@ -75,10 +76,18 @@ class StageCost:
 
 @dataclass(frozen=True)
 class LayerWork:
-    """Each layer's work and the output head's, in parameters (packages/parameters.py)."""
+    """Each layer's work and the output head's, in active parameters (packages/parameters.py);
+    `total`: each layer's parameters, experts a decode skips too (empty: the same as `costs`)."""
 
     costs: tuple[float, ...]
     head: float = 0.0
+    total: tuple[float, ...] = ()
+
+    def parameters(self, r: StageRange) -> tuple[float, float]:
+        """(all parameters, active ones) of the range, the head counted at the final stage."""
+        head = self.head if r.end == len(self.costs) else 0.0
+        active = sum(self.costs[r.start : r.end]) + head
+        return sum((self.total or self.costs)[r.start : r.end]) + head, active
 
     def of(self, r: StageRange) -> float:
         """The range's work in layers of average size, the head counted at the final stage."""

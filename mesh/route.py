@@ -27,7 +27,7 @@ from mesh.planner import LayerWork, StageCost, StageRange, plan_measured, plan_r
 from mesh.stage_fit import StageNeed, misfits, package_sizes
 from packages.architectures import split_refusal
 from packages.manifest import Manifest
-from packages.parameters import layer_parameters
+from packages.parameters import package_parameters
 from proto import meshpipe_pb2 as pb
 from proto.clients import StageControlClient, Unary, rpc_name, stage_control
 from proto.version import PROTOCOL_VERSION
@@ -233,9 +233,9 @@ async def _plan(route: Route, weights: list[float], own_memory: int, measured: S
         reason = split_refusal(m.architecture) or "its package lists no allowed cut"
         raise RouteError(f"cannot split {m.model_id} ({m.architecture}) across {len(weights)} stages: {reason}; "
                          "serve it on one node (no --peer, --local-stages 1)")
-    costs, head = await asyncio.to_thread(layer_parameters, route.package_dir, m)
-    route.work = LayerWork(tuple(costs), head)
-    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, costs, head)
+    p = await asyncio.to_thread(package_parameters, route.package_dir, m)
+    route.work = LayerWork(p.active, p.head, p.total)  # time on the active experts, memory on all (_check_fit)
+    ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, p.active, p.head)
     basis = "parameters"
     if len(measured) == len(weights):
         timed = plan_measured(m.allowed_cuts, route.work, measured)

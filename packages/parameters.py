@@ -1,30 +1,94 @@
-"""How much decode work each layer of a package is, counted in parameters.
+"""How much memory and decode work each layer of a package is, counted in parameters.
 
 A CPU decode of a few rows costs about in proportion to the parameters it multiplies,
 whatever their quantization: on SmolLM2-135M the output head (49152 x 576, 8 layers'
 parameters) measured 8 layers' time. The planner uses this to give the final stage fewer
 layers (mesh/planner.py).
+
+A mixture-of-experts layer holds every expert but a decode row multiplies only the ones its
+router picks: of an expert tensor (`ffn_{gate,up,down,gate_up}_exps`, GroveMoE's `_chexps`,
+their biases) `expert_used_count` of its experts are active. The router (`ffn_gate_inp`) and
+shared experts (`_shexp`) always are. So each layer has two figures: total parameters, which
+a stage holds, and active ones, which a decode costs. A dense layer's are equal.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
+from gguf import GGUFReader
+from gguf.constants import TENSOR_NAMES
 
 from packages.gguf_files import open_gguf
 from packages.manifest import Manifest
 
+# Per-expert tensors, by the name after `blk.N.`: gguf.constants' `..._exps` and `..._chexps`.
+# Arctic's `ffn_norm_exps` is one norm vector, not one per expert.
+EXPERT_TENSORS = frozenset(
+    name.split(".", 2)[2] for name in TENSOR_NAMES.values()
+    if name.startswith("blk.") and name.endswith("exps") and "norm" not in name
+)
 
-def layer_parameters(package_dir: Path, manifest: Manifest) -> tuple[list[float], float]:
-    """(parameters of each layer, of the output head); the head is the token embeddings when
-    the model ties them. Raises PackageError when an artifact cannot be read."""
-    layers = [float(_parameters(package_dir / a.path)) for a in manifest.layers]
+
+@dataclass(frozen=True)
+class LayerParameters:
+    """Each layer's parameters: `total` (what a stage holds), `active` (what a decode
+    multiplies); and the output head's (the token embeddings when the model ties them)."""
+
+    total: tuple[float, ...]
+    active: tuple[float, ...]
+    head: float
+
+
+def package_parameters(package_dir: Path, manifest: Manifest) -> LayerParameters:
+    """Raises PackageError when an artifact cannot be read."""
+    used = _experts_used(package_dir, manifest)
+    total, active = [], []
+    for i, artifact in enumerate(manifest.layers):
+        all_, act = _layer(open_gguf(package_dir / artifact.path), used[i] if used else None)
+        total.append(float(all_))
+        active.append(act)
     head = 0.0
     for name, tensor in (("output", "output.weight"), ("embeddings", "token_embd.weight")):
         if name in manifest.shared:
             head = float(_parameters(package_dir / manifest.shared[name].path, tensor))
         if head:
             break
-    return layers, head
+    return LayerParameters(tuple(total), tuple(active), head)
+
+
+def layer_parameters(package_dir: Path, manifest: Manifest) -> tuple[list[float], float]:
+    """(the decode work of each layer in active parameters, of the output head). Raises
+    PackageError when an artifact cannot be read."""
+    p = package_parameters(package_dir, manifest)
+    return list(p.active), p.head
+
+
+def _experts_used(package_dir: Path, manifest: Manifest) -> list[int] | None:
+    """`{arch}.expert_used_count` per layer (a scalar repeated, or the per-layer array);
+    None for a dense model or a package without shared metadata."""
+    if "metadata" not in manifest.shared:
+        return None
+    field = open_gguf(package_dir / manifest.shared["metadata"].path).fields.get(
+        f"{manifest.architecture}.expert_used_count")
+    if field is None:
+        return None
+    value = field.contents()
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)] * manifest.layer_count
+
+
+def _layer(reader: GGUFReader, used: int | None) -> tuple[int, float]:
+    """(all parameters, active ones) of one layer's tensors. An expert tensor's expert axis is
+    its last (ggml order), `{arch}.expert_count` long for `_exps`."""
+    total, active = 0, 0.0
+    for t in reader.tensors:
+        n = int(t.n_elements)
+        total += n
+        parts = t.name.split(".")
+        experts = int(t.shape[-1]) if len(parts) > 3 and parts[2] in EXPERT_TENSORS else 0
+        active += n * min(used, experts) / experts if used is not None and experts else n
+    return total, active
 
 
 def _parameters(path: Path, only: str | None = None) -> int:
