@@ -343,7 +343,17 @@ def stage_rows(route: Route | None, pipeline: Pipeline | None, settings: RouteSe
                       engine=settings.engine(0))
     ready: StageState = "READY" if pipeline and not pipeline.broken else "BROKEN"
     rows = (own, *(_remote_row(i, s, ready) for i, s in enumerate(route.stages, 1)))
-    return tuple(row.model_copy(update=_timing(route, hops, row.stage)) for row in rows)
+    return tuple(row.model_copy(update={**_timing(route, hops, row.stage), **_parameters(route, row.stage)})
+                 for row in rows)
+
+
+def _parameters(route: Route, index: int) -> dict[str, int | None]:
+    """A stage's parameters, all and active (fewer in a mixture of experts), as planned."""
+    rng = route.stages[index - 1].range if index else route.stage0
+    if rng is None or route.work is None:
+        return {"parameters": None, "active_parameters": None}
+    total, active = route.work.parameters(rng)
+    return {"parameters": round(total), "active_parameters": round(active)}
 
 
 def _timing(route: Route, hops: HopTotals | None, index: int) -> dict[str, float | None]:

@@ -42,6 +42,11 @@ class StageHealth(_Frozen):
     predicted_ms: float | None = None
     measured_ms: float | None = None
     link_ms: float | None = None  # round trip of the last Status call: the link to this stage
+    # parameters of the stage's layers (and the output head at the final stage): all of them,
+    # which it holds, and the active ones, which a decode multiplies; fewer only in a mixture
+    # of experts (packages/parameters.py). None before the route is planned
+    parameters: int | None = None
+    active_parameters: int | None = None
 
 
 class RecoveryHealth(_Frozen):

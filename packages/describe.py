@@ -74,6 +74,22 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def human_count(n: float) -> str:
+    """A parameter count: 135M, 1.2B."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.{0 if n >= 100 * size else 1}f}{unit}"
+    return f"{n:.0f}"
+
+
+def human_parameters(total: int | None, active: int | None) -> str:
+    """"1.2B (active 0.3B)" for a mixture of experts, "135M" when every parameter is active."""
+    if total is None:
+        return ""
+    text = human_count(total)
+    return text if active is None or active >= total else f"{text} (active {human_count(active)})"
+
+
 def format_table(rows: list[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -23,14 +23,15 @@ from mesh.metrics import Metrics
 HEALTH_KEYS = ["ok", "model", "route", "stages", "error", "speculative", "draft_busy_s", "recoveries",
                "sessions_resumed", "last_recovery", "internal_errors", "last_internal_error"]
 STAGE_KEYS = ["stage", "endpoint", "start", "end", "state", "rss_bytes", "mem_available_bytes", "status_at",
-              "busy_s", "engine", "predicted_ms", "measured_ms", "link_ms"]
+              "busy_s", "engine", "predicted_ms", "measured_ms", "link_ms", "parameters", "active_parameters"]
 
 SPLIT = Health(
     ok=True, model="tiny", route="coordinator [0,2) -> 127.0.0.1:7070 [2,4)", error=None,
     speculative="off (--no-draft)",
     stages=(StageHealth(stage=0, endpoint="coordinator", start=0, end=2, state="READY", rss_bytes=300 << 20,
                         mem_available_bytes=2 << 30, status_at=1700000000.5, engine="mlx",
-                        predicted_ms=5.25, measured_ms=6.5),
+                        predicted_ms=5.25, measured_ms=6.5, parameters=1_234_000_000,
+                        active_parameters=300_000_000),
             StageHealth(stage=1, endpoint="127.0.0.1:7070", start=2, end=4, state="UNREACHABLE",
                         rss_bytes=None, mem_available_bytes=None, status_at=0.0)))
 
@@ -71,9 +72,10 @@ def test_status_table():
     assert lines[0] == "model: tiny   route: ok"
     assert lines[1] == "speculative: off (--no-draft)"
     assert lines[2].split() == ["stage", "endpoint", "layers", "engine", "state", "rss", "mem", "free", "busy",
-                                "decode", "predicted", "decode", "measured", "link", "rtt"]
+                                "decode", "predicted", "decode", "measured", "link", "rtt", "params"]
     assert lines[3].split()[:5] == ["0", "coordinator", "[0,2)", "mlx", "READY"]
-    assert lines[3].split()[-4:] == ["5.25", "ms", "6.50", "ms"]  # per stage: predicted, then measured
+    # per stage: predicted, then measured; then its parameters, all and (a mixture of experts) active
+    assert lines[3].split()[-7:] == ["5.25", "ms", "6.50", "ms", "1.2B", "(active", "300M)"]
     assert lines[4].split()[:5] == ["1", "127.0.0.1:7070", "[2,4)", "?", "UNREACHABLE"]  # never answered
 
 

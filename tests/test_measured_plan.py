@@ -29,6 +29,16 @@ def test_equal_costs_cut_where_parameters_do():
     assert _bounds(ranges) == [(0, 19), (19, 30)]  # 19 layers against 11 and the head's 8
 
 
+def test_measured_time_counts_the_active_experts_only():
+    # the last 15 layers a mixture of experts with four times the parameters it multiplies
+    moe = LayerWork(SMOL.costs, SMOL.head, total=SMOL.costs[:15] + tuple(c * 4 for c in SMOL.costs[15:]))
+    stages = [StageCost(0.0, 1e-3)] * 2
+    assert plan_measured(EVERY, moe, stages) == plan_measured(EVERY, SMOL, stages)
+    assert moe.parameters(StageRange(19, 30)) == (pytest.approx(11 * 4 * 3.54e6 + 28.3e6),
+                                                  pytest.approx(11 * 3.54e6 + 28.3e6))
+    assert SMOL.parameters(StageRange(0, 19)) == (pytest.approx(19 * 3.54e6),) * 2  # dense: all active
+
+
 def test_a_fixed_cost_moves_layers_off_that_stage():
     # stage 0 pays 2 ms a decode besides its layers (the coordinator's own work)
     ranges = plan_measured(EVERY, SMOL, [StageCost(2e-3, 1e-3), StageCost(0.0, 1e-3)])

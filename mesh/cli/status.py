@@ -16,7 +16,7 @@ from mesh.bearer import KEY_ENV, auth_headers
 from mesh.cli.watch import watch
 from mesh.discovery import Found, browse
 from mesh.health import Health
-from packages.describe import human_bytes
+from packages.describe import human_bytes, human_parameters
 from proto.version import PROTOCOL_VERSION
 
 
@@ -83,12 +83,13 @@ def format_health(state: Health) -> str:
         lines.append(f"recoveries: {state.recoveries}, {state.sessions_resumed} sessions resumed; last: "
                      f"{last.cause} (noticed after {last.detect_s:.1f}s, serving again after {last.resume_s:.1f}s)")
     rows = [("stage", "endpoint", "layers", "engine", "state", "rss", "mem free", "busy",
-             "decode predicted", "decode measured", "link rtt")]
+             "decode predicted", "decode measured", "link rtt", "params")]
     for s in state.stages:
         busy = "" if s.busy_s is None else f"{s.busy_s:.1f} s"  # engine time since the route was built
         rows.append((str(s.stage), s.endpoint, f"[{s.start},{s.end})", s.engine or "?", s.state,
                      human_bytes(s.rss_bytes or 0), human_bytes(s.mem_available_bytes or 0), busy,
-                     _ms(s.predicted_ms), _ms(s.measured_ms), _ms(s.link_ms)))
+                     _ms(s.predicted_ms), _ms(s.measured_ms), _ms(s.link_ms),
+                     human_parameters(s.parameters, s.active_parameters)))
     lines += _table(rows)
     return "\n".join(lines)
 
