@@ -34,6 +34,8 @@ class Stage(_Frozen):
     busy: float | None  # the fraction of the last interval its engine computed
     frame_ms: float | None  # its time per frame over the last interval: queue, compute, codec, sample
     replaced: str | None = None  # the endpoint it took over from in the last recovery
+    parameters: int | None = None  # of its layers, as /health: all, and those a decode multiplies
+    active_parameters: int | None = None
 
 
 class Link(_Frozen):

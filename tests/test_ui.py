@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import json
+import shutil
+import subprocess
 import time
 import tomllib
 from collections.abc import AsyncIterator, Iterator
@@ -25,7 +28,7 @@ from mesh.coordinator import Coordinator
 from mesh.healing import replacements
 from mesh.hop_timing import HopTotals
 from mesh.metrics import Metrics
-from mesh.planner import StageRange
+from mesh.planner import LayerWork, StageRange
 from mesh.recovery import TIMELINE, Recoveries
 from mesh.route import RemoteStage
 from mesh.sampler import Sampler, busy_fraction
@@ -44,9 +47,13 @@ def _remote(endpoint: str, busy: float) -> RemoteStage:
                                              mem_available_bytes=1 << 30))
 
 
+# 13 dense layers, then 17 of a mixture of experts that multiplies a quarter of its parameters
+WORK = LayerWork(costs=(2e7,) * 13 + (2.5e7,) * 17, total=(2e7,) * 13 + (1e8,) * 17)
+
+
 def _route(remote: str) -> Any:
-    """Stage 0 and one remote stage, neither calibrated (the planner's costs are not read)."""
-    return SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote(remote, 0.0)], calibration0=None, work=None)
+    """Stage 0 and one remote stage, neither calibrated (no time is predicted)."""
+    return SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote(remote, 0.0)], calibration0=None, work=WORK)
 
 
 def _mesh() -> Any:
@@ -80,6 +87,8 @@ def test_the_snapshot_shows_the_route_and_its_rates_between_ticks():
     assert snap.speculation.frames_in_flight == 2
     assert [(s.stage, s.endpoint, s.start, s.end, s.engine) for s in snap.stages] == [
         (0, "coordinator", 0, 13, "llama"), (1, "127.0.0.1:7001", 13, 30, "llama")]
+    assert [(s.parameters, s.active_parameters) for s in snap.stages] == [(260_000_000,) * 2,
+                                                                          (1_700_000_000, 425_000_000)]
     assert [(link.to, link.round_trip_ms) for link in snap.links] == [(1, 4.0)]
     assert snap.spares == ("127.0.0.1:7009",)
     assert [p.tok_s for p in snap.history] == [0.0, snap.speculation.tok_s]
@@ -234,7 +243,8 @@ def test_status_watch_draws_the_snapshot_as_a_table():
     stage_rows = [line.split() for line in lines if line[:1].isdigit()]
     assert [row[:4] for row in stage_rows] == [["0", "coordinator", "[0,13)", "llama"],
                                                ["1", "127.0.0.1:7009", "[13,30)", "llama"]]
-    assert stage_rows[1][-2:] == ["replaced", "127.0.0.1:7001"]
+    assert stage_rows[0][-1] == "260M"  # dense: one figure
+    assert stage_rows[1][-5:] == ["1.7B", "(active", "425M)", "replaced", "127.0.0.1:7001"]
     assert "spare: 127.0.0.1:7009" in lines
     assert "stage 127.0.0.1:7001 exited (code -9)" in lines[-1]
 
@@ -265,3 +275,20 @@ def test_the_page_files_are_package_data():
     files = [p for p in (ROOT / "mesh" / "ui").iterdir() if p.suffix != ".py" and p.is_file()]
     assert {p.name for p in files} >= {"index.html", "ui.css", "ui.js"}
     assert all(any(fnmatch.fnmatch(p.name, pattern) for pattern in patterns) for p in files)
+
+
+@pytest.mark.mesh  # it starts node
+def test_the_page_shows_all_and_active_parameters_per_stage(tmp_path):
+    """ui.js's stage card figure, run in node: both figures for a mixture of experts, one when dense."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node on this machine")
+    js = (ROOT / "mesh" / "ui" / "ui.js").read_text()
+    functions = js[js.index("function count("):js.index("function layerBar(")]
+    stages = [{"parameters": 1_234_000_000, "active_parameters": 300_000_000},
+              {"parameters": 135_000_000, "active_parameters": 135_000_000}, {"parameters": None}]
+    script = tmp_path / "params.js"
+    script.write_text(functions + f"console.log(JSON.stringify({json.dumps(stages)}.map(params)));")
+    out = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert json.loads(out) == ["1.2B (active 300M)", "135M", "–"]
+    assert 'row("parameters", el("span", { class: "params" }, params(s)))' in js

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -84,9 +85,11 @@ def _chat(url: str, prompt: str, tokens: int = 48) -> None:
 
 def test_the_page_shows_three_stages_with_their_layers_and_engines(binary, mesh, page):
     stages = page.wait("[...document.querySelectorAll('.stage')].map(s => [s.dataset.stage, "
-                       "s.querySelector('.layers').textContent, s.querySelector('.engine').textContent])", 10)
+                       "s.querySelector('.layers').textContent, s.querySelector('.engine').textContent, "
+                       "s.querySelector('.params').textContent])", 10)
     assert [s[0] for s in stages] == ["0", "1", "2"]
     assert [s[2] for s in stages] == ["llama"] * 3
+    assert all(re.fullmatch(r"\d+(\.\d)?M", s[3]) for s in stages)  # SmolLM2 is dense: one figure each
     bounds = [tuple(int(x) for x in s[1].strip("[)").split(",")) for s in stages]
     assert bounds[0][0] == 0
     assert all(a[1] == b[0] for a, b in pairwise(bounds))  # contiguous ranges

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from config.errors import MeshpipeError
 from mesh.bearer import KEY_ENV, auth_headers
 from mesh.snapshot import Snapshot
-from packages.describe import human_bytes
+from packages.describe import human_bytes, human_parameters
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
 REFRESH_S = 1.0
@@ -69,11 +69,12 @@ def format_snapshot(s: Snapshot) -> str:
                                         for p in spec.proposers) or "none yet"),
              f"requests: {req.generating} generating, {req.queued} queued, lanes {req.lanes_used}/{req.lanes}, "
              f"prefix hits {req.prefix_hit:.0%}"]
-    rows = [("stage", "endpoint", "layers", "engine", "state", "rss", "mem free", "busy", "note")]
+    rows = [("stage", "endpoint", "layers", "engine", "state", "rss", "mem free", "busy", "params", "note")]
     for st in s.stages:
         rows.append((str(st.stage), st.endpoint, f"[{st.start},{st.end})", st.engine or "?", st.state,
                      human_bytes(st.rss_bytes or 0), human_bytes(st.mem_available_bytes or 0),
-                     "" if st.busy is None else f"{st.busy:.0%}", f"replaced {st.replaced}" if st.replaced else ""))
+                     "" if st.busy is None else f"{st.busy:.0%}", human_parameters(st.parameters, st.active_parameters),
+                     f"replaced {st.replaced}" if st.replaced else ""))
     lines += _table(rows)
     lines += [f"spare: {e}" for e in s.spares]
     lines.append(f"recoveries: {heal.recoveries}, {heal.sessions_resumed} sessions resumed")

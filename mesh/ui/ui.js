@@ -25,6 +25,19 @@ function bytes(n) {
   return n.toFixed(i ? 1 : 0) + " " + units[i];
 }
 const when = (t) => new Date(t * 1000).toLocaleTimeString();
+function count(n) {
+  for (const [unit, size] of [["T", 1e12], ["B", 1e9], ["M", 1e6], ["K", 1e3]]) {
+    if (n >= size) return (n / size).toFixed(n >= 100 * size ? 0 : 1) + unit;
+  }
+  return n.toFixed(0);
+}
+// a mixture of experts holds all its parameters and multiplies the active ones: "1.2B (active 0.3B)"
+function params(s) {
+  if (s.parameters == null) return "–";
+  const all = count(s.parameters);
+  return s.active_parameters == null || s.active_parameters >= s.parameters ? all
+    : `${all} (active ${count(s.active_parameters)})`;
+}
 
 function layerBar(s, layers) {
   const bar = el("svg:svg", { class: "bar", viewBox: `0 0 ${layers} 1`, preserveAspectRatio: "none" },
@@ -44,6 +57,7 @@ function stageCard(s, layers, bottleneck) {
     row("engine", el("span", { class: "engine" }, s.engine || "?")),
     row("layers", el("span", { class: "layers" }, `[${s.start},${s.end})`)),
     layerBar(s, layers),
+    row("parameters", el("span", { class: "params" }, params(s))),
     row("memory used", bytes(s.rss_bytes)),
     row("memory free", bytes(s.mem_available_bytes)),
     row("busy", el("span", { class: "busy" }, pct(s.busy))),
