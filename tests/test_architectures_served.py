@@ -62,6 +62,8 @@ def test_served_split_in_two_with_a_draft(arch: str, tmp_path: Path) -> None:
         assert chat.usage.completion_tokens > 0
         text = client.completions.create(model=target.stem, prompt=PROMPT, max_tokens=N, temperature=0)
         assert text.choices[0].text == expected
+    log = next((tmp_path / "cache").glob("serve-*.log")).read_text()
+    assert f"model {target.stem}: {arch}: may be split at" in log
 
 
 def test_an_unproven_architecture_serves_on_one_node_and_refuses_two(tmp_path: Path) -> None:
