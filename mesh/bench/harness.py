@@ -119,3 +119,15 @@ def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: f
     if setup.model:
         args += ["--model", setup.model]
     return local_serve(args, tmp)
+
+
+def weight_share(m: Manifest, start: int, end: int) -> int:
+    """Bytes of the package a stage of [start, end) holds: its layers, the metadata, and the
+    embeddings at stage 0 and the output head at the final stage."""
+    share = sum(a.artifact_bytes for a in m.layers[start:end])
+    share += m.shared["metadata"].artifact_bytes if "metadata" in m.shared else 0
+    if start == 0 and "embeddings" in m.shared:
+        share += m.shared["embeddings"].artifact_bytes
+    if end == m.layer_count and "output" in m.shared:
+        share += m.shared["output"].artifact_bytes
+    return share

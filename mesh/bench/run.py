@@ -36,7 +36,7 @@ from mesh.bench.busy import Busy, busy_during
 from mesh.bench.client import StreamTiming, stream_chat
 from mesh.bench.constrained import constrained_rows
 from mesh.bench.engines import engine_rows
-from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve
+from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve, weight_share
 from mesh.bench.llama_cpp import Binaries
 from mesh.bench.local_server import LocalServer, stage_pids
 from mesh.bench.machines import Machines
@@ -44,12 +44,14 @@ from mesh.bench.multiturn import chat_rows
 from mesh.bench.pairs import cost_realistic_pair, package_draft, same_cost_pair
 from mesh.bench.peers import peer_rows
 from mesh.bench.prompt_lookup import ngram_rows
+from mesh.bench.shape_model import LLAMA_3_1_8B, SHAPES
+from mesh.bench.shapes import Plan as ShapesPlan
+from mesh.bench.shapes import shapes_rows
 from mesh.bench.sweep import sweep_rows
 from mesh.health import Health
 from mesh.model_source import resolve_model
 from mesh.proc_memory import peak_rss
 from mesh.tokenizer import Tokenizer
-from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from packages.speculative import declared, verify_draft
 from stage.llama_model import flash_attn, use_extra_bufts
@@ -67,13 +69,14 @@ PROMPTS = [
 LONG_PROMPT_TOKENS = 512
 MESH_SCENARIOS = {"split", "spec", "concurrency", "memory", "return"}  # these share the baseline and split servers
 # each starts what it needs, after the others are done
-ALONE_SCENARIOS = {"numerics", "agreement", "chat", "ngram", "engines", "constrained", "peers", "sweep"}
+ALONE_SCENARIOS = {"numerics", "agreement", "chat", "ngram", "engines", "constrained", "peers", "sweep", "shapes"}
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
 # decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
 ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
 PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 pairs x 4 delays: kept short
 SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 14 servers x 4 delays
+SHAPES_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "2"}  # an 8B decodes a few tok/s on one core
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -93,7 +96,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "llama-server and llama.cpp's RPC split, with and without speculation, at each "
                         "--wire-delays, for the package's pair and a cost-realistic F32 target; always with "
                         "--machines), sweep (split-2: the cost-aware window against every fixed window and "
-                        "frames in flight, and no draft, at each --wire-delays; always with --machines); "
+                        "frames in flight, and no draft, at each --wire-delays; always with --machines), "
+                        "shapes (a random-weight Q4_0 model of --shape at full size: package writing, peer "
+                        "transfer, stage load, resident memory, and split-2 against llama.cpp's RPC split-2 at "
+                        "each --wire-delays; always with --machines, and only alone); "
                         "numerics, agreement, chat, ngram, engines, constrained, peers and sweep run alone if "
                         "asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
@@ -126,6 +132,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-realistic", action="store_true",
                    help="for sweep: the cost-realistic pair of peers (the package's target in F32, with its "
                         "draft) instead of the package's own")
+    p.add_argument("--shape", choices=sorted(SHAPES), default=LLAMA_3_1_8B.name,
+                   help="for shapes: the model shape written (default: Llama-3.1-8B's, about 4.6 GB on disk "
+                        "while it runs)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.set_defaults(func=_run)
@@ -137,6 +146,8 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"mesh bench: unknown scenarios: {', '.join(sorted(unknown))}")
     fill_defaults(args, scenarios)
     bins = _llama_cpp_bins(args, scenarios)
+    if "shapes" in scenarios:
+        return _shapes(args, scenarios, bins)
     # every server the bench starts inherits it, and every request the bench sends carries it:
     # a key from the user's config can then never lock the bench out of its own servers
     os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
@@ -168,6 +179,11 @@ def _run(args: argparse.Namespace) -> int:
     header = _header(setup, args)
     if pair:  # model and quant above are the package's own, which the sweep did not run
         header["sweep"] = pair
+    return _report(args, header, rows, tables)
+
+
+def _report(args: argparse.Namespace, header: dict[str, Any], rows: list[Row], tables: list[str]) -> int:
+    """The results table and any scenario's own tables on stdout, and the JSON where --json says."""
     print("\n\n".join([format_table(header, rows), *tables]))
     if args.json:
         args.json.write_text(json.dumps({"setup": header, "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]},
@@ -178,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
 def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     """--tokens, --prompts and --stages where not given: the engines scenario's own when it runs alone."""
     alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS,
-             frozenset({"sweep"}): SWEEP_DEFAULTS}
+             frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -186,14 +202,30 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
 
 def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
     """peers and sweep always emulate machines; a --llama-cpp-bin that lacks a binary fails now, not an hour in."""
-    if scenarios & {"peers", "sweep"}:
+    if scenarios & {"peers", "sweep", "shapes"}:
         args.machines = True
-    if "peers" not in scenarios:
+    if not scenarios & {"peers", "shapes"}:
         return None
     bins = Binaries(args.llama_cpp_bin) if args.llama_cpp_bin else None
     if bins and (missing := bins.missing()):
         raise SystemExit(f"mesh bench: --llama-cpp-bin {bins.dir} lacks {', '.join(missing)}")
     return bins
+
+
+def _shapes(args: argparse.Namespace, scenarios: set[str], bins: Binaries | None) -> int:
+    """The shapes scenario, alone: it brings its own model, so no other scenario's setup is made."""
+    if scenarios != {"shapes"}:
+        raise SystemExit("mesh bench: shapes runs alone (it writes and serves its own model)")
+    os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
+    machines = Machines.parse(args.cpu_sets)
+    delays = [float(d) for d in (args.wire_delays or "0,20").split(",")]
+    plan = ShapesPlan(SHAPES[args.shape], machines, args.tokens, args.repeats, delays, bins)
+    rows, goals = shapes_rows(plan)
+    header = {"model": f"random-weight {args.shape} Q4_0", "threads": 1, "machines": machines.describe([2]),
+              "extra buffer types": "on" if use_extra_bufts() else "off",
+              "flash attn": "on" if flash_attn() else "off", "tokens": args.tokens, "repeats": args.repeats,
+              "machine": f"{platform.node()}, {_cpu_name()}, {os.cpu_count()} cores"}
+    return _report(args, header, rows, [goals])
 
 
 def _peers_rows(setup: Setup, bins: Binaries | None, args: argparse.Namespace,
@@ -498,22 +530,12 @@ def _memory_rows(setup: Setup, base: Baseline, servers: dict[int, LocalServer], 
         for stage, pid in zip(stages, pids, strict=False):
             assert stage.start is not None
             assert stage.end is not None
-            share = _weight_share(setup.manifest, stage.start, stage.end)
+            share = weight_share(setup.manifest, stage.start, stage.end)
             rows.append(Row(f"split-{n} stage {stage.stage}", f"peak RSS (MB), {label}, layers "
                             f"[{stage.start},{stage.end}), weights {share / 1e6:.0f} MB",
                             peak_rss(pid) / 1e6, base_rss / 1e6,
                             f"<= {(share + 200e6) / 1e6:.0f} MB" if single else ""))
     return rows
-
-
-def _weight_share(m: Manifest, start: int, end: int) -> int:
-    share = sum(a.artifact_bytes for a in m.layers[start:end])
-    share += m.shared["metadata"].artifact_bytes if "metadata" in m.shared else 0
-    if start == 0 and "embeddings" in m.shared:
-        share += m.shared["embeddings"].artifact_bytes
-    if end == m.layer_count and "output" in m.shared:
-        share += m.shared["output"].artifact_bytes
-    return share
 
 
 # -- output ---------------------------------------------------------------------------------
