@@ -276,9 +276,24 @@ def memory_rows(manifest: Manifest, server: LocalServer) -> list[Row]:
         assert stage.start is not None
         assert stage.end is not None
         share = weight_share(manifest, stage.start, stage.end)
-        rows.append(Row(f"shapes memory stage {stage.stage}", f"peak RSS, layers [{stage.start},{stage.end}), "
-                        f"1 lane, ctx {CTX} (MB, vs its weights)", peak_rss(pid) / 1e6, share / 1e6, "<= 1.15"))
+        scenario = f"shapes memory stage {stage.stage}"
+        rows.append(Row(scenario, f"peak RSS, layers [{stage.start},{stage.end}), 1 lane, ctx {CTX} "
+                        "(MB, vs its weights)", peak_rss(pid) / 1e6, share / 1e6, "<= 1.15"))
+        parts = resident_parts(pid)
+        rows += [Row(scenario, f"resident now, {kind} (MB)", parts.get(key, 0) / 1e6)
+                 for key, kind in (("RssAnon", "anonymous"), ("RssFile", "file-backed (the mmapped GGUF)"))]
     return rows
+
+
+def resident_parts(pid: int) -> dict[str, int]:
+    """Bytes resident now by kind (RssAnon, RssFile, RssShmem), from /proc; {} where it is not there."""
+    parts = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.startswith("Rss"):
+                parts[key] = int(value.split()[0]) * 1024
+    return parts
 
 
 def goals_table(rows: list[Row]) -> str:
