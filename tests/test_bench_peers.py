@@ -116,6 +116,9 @@ def test_a_log_with_another_layer_count_or_none_on_the_rpc_device_fails():
     with pytest.raises(LlamaCppError, match="no model weights on the RPC device"):
         split_evidence(SPLIT_LOG.replace("24.10", "0.00"), 12)
 
+def test_a_tiny_models_fraction_of_a_mib_on_the_rpc_device_counts():
+    assert split_evidence(SPLIT_LOG.replace("24.10", "0.05"), 12) == "offloaded 12/31 layers"
+
 
 # -- what is skipped ------------------------------------------------------------------------------
 

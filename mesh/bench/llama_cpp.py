@@ -108,7 +108,8 @@ def split_evidence(log: str, offload: int) -> str:
     if not found or int(found.group(1)) != offload:
         said = found.group(0) if found else "no 'offloaded K/N layers' line"
         raise LlamaCppError(f"llama-server did not put {offload} layers on the RPC device: {said}")
-    if not re.search(r"RPC\S*\s+model buffer size\s*=\s*[1-9]", log):
+    on_rpc = re.search(r"RPC\S*\s+model buffer size\s*=\s*(\d+(?:\.\d+)?)", log)
+    if not on_rpc or float(on_rpc.group(1)) <= 0:  # a tiny model's layers take a fraction of a MiB
         raise LlamaCppError("llama-server's log shows no model weights on the RPC device")
     return found.group(0)
 
