@@ -56,6 +56,7 @@ from packages.validate import validate_package
 
 PROMPT = "Say hello."  # short: a random model's prefill of a long one would cost more than its decode
 CTX = 512
+LOAD_ROUNDS = 2
 GB = 1e9
 
 
@@ -185,20 +186,27 @@ def _transfer_rows(root: Path, package: Path, manifest: Manifest, last: StageRan
 
 def _load_rows(root: Path, gguf: Path, package: Path, pinned: tuple[Manifest, str], ranges: list[StageRange],
                cpus: list[str]) -> list[Row]:
-    """llama.cpp loading each stage's GGUF (materialized into the cache `mesh serve` then uses)."""
+    """llama.cpp loading each stage's GGUF (materialized into the cache `mesh serve` then uses) and the
+    whole file, each on its machine, LOAD_ROUNDS rounds in turn: the fastest counts, as the first
+    load of a file can pay for what another process left in the page cache."""
     manifest, sha = pinned
-    whole = _step(cpus[0], "load", str(gguf), str(CTX))
-    rows = [Row("shapes load", "llama.cpp loads the whole GGUF (s)", whole["seconds"]),
+    stages, made = [], []
+    for r in ranges:
+        start = time.perf_counter()
+        stages.append(materialize_stage(package, manifest, sha, r.start, r.end, root / "cache"))
+        made.append(time.perf_counter() - start)
+    files = [(gguf, cpus[0]), *zip(stages, cpus, strict=True)]
+    loads = [[_step(cpu, "load", str(f), str(CTX)) for f, cpu in files] for _ in range(LOAD_ROUNDS)]
+    best = [min(rounds, key=lambda x: x["seconds"]) for rounds in zip(*loads, strict=True)]
+    whole = best[0]
+    rows = [Row("shapes load", "llama.cpp loads the whole GGUF (s)", whole["seconds"],
+                samples=[x[0]["seconds"] for x in loads]),
             Row("shapes load", "llama.cpp whole-GGUF load, peak RSS (MB, vs all weights)", whole["peak_rss"] / 1e6,
                 weight_share(manifest, 0, manifest.layer_count) / 1e6)]
-    for i, (r, cpu) in enumerate(zip(ranges, cpus, strict=True)):
-        start = time.perf_counter()
-        stage = materialize_stage(package, manifest, sha, r.start, r.end, root / "cache")
-        made = time.perf_counter() - start
-        loaded = _step(cpu, "load", str(stage), str(CTX))
-        rows += [Row("shapes load", f"stage {i} [{r.start},{r.end}): stage GGUF materialized (s)", made),
+    for i, (r, seconds, loaded) in enumerate(zip(ranges, made, best[1:], strict=True)):
+        rows += [Row("shapes load", f"stage {i} [{r.start},{r.end}): stage GGUF materialized (s)", seconds),
                  Row("shapes load", f"stage {i} [{r.start},{r.end}): llama.cpp loads it (s, vs whole)",
-                     loaded["seconds"], whole["seconds"])]
+                     loaded["seconds"], whole["seconds"], samples=[x[i + 1]["seconds"] for x in loads])]
     return rows
 
 
