@@ -222,6 +222,7 @@ def _shapes(args: argparse.Namespace, scenarios: set[str], bins: Binaries | None
     plan = ShapesPlan(SHAPES[args.shape], machines, args.tokens, args.repeats, delays, bins)
     rows, goals = shapes_rows(plan)
     header = {"model": f"random-weight {args.shape} Q4_0", "threads": 1, "machines": machines.describe([2]),
+              "wire delays (ms, one way)": ",".join(f"{d:g}" for d in delays), "page cache": "warm",
               "extra buffer types": "on" if use_extra_bufts() else "off",
               "flash attn": "on" if flash_attn() else "off", "tokens": args.tokens, "repeats": args.repeats,
               "machine": f"{platform.node()}, {_cpu_name()}, {os.cpu_count()} cores"}

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from mesh.bearer import auth_headers
 from mesh.bench import llama_cpp
@@ -229,7 +230,7 @@ def _decode_rows(setup: Setup, plan: Plan, root: Path) -> list[Row]:
             tps = _interleave(setup, urls, plan.repeats)
             rows += _tps_rows(f"shapes decode {d:g} ms", tps, cut, skip)
             if d == plan.delays[0]:
-                rows += memory_rows(setup.manifest, mesh)
+                rows += memory_rows(setup.manifest, mesh) + llama_cpp_memory_rows(setup.manifest, cut)
     return rows
 
 
@@ -290,6 +291,21 @@ def memory_rows(manifest: Manifest, server: LocalServer) -> list[Row]:
         parts = resident_parts(pid)
         rows += [Row(scenario, f"resident now, {kind} (MB)", parts.get(key, 0) / 1e6)
                  for key, kind in (("RssAnon", "anonymous"), ("RssFile", "file-backed (the mmapped GGUF)"))]
+    return rows
+
+
+def llama_cpp_memory_rows(manifest: Manifest, cut: int) -> list[Row]:
+    """The same for llama.cpp's RPC split-2, where it runs: llama-server holds [0, cut) and the
+    embeddings, ggml-rpc-server the rest and the head (the shares meshpipe's stages hold)."""
+    shares = {llama_cpp.SERVER: weight_share(manifest, 0, cut),
+              llama_cpp.RPC_SERVER: weight_share(manifest, cut, manifest.layer_count)}
+    rows = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error, IndexError):
+            name = Path(child.cmdline()[0]).name
+            if name in shares:
+                rows.append(Row(f"shapes memory {name}", "peak RSS, llama.cpp RPC split-2, same layers (MB, vs its "
+                                "weights)", peak_rss(child.pid) / 1e6, shares[name] / 1e6))
     return rows
 
 
