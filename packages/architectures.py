@@ -123,7 +123,17 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
     none for an architecture not proven, which still serves on one node."""
     if split_refusal(architecture, metadata) is not None:
         return []
-    return list(range(period(architecture, metadata), layer_count, period(architecture, metadata)))
+    step = period(architecture, metadata)
+    cuts = range(step, layer_count, step)
+    sliding = (metadata or {}).get(swa_key(architecture))
+    if RULES[architecture].swa_pattern is not None and isinstance(sliding, list):
+        # With a sliding window, llama_model::create_memory (llama-model.cpp) asserts
+        # `hparams.is_swa_any()`: a stage of full-attention layers only aborts the process. A
+        # stage starting at a sliding-window layer has one, and so does the first stage when a
+        # layer before the cut slides. (Without the array, cuts fall on multiples of the
+        # pattern, whose first layer slides.)
+        return [c for c in cuts if sliding[c] and any(sliding[:c])]
+    return list(cuts)
 
 
 def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:
@@ -149,6 +159,8 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
         return f"{architecture}: not split ({refusal})"
     n = period(architecture, metadata)
     where = "any layer" if n == 1 else f"every {n}th layer"
+    if RULES[architecture].swa_pattern is not None and isinstance((metadata or {}).get(swa_key(architecture)), list):
+        where = f"{where} that starts with a sliding-window layer"
     return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
 
 

@@ -174,3 +174,13 @@ def test_the_table_names_every_architecture_once_with_what_is_done_with_it() -> 
     assert sorted(a for a, verdict in rows.items() if verdict.startswith("split: ")) == PROVEN
     assert rows["starcoder2"].startswith("one node: splitting is not yet proven")
     assert rows["mamba"].startswith("refused: recurrent layers")
+
+
+def test_no_stage_is_left_without_a_sliding_window_layer() -> None:
+    """llama_model::create_memory asserts a sliding-window model's stage has a sliding layer:
+    cuts fall where a sliding-window layer starts the next stage and one precedes it."""
+    key = architectures.swa_key("gemma2")
+    assert allowed_cuts("gemma2", 8, {key: [True, False] * 4}) == [2, 4, 6]
+    assert allowed_cuts("olmo2", 8, {architectures.swa_key("olmo2"): [True, True, True, False] * 2}) == [1, 2, 4, 5, 6]
+    assert allowed_cuts("gemma2", 8, {key: [False, True, False, True, True, True, True, True]}) == [3, 4, 5, 6, 7]
+    assert allowed_cuts("gemma2", 8) == [2, 4, 6]  # no array: the pattern's period
