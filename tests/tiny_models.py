@@ -148,11 +148,92 @@ def _gemma3(t: Tiny) -> None:
         t.norm(f"blk.{i}.post_ffw_norm.weight")
 
 
+# --- dense families (issue 40) ---
+
+
+def _qwen2(t: Tiny) -> None:
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _gemma2(t: Tiny) -> None:
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attn_logit_softcapping", 50.0)
+    t.key("final_logit_softcapping", 30.0)
+    _head(t, tied=True, embd_scale=0.02)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+
+
+def _phi3(t: Tiny) -> None:
+    """Fused q/k/v and a fused gate+up of 2 * n_ff (phi3.cpp); q is n_embd wide."""
+    _head(t)
+    qkv = t.width + 2 * t.kv_heads * t.head_dim
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_qkv.weight", t.w(qkv, t.width))
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+
+def _olmo2(t: Tiny) -> None:
+    """Norms after attention and FFN only; q/k norms over all heads (olmo2.cpp). With a sliding
+    window (OLMo 3) every 4th layer is full attention, from the index."""
+    t.key("attention.sliding_window", 4)
+    _head(t)
+    for i in range(t.layers):
+        t.attention(i, q_norm=t.heads * t.head_dim, k_norm=t.kv_heads * t.head_dim)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+
+
+def _granite(t: Tiny) -> None:
+    t.key("logit_scale", 8.0)  # required by granite.cpp
+    t.key("embedding_scale", 12.0)  # applied by build_inp_embd to hidden-state input too
+    t.key("residual_scale", 0.22)
+    t.key("attention.scale", 0.0625)
+    _head(t, embd_scale=0.05)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _mistral3(t: Tiny) -> None:
+    """Llama-shaped; the attention temperature grows with the position past original_context_length."""
+    t.key("attention.temperature_scale", 0.5)
+    t.key("rope.scaling.original_context_length", 8)
+    _llama(t)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
     "gemma3": _gemma3,
+    "qwen2": _qwen2,
+    "gemma2": _gemma2,
+    "phi3": _phi3,
+    "olmo2": _olmo2,
+    "granite": _granite,
+    "smollm3": _llama,  # llama-shaped; no RoPE on every 4th layer, from the index (smollm3.cpp)
+    "mistral3": _mistral3,
 }
+
+# A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
+NAMES = {"phi3": "tiny-phi-three"}
 
 
 def _seed_oss(t: Tiny) -> None:
@@ -171,7 +252,7 @@ UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
 def write_tiny(path: Path, arch: str, layers: int = LAYERS, seed: int = 0) -> Path:
     """A random-weight GGUF of `arch` that llama.cpp loads and decodes in milliseconds."""
     writer = GGUFWriter(path, arch)
-    writer.add_name(f"tiny-{arch}")
+    writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
     t = Tiny(writer, arch, layers, np.random.default_rng(seed))
     _common(t)
     (WRITERS | UNPROVEN)[arch](t)
