@@ -95,6 +95,8 @@ _NOT_TEXT = {
     UNKNOWN: "not an architecture llama.cpp 0.3.36 knows",
 }
 UNPROVEN = "splitting is not yet proven for it: served on one node"
+# Layer counts from which llama.cpp derives a 27B's attention scale.
+_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def kind_of(architecture: str) -> str:
@@ -112,6 +114,13 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
     """Why this model may not be split, or None when it may."""
     if architecture not in RULES:
         return _NOT_TEXT.get(kind_of(architecture), UNPROVEN) if kind_of(architecture) != TEXT else UNPROVEN
+    blocks = (metadata or {}).get(f"{architecture}.block_count")
+    if architecture in _27B_LAYERS and blocks == _27B_LAYERS[architecture]:
+        # load_arch_hparams (gemma2.cpp, gemma3.cpp) takes the 27B's query scale
+        # 1/sqrt(n_embd / n_head) from `type`, which is switch (n_layer()): a stage of fewer
+        # layers gets 1/sqrt(head_dim) instead
+        return (f"{architecture} with {blocks} layers (27B) takes its attention scale from the total "
+                f"layer count")
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"

@@ -184,3 +184,13 @@ def test_no_stage_is_left_without_a_sliding_window_layer() -> None:
     assert allowed_cuts("olmo2", 8, {architectures.swa_key("olmo2"): [True, True, True, False] * 2}) == [1, 2, 4, 5, 6]
     assert allowed_cuts("gemma2", 8, {key: [False, True, False, True, True, True, True, True]}) == [3, 4, 5, 6, 7]
     assert allowed_cuts("gemma2", 8) == [2, 4, 6]  # no array: the pattern's period
+
+
+@pytest.mark.parametrize(("arch", "layers"), [("gemma2", 46), ("gemma3", 62)])
+def test_a_gemma_27b_is_not_split(arch: str, layers: int) -> None:
+    """Its attention scale comes from `switch (n_layer())`: a stage would get another."""
+    meta = {f"{arch}.block_count": layers}
+    assert "attention scale from the total layer count" in (architectures.split_refusal(arch, meta) or "")
+    assert allowed_cuts(arch, layers, meta) == []
+    assert architectures.split_refusal(arch, {f"{arch}.block_count": layers - 4}) is None
+    assert allowed_cuts(arch, layers - 4, {f"{arch}.block_count": layers - 4})
