@@ -184,9 +184,9 @@ def test_cli_tampered_package_and_disallowed_cut(tiny_package, gemma3_package, t
     pkg = _copy(tiny_package, tmp_path)
     (pkg / "shared" / "embeddings.gguf").write_bytes(b"\0" * 10)
     _assert_clean_failure(mesh("package", "validate", pkg), "shared/embeddings.gguf")
-    result = mesh("package", "materialize", gemma3_package, "--range", "0:9",
+    result = mesh("package", "materialize", gemma3_package, "--range", "0:11",
                   "--cache-dir", tmp_path / "c")
-    _assert_clean_failure(result, "cut at layer 9 is not allowed")
+    _assert_clean_failure(result, "cut at layer 11 is not allowed")
 
 
 def test_cli_write_inspect_validate(tiny_gguf, tmp_path):
