@@ -10,14 +10,20 @@ RoPE: llama.cpp's converter permutes the rows of `attn_q`/`attn_k` so that llama
 "normal" rope, which rotates adjacent pairs (x0, x1), (x2, x3), ..., equals the Hugging Face
 model's half-split rope. MLX's `traditional=True` rope rotates the same adjacent pairs, so
 the GGUF weights are used as stored, with no permutation back.
+
+Other families reuse these pieces (qwen3.py): a subclass of `Attention` changes the heads
+(`heads`) or the rope (`traditional`), and a subclass of `Model` names its attention, its
+GGUF metadata prefix (`arch`) and its tensors (`layer_names`); `build` takes the class.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from stage.mlx_models.cache import KVCache
@@ -37,47 +43,56 @@ class ModelArgs:
     vocab_size: int
 
     @classmethod
-    def from_gguf(cls, meta: dict[str, object], vocab_size: int) -> ModelArgs:
-        heads = int(_number(meta, "attention.head_count"))
-        hidden = int(_number(meta, "embedding_length"))
-        head_dim = int(_number(meta, "attention.key_length", hidden // heads))
+    def from_gguf(cls, meta: dict[str, object], vocab_size: int, arch: str = "llama") -> ModelArgs:
+        def number(key: str, default: float | None = None) -> float:
+            return _number(meta, f"{arch}.{key}", default)
+
+        heads = int(number("attention.head_count"))
+        hidden = int(number("embedding_length"))
+        head_dim = int(number("attention.key_length", hidden // heads))
         return cls(
             hidden_size=hidden,
-            num_hidden_layers=int(_number(meta, "block_count")),
-            intermediate_size=int(_number(meta, "feed_forward_length")),
+            num_hidden_layers=int(number("block_count")),
+            intermediate_size=int(number("feed_forward_length")),
             num_attention_heads=heads,
-            num_key_value_heads=int(_number(meta, "attention.head_count_kv", heads)),
+            num_key_value_heads=int(number("attention.head_count_kv", heads)),
             head_dim=head_dim,
-            rope_dims=int(_number(meta, "rope.dimension_count", head_dim)),
-            rope_theta=_number(meta, "rope.freq_base", 10000.0),
-            rms_norm_eps=_number(meta, "attention.layer_norm_rms_epsilon"),
+            rope_dims=int(number("rope.dimension_count", head_dim)),
+            rope_theta=number("rope.freq_base", 10000.0),
+            rms_norm_eps=number("attention.layer_norm_rms_epsilon"),
             vocab_size=vocab_size,
         )
 
 
 def _number(meta: dict[str, object], key: str, default: float | None = None) -> float:
-    """A `llama.*` number from `mx.load`'s GGUF metadata (scalars arrive as 0-d arrays)."""
-    value = meta.get(f"llama.{key}", default)
+    """A number from `mx.load`'s GGUF metadata: scalars arrive as 0-d arrays, per-layer
+    counts (head counts, FFN lengths) as 1-d arrays, which must hold one value."""
+    value = meta.get(key, default)
     if isinstance(value, mx.array):
-        value = value.item()
+        values = set(np.array(value).ravel().tolist())
+        if len(values) != 1:
+            raise ValueError(f"{key} differs between layers ({sorted(values)}); the MLX model needs one value")
+        value = values.pop()
     if not isinstance(value, int | float):
-        raise ValueError(f"the GGUF has no number llama.{key}")
+        raise ValueError(f"the GGUF has no number {key}")
     return float(value)
 
 
-def check_supported(meta: dict[str, object], names: set[str]) -> None:
+def check_supported(meta: dict[str, object], names: set[str], arch: str = "llama") -> None:
     """Refuse what this file does not compute, by name, rather than computing it wrong."""
-    scaling = meta.get("llama.rope.scaling.type")
+    scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling is not None and str(scaling) not in ("none", ""):
-        raise ValueError(f"llama rope scaling {scaling!r} is not supported by the MLX llama model")
+        raise ValueError(f"{arch} rope scaling {scaling!r} is not supported by the MLX {arch} model")
     if "rope_freqs.weight" in names:
-        raise ValueError("llama rope frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported")
+        raise ValueError(f"{arch} rope frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported")
     biased = sorted(n for n in names if n.endswith(".bias"))
     if biased:
-        raise ValueError(f"the MLX llama model has no bias terms; the GGUF has {biased[0]}")
+        raise ValueError(f"the MLX {arch} model has no bias terms; the GGUF has {biased[0]}")
 
 
 class Attention(nn.Module):
+    traditional = True  # llama.cpp's "normal" rope on the permuted q/k rows (the docstring above)
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         dim, head_dim = args.hidden_size, args.head_dim
@@ -87,18 +102,23 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=False)
-        self.rope = nn.RoPE(args.rope_dims, traditional=True, base=args.rope_theta)
+        self.rope = nn.RoPE(args.rope_dims, traditional=self.traditional, base=args.rope_theta)
 
     def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
         """x: [B, rows, dim], one batch row per session, each with its own lane's cache:
         the projections run batched, attention per session over its own keys."""
         batch, rows, _ = x.shape
-        q = self.q_proj(x).reshape(batch, rows, self.n_heads, -1).transpose(0, 2, 1, 3)
-        k = self.k_proj(x).reshape(batch, rows, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = self.v_proj(x).reshape(batch, rows, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in self.heads(x))
         outs = [self._attend(q[b : b + 1], k[b : b + 1], v[b : b + 1], cache) for b, cache in enumerate(caches)]
         out = outs[0] if batch == 1 else mx.concatenate(outs, axis=0)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, rows, -1))
+
+    def heads(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """q, k and v of x [B, rows, dim], each [B, rows, heads, head_dim]."""
+        batch, rows, _ = x.shape
+        return (self.q_proj(x).reshape(batch, rows, self.n_heads, -1),
+                self.k_proj(x).reshape(batch, rows, self.n_kv_heads, -1),
+                self.v_proj(x).reshape(batch, rows, self.n_kv_heads, -1))
 
     def _attend(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache) -> mx.array:
         q = self.rope(q, offset=cache.offset)
@@ -121,9 +141,9 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, attention: type[Attention] = Attention) -> None:
         super().__init__()
-        self.self_attn = Attention(args)
+        self.self_attn = attention(args)
         self.mlp = MLP(args.hidden_size, args.intermediate_size)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
@@ -131,6 +151,22 @@ class TransformerBlock(nn.Module):
     def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), caches)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# GGUF tensor names -> this file's module paths
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+
 
 
 class Model(nn.Module):
@@ -141,13 +177,17 @@ class Model(nn.Module):
     which is the embedding matrix when the GGUF has no `output.weight` (tied, as in SmolLM2).
     """
 
+    arch: ClassVar[str] = "llama"  # the GGUF metadata prefix, `general.architecture`
+    attention: ClassVar[type[Attention]] = Attention
+    layer_names: ClassVar[dict[str, str]] = LAYER_NAMES
+
     def __init__(self, args: ModelArgs, first: bool, final: bool, tied: bool) -> None:
         super().__init__()
         self.args, self.first, self.final, self.tied = args, first, final, tied
         self.width, self.n_vocab, self.n_layer = args.hidden_size, args.vocab_size, args.num_hidden_layers
         if first or (final and tied):
             self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+        self.layers = [TransformerBlock(args, self.attention) for _ in range(args.num_hidden_layers)]
         if final:
             self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
             if not tied:
@@ -170,47 +210,34 @@ class Model(nn.Module):
         return [KVCache() for _ in self.layers]
 
 
-# GGUF tensor names -> this file's module paths
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
-
-
-def module_path(gguf_name: str) -> str:
+def module_path(gguf_name: str, model_class: type[Model] = Model) -> str:
     """`blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj.weight` (also `.scales`, `.biases`)."""
     stem, _, suffix = gguf_name.rpartition(".")
     parts = stem.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    layer_names = model_class.layer_names
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in layer_names:
+        return f"layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
     if len(parts) == 1 and parts[0] in _TOP_NAMES:
         return f"{_TOP_NAMES[parts[0]]}.{suffix}"
-    raise ValueError(f"the MLX llama model has no place for GGUF tensor {gguf_name}")
+    raise ValueError(f"the MLX {model_class.arch} model has no place for GGUF tensor {gguf_name}")
 
 
 def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, final: bool,
-          dtype: mx.Dtype = mx.float32) -> Model:
+          dtype: mx.Dtype = mx.float32, model_class: type[Model] = Model) -> Model:
     """The model for a stage GGUF's tensors (`mx.load` names), with only what the range uses.
 
     Floating weights (norms, and quantization scales and biases, float16 in the GGUF) are
     cast to `dtype`, so activations stay in it: float32 follows llama.cpp's CPU arithmetic.
     """
-    check_supported(meta, set(weights))
+    arch = model_class.arch
+    check_supported(meta, set(weights), arch)
     tied = "output.weight" not in weights
     vocab = int(weights["token_embd.weight"].shape[0])
-    model = Model(ModelArgs.from_gguf(meta, vocab), first=first, final=final, tied=tied)
+    model = model_class(ModelArgs.from_gguf(meta, vocab, arch), first=first, final=final, tied=tied)
     wanted = set(tree_flatten(model.parameters(), destination={}))  # parameter paths
     mapped: dict[str, mx.array] = {}
     for name, value in weights.items():
-        path = module_path(name)
+        path = module_path(name, model_class)
         module = path.rpartition(".")[0]
         if f"{module}.weight" not in wanted:
             continue  # a stage GGUF carries the embedding and head even where the range skips them
