@@ -38,6 +38,8 @@ class RangeModel(Protocol):
     def parameters(self) -> dict[str, object]: ...
 
 
+ARCHITECTURES = ("llama", "qwen3")  # the `general.architecture`s `builder` knows
+
 # build(metadata, weights, first, final): the model for a stage GGUF's tensors
 Builder = Callable[[dict[str, object], dict[str, mx.array], bool, bool], RangeModel]
 
@@ -48,4 +50,9 @@ def builder(architecture: str) -> Builder:
         from stage.mlx_models import llama
 
         return llama.build
-    raise KeyError(f"the MLX engine has no model code for architecture {architecture!r} (it has: llama)")
+    if architecture == "qwen3":
+        from stage.mlx_models import qwen3
+
+        return qwen3.build
+    raise KeyError(f"the MLX engine has no model code for architecture {architecture!r} "
+                   f"(it has: {', '.join(ARCHITECTURES)})")
