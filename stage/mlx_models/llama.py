@@ -45,7 +45,7 @@ class ModelArgs:
     @classmethod
     def from_gguf(cls, meta: dict[str, object], vocab_size: int, arch: str = "llama") -> ModelArgs:
         def number(key: str, default: float | None = None) -> float:
-            return _number(meta, f"{arch}.{key}", default)
+            return meta_number(meta, f"{arch}.{key}", default)
 
         heads = int(number("attention.head_count"))
         hidden = int(number("embedding_length"))
@@ -64,7 +64,7 @@ class ModelArgs:
         )
 
 
-def _number(meta: dict[str, object], key: str, default: float | None = None) -> float:
+def meta_number(meta: dict[str, object], key: str, default: float | None = None) -> float:
     """A number from `mx.load`'s GGUF metadata: scalars arrive as 0-d arrays, per-layer
     counts (head counts, FFN lengths) as 1-d arrays, which must hold one value."""
     value = meta.get(key, default)
@@ -141,10 +141,10 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: ModelArgs, attention: type[Attention] = Attention) -> None:
+    def __init__(self, args: ModelArgs, attention: type[Attention], mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = attention(args)
-        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.mlp = mlp
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
@@ -178,6 +178,7 @@ class Model(nn.Module):
     """
 
     arch: ClassVar[str] = "llama"  # the GGUF metadata prefix, `general.architecture`
+    args_class: ClassVar[type[ModelArgs]] = ModelArgs
     attention: ClassVar[type[Attention]] = Attention
     layer_names: ClassVar[dict[str, str]] = LAYER_NAMES
 
@@ -187,11 +188,15 @@ class Model(nn.Module):
         self.width, self.n_vocab, self.n_layer = args.hidden_size, args.vocab_size, args.num_hidden_layers
         if first or (final and tied):
             self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args, self.attention) for _ in range(args.num_hidden_layers)]
+        self.layers = [TransformerBlock(args, self.attention, self.make_mlp(args))
+                       for _ in range(args.num_hidden_layers)]
         if final:
             self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
             if not tied:
                 self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def make_mlp(self, args: ModelArgs) -> nn.Module:
+        return MLP(args.hidden_size, args.intermediate_size)
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)
@@ -233,7 +238,7 @@ def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, fi
     check_supported(meta, set(weights), arch)
     tied = "output.weight" not in weights
     vocab = int(weights["token_embd.weight"].shape[0])
-    model = model_class(ModelArgs.from_gguf(meta, vocab, arch), first=first, final=final, tied=tied)
+    model = model_class(model_class.args_class.from_gguf(meta, vocab, arch), first=first, final=final, tied=tied)
     wanted = set(tree_flatten(model.parameters(), destination={}))  # parameter paths
     mapped: dict[str, mx.array] = {}
     for name, value in weights.items():
@@ -251,11 +256,12 @@ def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, fi
 def quantized_linear_params(path: str, module: nn.Module, weights: dict[str, mx.array]) -> dict[str, int] | bool:
     """`nn.quantize`'s predicate: a module whose weight came quantized gets its bits and group.
 
-    A packed weight is uint32 [out, in * bits / 32]; its scales are [out, in / group].
+    A packed weight is uint32 [out, in * bits / 32]; its scales are [out, in / group]
+    (with the experts first, [experts, out, ...], for a mixture of experts).
     """
     scales = weights.get(f"{path}.scales")
     if scales is None or not hasattr(module, "to_quantized"):
         return False
-    in_dims = int(module.weight.shape[1])
-    packed = int(weights[f"{path}.weight"].shape[1])
-    return {"group_size": in_dims // int(scales.shape[1]), "bits": packed * 32 // in_dims}
+    in_dims = int(module.weight.shape[-1])
+    packed = int(weights[f"{path}.weight"].shape[-1])
+    return {"group_size": in_dims // int(scales.shape[-1]), "bits": packed * 32 // in_dims}
