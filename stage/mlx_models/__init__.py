@@ -38,7 +38,7 @@ class RangeModel(Protocol):
     def parameters(self) -> dict[str, object]: ...
 
 
-ARCHITECTURES = ("llama", "qwen3")  # the `general.architecture`s `builder` knows
+ARCHITECTURES = ("llama", "qwen3", "qwen3moe")  # the `general.architecture`s `builder` knows
 
 # build(metadata, weights, first, final): the model for a stage GGUF's tensors
 Builder = Callable[[dict[str, object], dict[str, mx.array], bool, bool], RangeModel]
@@ -54,5 +54,9 @@ def builder(architecture: str) -> Builder:
         from stage.mlx_models import qwen3
 
         return qwen3.build
+    if architecture == "qwen3moe":
+        from stage.mlx_models import qwen3moe
+
+        return qwen3moe.build
     raise KeyError(f"the MLX engine has no model code for architecture {architecture!r} "
                    f"(it has: {', '.join(ARCHITECTURES)})")
