@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("mlx.core", reason="mlx is not installed: pip install 'meshpipe[mlx]' (mlx[cpu] on Linux)")
 
 from chain import chat_prompt, close, forward, reference_greedy
-from tiny_models import write_tiny
+from tiny_models import WRITERS, write_tiny
 
 from common.errors import EngineError
 from packages.manifest import load_manifest
@@ -221,35 +221,47 @@ def test_a_stage_reloads_an_engine_on_the_engine_thread(tiny_package, stage_cach
     np.testing.assert_array_equal(first, second)
 
 
-# -- the tiny random qwen3 (tests/tiny_models.py): fast -----------------------------------
-# q/k RMSNorm per head before NEOX rope, on unpermuted q/k rows (stage/mlx_models/qwen3.py).
+# -- the tiny random qwen3 and qwen3moe (tests/tiny_models.py): fast ----------------------
+# q/k RMSNorm per head before NEOX rope, on unpermuted q/k rows (stage/mlx_models/qwen3.py);
+# qwen3moe's layers route each token to 2 of 4 experts (stage/mlx_models/qwen3moe.py).
 
 QWEN3_PROMPTS = [[1, *range(40, 60), 7, 7, 9], [1, 200, 13, 88, 5], [1, *range(100, 160, 3)]]
 QWEN3_TOKENS = 24
-# 8 layers, f32, 3 prompts x 24 tokens teacher-forced, max |mlx - llama| / max |llama| over
-# the logits: 0.0051 with MLX on the first layers (mlx, mlx->llama at 4; 0.032 on logits up to
-# 6.3), 0.0006 to 0.0008 with MLX after llama.cpp (llama->mlx at 3, llama->mlx->llama at 2, 6),
-# llama.cpp's float16 KV being the difference. Greedy tokens all equal but one: MLX on the first
-# layers took the second choice at token 17 of the second prompt, where llama.cpp's top two
-# logits stand 0.0025 apart (its smallest gap in these 72 positions), a near tie.
-QWEN3_TOL = 0.01
+# max |mlx - llama| / max |llama| over the logits, 8 layers, f32, 3 prompts x 24 tokens
+# teacher-forced. qwen3: 0.0051 with MLX on the first layers (mlx, mlx->llama at 4; 0.032 on
+# logits up to 6.3), 0.0006 to 0.0008 with MLX after llama.cpp (llama->mlx at 3,
+# llama->mlx->llama at 2, 6), llama.cpp's float16 KV being the difference. Greedy tokens all
+# equal but one: MLX on the first layers took the second choice at token 17 of the second
+# prompt, where llama.cpp's top two logits stand 0.0025 apart, a near tie.
+# qwen3moe: 0.0024 (mlx), 0.0008 (llama->mlx), but 0.046 (mlx->llama at 4): a router's
+# second and third experts can stand 3e-5 apart, and a difference that small picks the other
+# expert, a step in the output; greedy tokens all equal. (On Q4_0, where llama.cpp quantizes
+# activations to 8 bits, 0.21, parting at near ties of gap up to 0.082; MLX's Q4_0 logits
+# equal, bit for bit, those of the model dequantized to f32.)
+TINY_ARCH_TOL = {"qwen3": 0.01, "qwen3moe": 0.1}
 
 
 @pytest.fixture(scope="module")
-def qwen3_package(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The tiny qwen3 GGUF and its package."""
-    root = tmp_path_factory.mktemp("qwen3")
-    gguf = write_tiny(root / "qwen3.gguf", "qwen3")
-    write_package(gguf, root / "pkg", model_id="qwen3", progress=lambda _: None)
-    return gguf, root / "pkg"
+def tiny_arch(tmp_path_factory: pytest.TempPathFactory, stage_cache: Path):
+    """arch -> the tiny model's package, and per prompt llama-cpp-python's greedy tokens on the
+    unsplit model with the llama.cpp engine's logits for each (teacher-forced); made once."""
+    made: dict[str, tuple[Path, list[tuple[list[int], np.ndarray]]]] = {}
+
+    def get(arch: str) -> tuple[Path, list[tuple[list[int], np.ndarray]]]:
+        if arch not in made:
+            if arch not in WRITERS:
+                pytest.skip(f"tests/tiny_models.py has no {arch} writer")
+            root = tmp_path_factory.mktemp(arch)
+            gguf = write_tiny(root / f"{arch}.gguf", arch)
+            write_package(gguf, root / "pkg", model_id=arch, progress=lambda _: None)
+            made[arch] = root / "pkg", _tiny_reference(gguf, root / "pkg", stage_cache)
+        return made[arch]
+
+    return get
 
 
-@pytest.fixture(scope="module")
-def qwen3_reference(qwen3_package, stage_cache) -> list[tuple[list[int], np.ndarray]]:
-    """Per prompt: llama-cpp-python's greedy tokens on the unsplit model, and the llama.cpp
-    engine's logits for each (teacher-forced)."""
-    gguf, package = qwen3_package
-    whole = make_engine("llama", package, stage_cache, 0, 8)
+def _tiny_reference(gguf: Path, package: Path, cache: Path) -> list[tuple[list[int], np.ndarray]]:
+    whole = make_engine("llama", package, cache, 0, 8)
     out = []
     for prompt in QWEN3_PROMPTS:
         expected = reference_greedy(gguf, prompt, QWEN3_TOKENS)
@@ -261,35 +273,38 @@ def qwen3_reference(qwen3_package, stage_cache) -> list[tuple[list[int], np.ndar
     return out
 
 
+@pytest.mark.parametrize("arch", list(TINY_ARCH_TOL))
 @pytest.mark.parametrize(("cuts", "kinds"), [
     ([], ["mlx"]),
     ([4], ["mlx", "llama"]),
     ([3], ["llama", "mlx"]),
     ([2, 6], ["llama", "mlx", "llama"]),
 ], ids=["mlx", "mlx-llama", "llama-mlx", "llama-mlx-llama"])
-def test_tiny_qwen3_greedy_equals_llama_but_near_ties(qwen3_package, qwen3_reference, stage_cache, cuts, kinds):
+def test_tiny_qwen3_greedy_equals_llama_but_near_ties(tiny_arch, stage_cache, arch, cuts, kinds):
     """The whole model on MLX, and MLX on one range with llama.cpp on the others: llama.cpp's
-    greedy tokens under the near-tie rule, and its logits within QWEN3_TOL."""
-    engines = build_mixed(qwen3_package[1], stage_cache, cuts, kinds)
+    greedy tokens under the near-tie rule, and its logits within TINY_ARCH_TOL."""
+    package, reference = tiny_arch(arch)
+    engines = build_mixed(package, stage_cache, cuts, kinds)
     try:
-        for prompt, (expected, ref_logits) in zip(QWEN3_PROMPTS, qwen3_reference, strict=True):
+        for prompt, (expected, ref_logits) in zip(QWEN3_PROMPTS, reference, strict=True):
             logits = teacher_forced(engines, np.asarray([*prompt, *expected[:-1]], np.int32))[len(prompt) - 1 :]
-            assert relative_error(logits, ref_logits) < QWEN3_TOL
-        check_greedy(engines, QWEN3_PROMPTS, qwen3_reference)
+            assert relative_error(logits, ref_logits) < TINY_ARCH_TOL[arch]
+        check_greedy(engines, QWEN3_PROMPTS, reference)
     finally:
         close(engines)
 
 
-def test_tiny_qwen3_rope_is_neox(qwen3_package, qwen3_reference, stage_cache, monkeypatch):
+def test_tiny_qwen3_rope_is_neox(tiny_arch, stage_cache, monkeypatch):
     """The negative check: llama's adjacent-pair rope on qwen3's rows parts from llama.cpp."""
     from stage.mlx_models import qwen3
 
+    package, reference = tiny_arch("qwen3")
     monkeypatch.setattr(qwen3.Attention, "traditional", True)
-    engine = make_engine("mlx", qwen3_package[1], stage_cache, 0, 8)
-    prompt, (expected, ref_logits) = QWEN3_PROMPTS[0], qwen3_reference[0]
+    engine = make_engine("mlx", package, stage_cache, 0, 8)
+    prompt, (expected, ref_logits) = QWEN3_PROMPTS[0], reference[0]
     logits = teacher_forced([engine], np.asarray([*prompt, *expected[:-1]], np.int32))[len(prompt) - 1 :]
     engine.close()
-    assert relative_error(logits, ref_logits) > 10 * QWEN3_TOL
+    assert relative_error(logits, ref_logits) > 10 * TINY_ARCH_TOL["qwen3"]
 
 
 # -- SmolLM2 Q4_1 ------------------------------------------------------------------------
