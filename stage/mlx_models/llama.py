@@ -1,19 +1,17 @@
 """The llama architecture (SmolLM2, Llama 2/3 without rope scaling) in MLX, over a layer range.
 
 Written the way mlx-lm writes a model: arguments, attention, MLP, block, model, and the
-weight names. The weights are a stage GGUF's (DESIGN.md §3 step 1), read by `mx.load`:
-layers renumbered from 0, so this range's layer i is `blk.i`. Q4_0, Q4_1 and Q8_0 tensors
-arrive as MLX affine quantized weights (packed uint32, scales and biases per group of 32)
-and stay quantized; `quantized_linear_params` reads their bits and group from the shapes.
+weight names; `gguf_load.load_range` builds a layer range from a stage GGUF's tensors.
 
 RoPE: llama.cpp's converter permutes the rows of `attn_q`/`attn_k` so that llama.cpp's
 "normal" rope, which rotates adjacent pairs (x0, x1), (x2, x3), ..., equals the Hugging Face
 model's half-split rope. MLX's `traditional=True` rope rotates the same adjacent pairs, so
 the GGUF weights are used as stored, with no permutation back.
 
-Other families reuse these pieces (qwen3.py): a subclass of `Attention` changes the heads
-(`heads`) or the rope (`traditional`), and a subclass of `Model` names its attention, its
-GGUF metadata prefix (`arch`) and its tensors (`layer_names`); `build` takes the class.
+Other families reuse these pieces (qwen3.py, qwen3moe.py): a subclass of `Attention` changes
+the heads (`heads`) or the rope (`traditional`), and a subclass of `Model` names its
+attention, its MLP (`make_mlp`), its arguments (`args_class`), its GGUF metadata prefix
+(`arch`) and its tensors (`layer_names`).
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
-from mlx.utils import tree_flatten
 
 from stage.mlx_models.cache import KVCache
+from stage.mlx_models.gguf_load import load_range, meta_number
 
 
 @dataclass(frozen=True)
@@ -62,32 +59,6 @@ class ModelArgs:
             rms_norm_eps=number("attention.layer_norm_rms_epsilon"),
             vocab_size=vocab_size,
         )
-
-
-def meta_number(meta: dict[str, object], key: str, default: float | None = None) -> float:
-    """A number from `mx.load`'s GGUF metadata: scalars arrive as 0-d arrays, per-layer
-    counts (head counts, FFN lengths) as 1-d arrays, which must hold one value."""
-    value = meta.get(key, default)
-    if isinstance(value, mx.array):
-        values = set(np.array(value).ravel().tolist())
-        if len(values) != 1:
-            raise ValueError(f"{key} differs between layers ({sorted(values)}); the MLX model needs one value")
-        value = values.pop()
-    if not isinstance(value, int | float):
-        raise ValueError(f"the GGUF has no number {key}")
-    return float(value)
-
-
-def check_supported(meta: dict[str, object], names: set[str], arch: str = "llama") -> None:
-    """Refuse what this file does not compute, by name, rather than computing it wrong."""
-    scaling = meta.get(f"{arch}.rope.scaling.type")
-    if scaling is not None and str(scaling) not in ("none", ""):
-        raise ValueError(f"{arch} rope scaling {scaling!r} is not supported by the MLX {arch} model")
-    if "rope_freqs.weight" in names:
-        raise ValueError(f"{arch} rope frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported")
-    biased = sorted(n for n in names if n.endswith(".bias"))
-    if biased:
-        raise ValueError(f"the MLX {arch} model has no bias terms; the GGUF has {biased[0]}")
 
 
 class Attention(nn.Module):
@@ -165,7 +136,6 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
 
@@ -215,53 +185,6 @@ class Model(nn.Module):
         return [KVCache() for _ in self.layers]
 
 
-def module_path(gguf_name: str, model_class: type[Model] = Model) -> str:
-    """`blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj.weight` (also `.scales`, `.biases`)."""
-    stem, _, suffix = gguf_name.rpartition(".")
-    parts = stem.split(".")
-    layer_names = model_class.layer_names
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in layer_names:
-        return f"layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
-    if len(parts) == 1 and parts[0] in _TOP_NAMES:
-        return f"{_TOP_NAMES[parts[0]]}.{suffix}"
-    raise ValueError(f"the MLX {model_class.arch} model has no place for GGUF tensor {gguf_name}")
-
-
 def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, final: bool,
-          dtype: mx.Dtype = mx.float32, model_class: type[Model] = Model) -> Model:
-    """The model for a stage GGUF's tensors (`mx.load` names), with only what the range uses.
-
-    Floating weights (norms, and quantization scales and biases, float16 in the GGUF) are
-    cast to `dtype`, so activations stay in it: float32 follows llama.cpp's CPU arithmetic.
-    """
-    arch = model_class.arch
-    check_supported(meta, set(weights), arch)
-    tied = "output.weight" not in weights
-    vocab = int(weights["token_embd.weight"].shape[0])
-    model = model_class(model_class.args_class.from_gguf(meta, vocab, arch), first=first, final=final, tied=tied)
-    wanted = set(tree_flatten(model.parameters(), destination={}))  # parameter paths
-    mapped: dict[str, mx.array] = {}
-    for name, value in weights.items():
-        path = module_path(name, model_class)
-        module = path.rpartition(".")[0]
-        if f"{module}.weight" not in wanted:
-            continue  # a stage GGUF carries the embedding and head even where the range skips them
-        mapped[path] = value.astype(dtype) if mx.issubdtype(value.dtype, mx.floating) else value
-    nn.quantize(model, class_predicate=lambda path, module: quantized_linear_params(path, module, mapped))
-    model.load_weights(list(mapped.items()), strict=True)
-    model.eval()
-    return model
-
-
-def quantized_linear_params(path: str, module: nn.Module, weights: dict[str, mx.array]) -> dict[str, int] | bool:
-    """`nn.quantize`'s predicate: a module whose weight came quantized gets its bits and group.
-
-    A packed weight is uint32 [out, in * bits / 32]; its scales are [out, in / group]
-    (with the experts first, [experts, out, ...], for a mixture of experts).
-    """
-    scales = weights.get(f"{path}.scales")
-    if scales is None or not hasattr(module, "to_quantized"):
-        return False
-    in_dims = int(module.weight.shape[-1])
-    packed = int(weights[f"{path}.weight"].shape[-1])
-    return {"group_size": in_dims // int(scales.shape[-1]), "bits": packed * 32 // in_dims}
+          dtype: mx.Dtype = mx.float32) -> Model:
+    return load_range(Model, meta, weights, first, final, dtype)

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from stage.mlx_models import llama
+from stage.mlx_models.gguf_load import load_range
 
 
 class Attention(llama.Attention):
@@ -41,5 +42,5 @@ class Model(llama.Model):
 
 
 def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, final: bool,
-          dtype: mx.Dtype = mx.float32) -> llama.Model:
-    return llama.build(meta, weights, first, final, dtype, model_class=Model)
+          dtype: mx.Dtype = mx.float32) -> Model:
+    return load_range(Model, meta, weights, first, final, dtype)

@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from stage.mlx_models import llama, qwen3
+from stage.mlx_models.gguf_load import load_range, meta_number
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class ModelArgs(llama.ModelArgs):
     @classmethod
     def from_gguf(cls, meta: dict[str, object], vocab_size: int, arch: str = "qwen3moe") -> ModelArgs:
         def number(key: str, default: float | None = None) -> float:
-            return llama.meta_number(meta, f"{arch}.{key}", default)
+            return meta_number(meta, f"{arch}.{key}", default)
 
         base = llama.ModelArgs.from_gguf(meta, vocab_size, arch)
         used = int(number("expert_used_count"))
@@ -110,5 +111,5 @@ class Model(qwen3.Model):
 
 
 def build(meta: dict[str, object], weights: dict[str, mx.array], first: bool, final: bool,
-          dtype: mx.Dtype = mx.float32) -> llama.Model:
-    return llama.build(meta, weights, first, final, dtype, model_class=Model)
+          dtype: mx.Dtype = mx.float32) -> Model:
+    return load_range(Model, meta, weights, first, final, dtype)
