@@ -19,6 +19,7 @@ import pytest
 from mesh_server import free_port, mesh_serve
 from tiny_models import write_tiny
 
+from mesh.tokenizer import TextStream, Tokenizer
 from packages.architectures import RULES
 from packages.requantize import requantize
 from stage.llama_model import open_llama
@@ -35,15 +36,15 @@ def _models(root: Path, arch: str) -> tuple[Path, Path]:
 
 
 def _unsplit_text(gguf: Path) -> str:
-    """The unsplit model's greedy text; random byte tokens make invalid UTF-8, replaced as the
-    server replaces it."""
+    """The unsplit model's greedy text; random byte tokens make invalid UTF-8, which the
+    server's text stream replaces as it goes, so it turns these tokens into text too."""
     llm = open_llama(gguf, n_ctx=256, n_threads=1)
-    out: list[int] = []
+    stream, text, n = TextStream(Tokenizer(gguf, gguf.stem)), "", 0
     for token in llm.generate(llm.tokenize(PROMPT.encode()), temp=0.0, top_k=1, reset=True):
-        if llm.token_eos() == token or len(out) == N:
+        if llm.token_eos() == token or n == N:
             break
-        out.append(token)
-    return llm.detokenize(out).decode("utf-8", errors="replace")
+        text, n = text + stream.push(token), n + 1
+    return text + stream.flush()
 
 
 @pytest.mark.parametrize("arch", sorted(RULES))
