@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,10 +262,15 @@ def tiny_arch(tmp_path_factory: pytest.TempPathFactory, stage_cache: Path):
 
 
 def _tiny_reference(gguf: Path, package: Path, cache: Path) -> list[tuple[list[int], np.ndarray]]:
-    whole = make_engine("llama", package, cache, 0, 8)
+    return _references(gguf, make_engine("llama", package, cache, 0, 8), QWEN3_PROMPTS, QWEN3_TOKENS)
+
+
+def _references(gguf: Path, whole: Any, prompts: list[list[int]], n: int) -> list[tuple[list[int], np.ndarray]]:
+    """Per prompt: the unsplit model's greedy tokens, run the ordinary way through
+    llama-cpp-python, and llama.cpp's logits for each of them (teacher-forced) from `whole`."""
     out = []
-    for prompt in QWEN3_PROMPTS:
-        expected = reference_greedy(gguf, prompt, QWEN3_TOKENS)
+    for prompt in prompts:
+        expected = reference_greedy(gguf, prompt, n)
         whole.trim(0, 0)
         logits = teacher_forced([whole], np.asarray([*prompt, *expected[:-1]], np.int32))[len(prompt) - 1 :]
         assert logits.argmax(axis=1).tolist() == expected
@@ -317,18 +323,8 @@ def smol_prompts(smollm2_gguf):
 
 @pytest.fixture(scope="module")
 def smol_reference(smollm2_gguf, smollm2_package, stage_cache, smol_prompts):
-    """Per prompt: the unsplit model's greedy tokens, run the ordinary way through
-    llama-cpp-python, and llama.cpp's logits for each of them (teacher-forced)."""
-    whole = make_engine("llama", smollm2_package, stage_cache, 0, 30)
-    out = []
-    for prompt in smol_prompts:
-        expected = reference_greedy(smollm2_gguf, prompt, N_TOKENS)
-        whole.trim(0, 0)
-        logits = teacher_forced([whole], np.asarray([*prompt, *expected[:-1]], np.int32))[len(prompt) - 1 :]
-        assert logits.argmax(axis=1).tolist() == expected
-        out.append((expected, logits))
-    whole.close()
-    return out
+    """The unsplit SmolLM2's greedy tokens and llama.cpp's logits for them, per prompt."""
+    return _references(smollm2_gguf, make_engine("llama", smollm2_package, stage_cache, 0, 30), smol_prompts, N_TOKENS)
 
 
 @pytest.mark.mesh

@@ -118,8 +118,8 @@ def _head(t: Tiny, tied: bool = False, embd_scale: float = 0.2) -> None:
         t.add("output.weight", t.w(t.vocab, t.width))
 
 
-def _llama(t: Tiny) -> None:
-    _head(t)
+def _llama(t: Tiny, embd_scale: float = 0.2) -> None:
+    _head(t, embd_scale=embd_scale)
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
         t.attention(i)
@@ -204,12 +204,7 @@ def _granite(t: Tiny) -> None:
     t.key("embedding_scale", 12.0)  # applied by build_inp_embd to hidden-state input too
     t.key("residual_scale", 0.22)
     t.key("attention.scale", 0.0625)
-    _head(t, embd_scale=0.05)
-    for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
-        t.attention(i)
-        t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+    _llama(t, embd_scale=0.05)
 
 
 def _mistral3(t: Tiny) -> None:
