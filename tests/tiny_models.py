@@ -76,6 +76,18 @@ class Tiny:
         self.add(f"blk.{i}.ffn_up{suffix}.weight", self.w(n, self.width))
         self.add(f"blk.{i}.ffn_down{suffix}.weight", self.w(self.width, n))
 
+    def experts(self, i: int, n_expert: int = 4, ff_exp: int = 32, bias: bool = False, suffix: str = "_exps") -> None:
+        """A router and stacked experts: numpy shapes (n_expert, n_ff_exp, n_embd) as llama.cpp's
+        {n_embd, n_ff_exp, n_expert}."""
+        self.add(f"blk.{i}.ffn_gate_inp.weight", self.w(n_expert, self.width))
+        self.add(f"blk.{i}.ffn_gate{suffix}.weight", self.w(n_expert, ff_exp, self.width))
+        self.add(f"blk.{i}.ffn_up{suffix}.weight", self.w(n_expert, ff_exp, self.width))
+        self.add(f"blk.{i}.ffn_down{suffix}.weight", self.w(n_expert, self.width, ff_exp))
+        if bias:
+            self.add(f"blk.{i}.ffn_gate_inp.bias", self.w(n_expert, scale=0.05))
+            for name, n in (("gate", ff_exp), ("up", ff_exp), ("down", self.width)):
+                self.add(f"blk.{i}.ffn_{name}{suffix}.bias", self.w(n_expert, n, scale=0.05))
+
 
 def _vtype(value: Any) -> GGUFValueType:
     if isinstance(value, bool):
@@ -214,6 +226,23 @@ def _mistral3(t: Tiny) -> None:
     _llama(t)
 
 
+def _moe_keys(t: Tiny, n_expert: int = 4, used: int = 2, ff_exp: int = 32) -> None:
+    """Expert counts; the used count and expert FFN length per layer, as arrays."""
+    t.key("expert_count", n_expert)
+    t.key("expert_used_count", [used] * t.layers)
+    t.key("expert_feed_forward_length", [ff_exp] * t.layers)
+
+
+def _qwen3moe(t: Tiny) -> None:
+    _moe_keys(t)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.experts(i)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -225,6 +254,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "granite": _granite,
     "smollm3": _llama,  # llama-shaped; no RoPE on every 4th layer, from the index (smollm3.cpp)
     "mistral3": _mistral3,
+    "qwen3moe": _qwen3moe,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
