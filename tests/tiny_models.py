@@ -243,6 +243,19 @@ def _qwen3moe(t: Tiny) -> None:
         t.experts(i)
 
 
+def _gpt_oss(t: Tiny) -> None:
+    _moe_keys(t)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        t.add(f"blk.{i}.attn_sinks.weight", t.w(t.heads, scale=1.0))
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.experts(i, bias=True)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -255,6 +268,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "smollm3": _llama,  # llama-shaped; no RoPE on every 4th layer, from the index (smollm3.cpp)
     "mistral3": _mistral3,
     "qwen3moe": _qwen3moe,
+    "gpt-oss": _gpt_oss,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
