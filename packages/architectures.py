@@ -133,16 +133,44 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
     if split_refusal(architecture, metadata) is not None:
         return []
     step = period(architecture, metadata)
-    cuts = range(step, layer_count, step)
-    sliding = (metadata or {}).get(swa_key(architecture))
+    meta = metadata or {}
+    cuts: Sequence[int] = range(step, layer_count, step)
+    sliding = meta.get(swa_key(architecture))
     if RULES[architecture].swa_pattern is not None and isinstance(sliding, list):
         # With a sliding window, llama_model::create_memory (llama-model.cpp) asserts
         # `hparams.is_swa_any()`: a stage of full-attention layers only aborts the process. A
         # stage starting at a sliding-window layer has one, and so does the first stage when a
         # layer before the cut slides. (Without the array, cuts fall on multiples of the
         # pattern, whose first layer slides.)
-        return [c for c in cuts if sliding[c] and any(sliding[:c])]
-    return list(cuts)
+        cuts = [c for c in cuts if sliding[c] and any(sliding[:c])]
+    # the first and last stages of a split in two; a stage between cuts is checked when it is
+    # materialized (stage_metadata)
+    return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
+            and stage_refusal(architecture, meta, c, layer_count) is None]
+
+
+def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, end: int) -> str | None:
+    """Why layers [start, end) of a package (its metadata) cannot be one stage, or None: what
+    llama.cpp decides from a stage's own layer count that no key can override."""
+    if architecture == "deepseek2" and int(metadata.get("deepseek2.attention.q_lora_rank") or 0) > 0 \
+            and deepseek2_is_lite(end - start, metadata):
+        # llama_model_deepseek2::load_arch_hparams skips q_lora_rank for a "Lite" layer count
+        # (26, 27, or 48 with a 128256 vocabulary): such a stage would look for attn_q, which a
+        # model with a q LoRA does not have.
+        return (f"llama.cpp reads a {end - start}-layer deepseek2 as Lite and ignores its "
+                "q_lora_rank (deepseek2.cpp load_arch_hparams)")
+    return None
+
+
+def deepseek2_vocab(metadata: Mapping[str, Any]) -> int:
+    """n_vocab as llama_model_deepseek2::load_arch_hparams reads it: vocab_size, else the token list."""
+    size = metadata.get("deepseek2.vocab_size")
+    return int(size) if size is not None else len(metadata.get("tokenizer.ggml.tokens") or ())
+
+
+def deepseek2_is_lite(layers: int, metadata: Mapping[str, Any]) -> bool:
+    """`is_lite` of llama_model_deepseek2::load_arch_hparams, for a model of `layers` = n_layer()."""
+    return layers in (26, 27) or (layers == 48 and deepseek2_vocab(metadata) == 128256)
 
 
 def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:

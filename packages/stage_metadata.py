@@ -14,7 +14,8 @@ from dataclasses import replace
 from gguf import GGUFValueType
 
 from packages.architecture_kinds import PER_LAYER_KEYS
-from packages.architectures import RULES, swa_key
+from packages.architectures import RULES, deepseek2_is_lite, deepseek2_vocab, stage_refusal, swa_key
+from packages.errors import PackageError
 from packages.gguf_files import KeyValue
 
 
@@ -36,7 +37,28 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
         out = [kv for kv in out if kv.key != swa_key(arch)]
         out.append(KeyValue(swa_key(arch), swa_layers(n, rule.swa_pattern[1], main), GGUFValueType.ARRAY,
                             GGUFValueType.BOOL))
+    if arch == "deepseek2":
+        out = _deepseek2_keys(out, main)
     return out, main
+
+
+def _deepseek2_keys(metadata: list[KeyValue], main: int) -> list[KeyValue]:
+    """What llama_model_deepseek2::load_arch_hparams derives from n_layer() (and the vocabulary),
+    written out as the full model derives it, so no stage's own layer count changes it:
+    - without expert_gating_func, sigmoid for 47 or 48 layers with a 154880 vocabulary (GLM 4.7
+      Lite), else softmax;
+    - a Lite model (26 or 27 layers, or 48 with a 128256 vocabulary) never reads q_lora_rank, so
+      it is 0 whatever the key says; 0 makes any stage load attn_q as the model does. A model
+      with a q LoRA keeps it, and a stage of a Lite layer count is refused (stage_refusal)."""
+    values = {kv.key: kv.value for kv in metadata}
+    out = list(metadata)
+    if "deepseek2.expert_gating_func" not in values:
+        sigmoid = main in (47, 48) and deepseek2_vocab(values) == 154880
+        out.append(KeyValue("deepseek2.expert_gating_func", 2 if sigmoid else 1, GGUFValueType.UINT32, None))
+    if deepseek2_is_lite(main, values):
+        out = [kv for kv in out if kv.key != "deepseek2.attention.q_lora_rank"]
+        out.append(KeyValue("deepseek2.attention.q_lora_rank", 0, GGUFValueType.UINT32, None))
+    return out
 
 
 def swa_layers(n_pattern: int, dense_first: bool, layers: int) -> list[bool]:
@@ -50,6 +72,9 @@ def stage_metadata(arch: str, metadata: Sequence[KeyValue], start: int, end: int
     """The package's metadata as the stage [start, end) must see it."""
     blocks = next(int(kv.value) for kv in metadata if kv.key == f"{arch}.block_count")
     rule = RULES.get(arch)
+    refusal = stage_refusal(arch, {kv.key: kv.value for kv in metadata}, start, end)
+    if refusal is not None:
+        raise PackageError(f"{arch} layers [{start},{end}) cannot be a stage: {refusal}")
     out = []
     for kv in metadata:
         kv = _layers(kv, arch, start, end, blocks)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from chain import build_chain, close, greedy, reference_greedy
+from gguf import GGUFValueType
 from inproc_requests import serving
 from tiny_models import WRITERS, write_tiny
 
@@ -29,6 +30,7 @@ from packages import architectures, stage_metadata
 from packages.architecture_kinds import KINDS
 from packages.architectures import RULES, CutRule, allowed_cuts, package_verdict
 from packages.errors import PackageError
+from packages.gguf_files import KeyValue
 from packages.manifest import load_manifest
 from packages.requantize import requantize
 from packages.writer import write_package
@@ -194,3 +196,41 @@ def test_a_gemma_27b_is_not_split(arch: str, layers: int) -> None:
     assert allowed_cuts(arch, layers, meta) == []
     assert architectures.split_refusal(arch, {f"{arch}.block_count": layers - 4}) is None
     assert allowed_cuts(arch, layers - 4, {f"{arch}.block_count": layers - 4})
+
+
+def _deepseek2_meta(layers: int, vocab: int, q_lora_rank: int | None) -> list[KeyValue]:
+    u32 = GGUFValueType.UINT32
+    kvs = [KeyValue("deepseek2.block_count", layers, u32, None),
+           KeyValue("deepseek2.vocab_size", vocab, u32, None),
+           KeyValue("deepseek2.leading_dense_block_count", 3, u32, None)]
+    if q_lora_rank is not None:
+        kvs.append(KeyValue("deepseek2.attention.q_lora_rank", q_lora_rank, u32, None))
+    return kvs
+
+
+@pytest.mark.parametrize(("layers", "vocab", "q_lora_rank", "gating", "written_q"), [
+    (27, 102400, None, 1, 0),  # V2-Lite: no q LoRA, softmax
+    (48, 128256, 768, 1, 0),  # Lite by count and vocabulary: llama.cpp ignores the key
+    (48, 154880, 768, 2, 768),  # GLM 4.7 Lite's default gating is sigmoid
+    (61, 129280, 1536, 1, 1536),  # V3
+])
+def test_deepseek2_keys_its_layer_count_decides_are_written_for_the_full_model(
+        layers: int, vocab: int, q_lora_rank: int | None, gating: int, written_q: int) -> None:
+    """load_arch_hparams derives the gating function and whether q_lora_rank is read from
+    n_layer(); the package writes them as the whole model derives them, so a stage keeps them."""
+    metadata, main = stage_metadata.package_metadata("deepseek2", _deepseek2_meta(layers, vocab, q_lora_rank))
+    values = {kv.key: kv.value for kv in metadata}
+    assert main == layers
+    assert values["deepseek2.expert_gating_func"] == gating
+    assert values["deepseek2.attention.q_lora_rank"] == written_q
+
+
+def test_a_deepseek2_stage_that_llama_cpp_would_read_as_lite_is_refused() -> None:
+    metadata, main = stage_metadata.package_metadata("deepseek2", _deepseek2_meta(61, 129280, 1536))
+    values = {kv.key: kv.value for kv in metadata}
+    cuts = allowed_cuts("deepseek2", main, values)
+    assert not {26, 27, 34, 35} & set(cuts)
+    assert {25, 28, 33, 36} <= set(cuts)
+    with pytest.raises(PackageError, match=r"\[10,36\) cannot be a stage: .*26-layer deepseek2 as Lite"):
+        stage_metadata.stage_metadata("deepseek2", metadata, 10, 36)
+    assert architectures.stage_refusal("deepseek2", values, 10, 38) is None

@@ -55,6 +55,12 @@ class Tiny:
         else:
             self.writer.add_key_value(f"{self.arch}.{suffix}", value, vtype or _vtype(value))
 
+    def set(self, suffix: str, value: Any, vtype: GGUFValueType | None = None) -> None:
+        """Replace a key `_common` wrote (the writer refuses a duplicate)."""
+        for kv in self.writer.kv_data:
+            kv.pop(f"{self.arch}.{suffix}", None)
+        self.key(suffix, value, vtype)
+
     def attention(self, i: int, q_norm: int = 0, k_norm: int = 0, bias: bool = False) -> None:
         """Separate q, k, v and output projections; `q_norm`/`k_norm` the norms' lengths."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -256,6 +262,66 @@ def _gpt_oss(t: Tiny) -> None:
         t.experts(i, bias=True)
 
 
+def _shared_experts(t: Tiny, i: int, ff: int) -> None:
+    t.add(f"blk.{i}.ffn_gate_shexp.weight", t.w(ff, t.width))
+    t.add(f"blk.{i}.ffn_up_shexp.weight", t.w(ff, t.width))
+    t.add(f"blk.{i}.ffn_down_shexp.weight", t.w(t.width, ff))
+
+
+def _nextn(t: Tiny, i: int) -> None:
+    """The multi-token-prediction tensors of layer i, past the main stack."""
+    t.add(f"blk.{i}.nextn.eh_proj.weight", t.w(t.width, 2 * t.width))
+    t.norm(f"blk.{i}.nextn.enorm.weight")
+    t.norm(f"blk.{i}.nextn.hnorm.weight")
+    t.norm(f"blk.{i}.nextn.shared_head_norm.weight")
+
+
+def _deepseek2(t: Tiny) -> None:
+    """MLA (q and kv low-rank, absorbed k_b/v_b), 2 leading dense blocks, a shared expert, and one
+    nextn layer: the main stack is `t.layers`, block_count one more."""
+    q_rank, kv_rank, rope, nope, v_mla, lead = 32, 32, 16, 32, 32, 2
+    blocks = t.layers + 1
+    t.layers = blocks  # the per-layer arrays cover the nextn layer too
+    _moe_keys(t)
+    t.layers = blocks - 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [1] * blocks)  # MLA is MQA over the compressed kv
+    t.set("attention.key_length", kv_rank + rope)
+    t.set("attention.value_length", kv_rank)
+    t.set("rope.dimension_count", rope)
+    t.key("nextn_predict_layers", 1)
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_shared_count", 1)
+    t.key("expert_weights_scale", 1.0)
+    t.key("attention.q_lora_rank", q_rank)
+    t.key("attention.kv_lora_rank", kv_rank)
+    t.key("attention.key_length_mla", nope + rope)
+    t.key("attention.value_length_mla", v_mla)
+    t.key("vocab_size", t.vocab)
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_q_a.weight", t.w(q_rank, t.width))
+        t.norm(f"blk.{i}.attn_q_a_norm.weight", q_rank)
+        t.add(f"blk.{i}.attn_q_b.weight", t.w(t.heads * (nope + rope), q_rank))
+        t.add(f"blk.{i}.attn_kv_a_mqa.weight", t.w(kv_rank + rope, t.width))
+        t.norm(f"blk.{i}.attn_kv_a_norm.weight", kv_rank)
+        t.add(f"blk.{i}.attn_k_b.weight", t.w(t.heads, kv_rank, nope))
+        t.add(f"blk.{i}.attn_v_b.weight", t.w(t.heads, v_mla, kv_rank))
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * v_mla))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i < lead:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+        if i >= t.layers:
+            _nextn(t, i)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -269,6 +335,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "mistral3": _mistral3,
     "qwen3moe": _qwen3moe,
     "gpt-oss": _gpt_oss,
+    "deepseek2": _deepseek2,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
