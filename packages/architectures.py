@@ -44,6 +44,9 @@ class CutRule:
     # `load_swa_pattern(ml, n, dense_first)` makes sliding-window layers from the index unless
     # the per-layer array is present: the package writes the array, so every cut keeps it.
     swa_pattern: tuple[int, bool] | None = None
+    # Keys whose value is a period the graph applies to the index (llama4's MoE every n-th
+    # layer): cuts fall on multiples of it too.
+    period_keys: tuple[str, ...] = ()
     # Counts of layers from the front (leading dense blocks): each stage gets its share.
     front_counts: tuple[str, ...] = ()
     # Scalars llama.cpp applies to embedding input of either kind (`build_inp_embd` scales
@@ -76,7 +79,10 @@ RULES: dict[str, CutRule] = {
                          why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (deepseek2.cpp)"),
     "glm4moe": CutRule(front_counts=_LEAD,
                        why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (glm4-moe.cpp)"),
-    "llama4": CutRule(period=4, swa_pattern=(4, False),
+    # Cuts on multiples of 4 also keep a no-RoPE layer in every stage: llama_model_llama4::graph
+    # builds the attention-temperature input whatever the layers, only no-RoPE layers read it,
+    # and a graph without one aborts setting it ("tensor buffer not set").
+    "llama4": CutRule(period=4, swa_pattern=(4, False), period_keys=("interleave_moe_layer_step",),
                       why="chunked attention load_swa_pattern(ml, 4); no RoPE and MoE by "
                           "(il + 1) % step (llama4.cpp)"),
 }
@@ -180,8 +186,7 @@ def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:
     if rule.swa_pattern is not None and not isinstance(meta.get(swa_key(architecture)), list):
         # no per-layer array (a package written before it was added): keep the pattern's phase
         steps.append(int(meta.get(swa_key(architecture)) or rule.swa_pattern[0]))
-    if architecture == "llama4":
-        steps.append(int(meta.get("llama4.interleave_moe_layer_step") or 1))
+    steps += [int(meta.get(f"{architecture}.{key}") or 1) for key in rule.period_keys]
     return math.lcm(*steps)
 
 

@@ -97,8 +97,10 @@ def test_each_rule_is_needed(arch: str, tiny: dict[str, Path], tmp_path: Path) -
     expected = reference_greedy(gguf, PROMPT, N)
     with _without_rule(arch):
         package = _package(gguf, tmp_path / "pkg")
-        outputs = [_outcome(package, [c], tmp_path / "cache") for c in range(1, 8)]
-    assert any(out != expected for out in outputs), f"{arch}: every cut matched without the rule"
+        # lazily, up to the first cut that parts: some later ones abort in llama.cpp (a llama4
+        # stage without a no-RoPE layer builds an attention-scale input no node reads)
+        outputs = (_outcome(package, [c], tmp_path / "cache") for c in range(1, 8))
+        assert any(out != expected for out in outputs), f"{arch}: every cut matched without the rule"
 
 
 def _outcome(package: Path, cuts: list[int], cache: Path) -> list[int] | str:

@@ -322,6 +322,23 @@ def _deepseek2(t: Tiny) -> None:
             _nextn(t, i)
 
 
+def _llama4(t: Tiny) -> None:
+    """MoE (with a shared expert) every 2nd layer; chunked attention on 3 of 4 layers and no RoPE
+    on every 4th (at llama.cpp's fixed 8192-token chunk, which these prompts do not reach)."""
+    _moe_keys(t)
+    t.key("interleave_moe_layer_step", 2)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if (i + 1) % 2 == 0:
+            t.experts(i)
+            _shared_experts(t, i, 32)
+        else:
+            t.swiglu(i)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -336,6 +353,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "qwen3moe": _qwen3moe,
     "gpt-oss": _gpt_oss,
     "deepseek2": _deepseek2,
+    "llama4": _llama4,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
@@ -355,11 +373,15 @@ def _seed_oss(t: Tiny) -> None:
 UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
 
 
-def write_tiny(path: Path, arch: str, layers: int = LAYERS, seed: int = 0) -> Path:
+# Where cuts fall on every 4th layer, 8 layers allow one cut: 12 allow a split in three.
+LAYERS_OF = {"llama4": 12}
+
+
+def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0) -> Path:
     """A random-weight GGUF of `arch` that llama.cpp loads and decodes in milliseconds."""
     writer = GGUFWriter(path, arch)
     writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
-    t = Tiny(writer, arch, layers, np.random.default_rng(seed))
+    t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed))
     _common(t)
     (WRITERS | UNPROVEN)[arch](t)
     writer.write_header_to_file()
