@@ -39,7 +39,27 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
                             GGUFValueType.BOOL))
     if arch == "deepseek2":
         out = _deepseek2_keys(out, main)
+    if arch == "glm4moe":
+        out = _glm4moe_keys(out)
     return out, main
+
+
+def _glm4moe_keys(metadata: list[KeyValue]) -> list[KeyValue]:
+    """llama_model_glm4_moe::graph aborts on embedding input unless the model uses M-RoPE
+    ("This GGUF does not support multimodal"), and text-only GLM-4.5 GGUFs carry no
+    rope.dimension_sections, so a later stage could not run. Sections are written where absent:
+    with the same position in every section (llm_graph_input_pos::set_input widens token
+    positions so; the engine does for embedding input), ggml's M-RoPE rotates as NEOX RoPE,
+    the graph's rope type without sections (llama_model_rope_type), bit for bit."""
+    key = "glm4moe.rope.dimension_sections"
+    values = {kv.key: kv.value for kv in metadata}
+    sections = values.get(key)
+    if isinstance(sections, list) and len(sections) >= 2 and sections[0] > 0 and sections[1] > 0:
+        return metadata  # already M-RoPE (hparams.use_mrope)
+    half = int(values["glm4moe.rope.dimension_count"]) // 2
+    out = [kv for kv in metadata if kv.key != key]
+    out.append(KeyValue(key, [half - half // 2, half // 2, 0, 0], GGUFValueType.ARRAY, GGUFValueType.INT32))
+    return out
 
 
 def _deepseek2_keys(metadata: list[KeyValue], main: int) -> list[KeyValue]:

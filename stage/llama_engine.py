@@ -32,6 +32,11 @@ def _init_backend(quiet: bool) -> None:
         _backend_ready = True
 
 
+def _pos_per_embd(model: Any) -> int:
+    """llama_hparams::n_pos_per_embd: 4 for M-RoPE (and interleaved M-RoPE), else 1."""
+    return 4 if L.llama_model_rope_type(model) in (L.LLAMA_ROPE_TYPE_MROPE, L.LLAMA_ROPE_TYPE_IMROPE) else 1
+
+
 class LlamaRangeEngine:
     def __init__(self, gguf: Path, cfg: EngineConfig, quiet: bool = True,
                  observe: Any = None) -> None:
@@ -52,7 +57,10 @@ class LlamaRangeEngine:
         self.tap = None if cfg.final else open_tap(self.n_layer - 1, self.width, cfg.batch)
         self.ctx = self._new_context(self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
         self.mem = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(cfg.batch, 0 if cfg.first else self.width, cfg.lanes)
+        # An M-RoPE model reads 4 positions a row of embedding input, section-major (llama_batch
+        # to llama_batch_ext in llama-batch.cpp); its token input is widened by llama.cpp itself.
+        self.pos_sections = 1 if cfg.first else _pos_per_embd(self.model)
+        self.batch = L.llama_batch_init(cfg.batch * self.pos_sections, 0 if cfg.first else self.width, cfg.lanes)
         self._pos = [0] * cfg.lanes
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
@@ -127,6 +135,11 @@ class LlamaRangeEngine:
                 n_out += count
             row += seg.count
         b.n_tokens = row
+        if self.pos_sections > 1:
+            pos = np.ctypeslib.as_array(b.pos, shape=(self.pos_sections * self.cfg.batch,))
+            # text positions: the same in the time, height and width sections, 0 in the 4th
+            pos[row : 3 * row] = np.tile(pos[:row], 2)
+            pos[3 * row : 4 * row] = 0
         if self.tap is not None:  # a decode that failed after some ubatches left their rows there
             self.tap.clear()
         with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():

@@ -30,7 +30,7 @@ from packages import architectures, stage_metadata
 from packages.architecture_kinds import KINDS
 from packages.architectures import RULES, CutRule, allowed_cuts, package_verdict
 from packages.errors import PackageError
-from packages.gguf_files import KeyValue
+from packages.gguf_files import KeyValue, metadata_of, open_gguf
 from packages.manifest import load_manifest
 from packages.requantize import requantize
 from packages.writer import write_package
@@ -236,3 +236,16 @@ def test_a_deepseek2_stage_that_llama_cpp_would_read_as_lite_is_refused() -> Non
     with pytest.raises(PackageError, match=r"\[10,36\) cannot be a stage: .*26-layer deepseek2 as Lite"):
         stage_metadata.stage_metadata("deepseek2", metadata, 10, 36)
     assert architectures.stage_refusal("deepseek2", values, 10, 38) is None
+
+
+def test_a_glm4moe_package_runs_m_rope_so_later_stages_take_hidden_states(tiny: dict[str, Path]) -> None:
+    """glm4-moe.cpp aborts on embedding input without M-RoPE; text-only GLM-4.5 has no sections,
+    so the package writes some (same position in each: equal to NEOX RoPE), and keeps a model's own."""
+    metadata, _ = stage_metadata.package_metadata("glm4moe", metadata_of(open_gguf(tiny["glm4moe"])))
+    values = {kv.key: kv.value for kv in metadata}
+    assert "glm4moe.rope.dimension_sections" not in {kv.key for kv in metadata_of(open_gguf(tiny["glm4moe"]))}
+    assert values["glm4moe.rope.dimension_sections"] == [2, 2, 0, 0]  # 8 rotary dims: 4 pairs
+    own = [*metadata[:-1], KeyValue("glm4moe.rope.dimension_sections", [8, 12, 12, 0], GGUFValueType.ARRAY,
+                                    GGUFValueType.INT32)]
+    again, _ = stage_metadata.package_metadata("glm4moe", own)
+    assert {kv.key: kv.value for kv in again}["glm4moe.rope.dimension_sections"] == [8, 12, 12, 0]

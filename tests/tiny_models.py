@@ -339,6 +339,41 @@ def _llama4(t: Tiny) -> None:
             t.swiglu(i)
 
 
+def _glm4moe(t: Tiny) -> None:
+    """1 leading dense block, MoE with a shared expert after it, one nextn layer past the main
+    stack, q/k/v biases and q/k norms, RoPE on half the head (GLM-4.5 converted text-only: no
+    rope.dimension_sections)."""
+    lead = 1
+    blocks = t.layers + 1
+    t.layers = blocks  # the per-layer arrays cover the nextn layer too
+    _moe_keys(t)
+    t.layers = blocks - 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.set("rope.dimension_count", t.head_dim // 2)
+    t.key("nextn_predict_layers", 1)
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_shared_count", 1)
+    t.key("expert_weights_scale", 2.5)
+    t.key("expert_weights_norm", True)
+    t.key("expert_gating_func", 2)  # sigmoid, as the converter writes it
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim, bias=True)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        if i < lead:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+        if i >= t.layers:
+            _nextn(t, i)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -354,6 +389,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "gpt-oss": _gpt_oss,
     "deepseek2": _deepseek2,
     "llama4": _llama4,
+    "glm4moe": _glm4moe,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
