@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,9 +140,13 @@ class TextStream:
             text = self.pending.decode()
         except UnicodeDecodeError as exc:
             if exc.end < len(self.pending) or len(self.pending) - exc.start > 3:
-                text = self.pending.decode(errors="replace")  # genuinely invalid bytes
-            else:
-                return ""  # an incomplete character: wait for the next token
+                # genuinely invalid bytes, replaced; a character begun after them still waits
+                # (b"\x80\xd5" then b"\x8a" is "\ufffd" then "\u054a", as decoding all at once)
+                decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                text = decoder.decode(self.pending)
+                self.pending = decoder.getstate()[0]
+                return str(text)
+            return ""  # an incomplete character: wait for the next token
         self.pending = b""
         return text
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from mesh.tokenizer import TextStream
@@ -65,3 +67,14 @@ def test_flush_replaces_an_unfinished_character_and_empties_the_buffer():
 
 def test_tokens_that_detokenize_to_nothing_yield_nothing():
     assert _deltas(b"", b"a", b"") == (["", "a", ""], "")
+
+
+def test_deltas_of_any_bytes_join_to_the_whole_decoded_at_once():
+    """A character begun after invalid bytes still waits for its end (random-weight models emit
+    such byte runs: b"\\x80\\xd5" then b"\\x8a" is one replacement, then "\\u054a")."""
+    assert "".join(_deltas(b"\x80\xd5", b"\x8a", b"J")[0]) == "\ufffd\u054aJ"
+    rng = random.Random(0)
+    for _ in range(500):
+        pieces = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 4))) for _ in range(12)]
+        deltas, rest = _deltas(*pieces)
+        assert "".join(deltas) + rest == b"".join(pieces).decode(errors="replace")
