@@ -75,10 +75,16 @@ RULES: dict[str, CutRule] = {
     "granite": CutRule(token_input_only={"embedding_scale": 0.0},
                        why="build_inp_embd applies f_embedding_scale to embd input too (llama-graph.cpp)"),
     "smollm3": CutRule(period=4, why="no RoPE where (il + 1) % n_no_rope_layer_step(4) == 0 (smollm3.cpp)"),
+    # The package also writes what load_arch_hparams derives from n_layer() (gating function,
+    # a Lite model's q_lora_rank), and no stage may have a Lite layer count (stage_refusal).
     "deepseek2": CutRule(front_counts=_LEAD,
-                         why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (deepseek2.cpp)"),
+                         why="dense FFN where il < n_layer_dense_lead; nextn layers dropped; gating and "
+                             "q_lora_rank written as the whole model derives them (deepseek2.cpp)"),
+    # The package also writes M-RoPE sections: the graph aborts on embedding input without them
+    # (stage_metadata._glm4moe_keys).
     "glm4moe": CutRule(front_counts=_LEAD,
-                       why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (glm4-moe.cpp)"),
+                       why="dense FFN where il < n_layer_dense_lead; nextn layers dropped; M-RoPE sections "
+                           "written so later stages take hidden states (glm4-moe.cpp)"),
     # Cuts on multiples of 4 also keep a no-RoPE layer in every stage: llama_model_llama4::graph
     # builds the attention-temperature input whatever the layers, only no-RoPE layers read it,
     # and a graph without one aborts setting it ("tensor buffer not set").
