@@ -34,14 +34,14 @@ def materialize_stage(
     for art in needed:
         verify_file(package_dir / art.path, art.artifact_bytes, art.sha256, art.path)
     with atomic_file(dest) as tmp:
-        _write_stage(package_dir, manifest, start, end, tmp)
-        digest = sha256_file(tmp)
+        digest = _write_stage(package_dir, manifest, start, end, tmp)
     with atomic_file(digest_file) as tmp_digest:
         tmp_digest.write_text(digest + "\n")
     return dest
 
 
-def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, dest: Path) -> None:
+def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, dest: Path) -> str:
+    """Write the stage GGUF to `dest`; return its sha256, taken as it was written."""
     arch = manifest.architecture
     meta = open_gguf(package_dir / manifest.shared["metadata"].path)
     metadata = stage_metadata(arch, metadata_of(meta), start, end)
@@ -51,7 +51,7 @@ def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, de
     ]
     for layer in manifest.layers[start:end]:
         tensors += _copies(package_dir, layer, start)
-    write_gguf(dest, arch, metadata, tensors)
+    return write_gguf(dest, arch, metadata, tensors).sha256
 
 
 def _copies(package_dir: Path, art: Artifact, shift: int) -> list[TensorCopy]:

@@ -16,6 +16,7 @@ from packages.architectures import allowed_cuts, describe_rule, require_servable
 from packages.errors import PackageError
 from packages.gguf_files import (
     KeyValue,
+    SourceDigest,
     TensorCopy,
     architecture_of,
     field_value,
@@ -24,7 +25,7 @@ from packages.gguf_files import (
     tensor_bytes,
     write_gguf,
 )
-from packages.integrity import atomic_dir, sha256_file
+from packages.integrity import atomic_dir
 from packages.manifest import MANIFEST_NAME, Artifact, LayerArtifact, Manifest, SourceModel
 from packages.speculative import DraftStrategy, WindowPolicy, block_for, bundle_draft, declared, ref_in_package
 from packages.stage_metadata import package_metadata
@@ -62,14 +63,10 @@ def write_package(
     cuts = allowed_cuts(arch, layer_count, values)
     say(describe_rule(arch, values))
     by_layer = _group_tensors(reader, int(field_value(reader, f"{arch}.block_count")), layer_count)
-    say(f"hashing source {src.name}")
-    source_sha = sha256_file(src)
+    source = SourceDigest(reader.data)  # hashed from the bytes copied out, as they are copied
     with atomic_dir(out_dir) as tmp:
-        shared = _write_shared(metadata, arch, tmp, by_layer[None])
-        layers = []
-        for i in range(layer_count):
-            layers.append(_write_layer(arch, tmp, i, by_layer[i]))
-            say(f"[{i + 1}/{layer_count}] {layer_path(i)}")
+        shared, layers = _write_artifacts(metadata, arch, tmp, by_layer, say, source)
+        source_sha = source.hexdigest()
         manifest = Manifest(
             model_id=model_id or src.stem,
             source_model=SourceModel(
@@ -120,38 +117,48 @@ def _group_tensors(reader: GGUFReader, blocks: int, layer_count: int) -> dict[in
     return groups
 
 
-def _write_shared(
-    metadata: list[KeyValue], arch: str, root: Path, tensors: list[ReaderTensor]
-) -> dict[str, Artifact]:
+def _write_artifacts(
+    metadata: list[KeyValue], arch: str, root: Path, by_layer: dict[int | None, list[ReaderTensor]],
+    say: Progress, source: SourceDigest,
+) -> tuple[dict[str, Artifact], list[LayerArtifact]]:
+    """Every artifact, written in the order of their tensors in the source, so that `source`
+    hashes the file from the bytes being copied, in one read of it."""
+    jobs = [(rel, meta, tensors) for rel, meta, tensors in _shared_parts(metadata, by_layer[None])]
+    jobs += [(layer_path(i), [], by_layer[i]) for i in sorted(k for k in by_layer if k is not None)]
+    jobs.sort(key=lambda job: min((int(t.data_offset) for t in job[2]), default=-1))
+    written = {}
+    for rel, meta, tensors in jobs:
+        written[rel] = _write_artifact(root, rel, arch, meta, tensors, source)
+        if rel.startswith("layers/"):
+            say(f"[{sum(r.startswith('layers/') for r in written)}/{len(jobs) - 3}] {rel}")
+    shared = {name: written[f"shared/{name}.gguf"] for name in ("metadata", "embeddings", "output")}
+    layers = [LayerArtifact(**vars(written[layer_path(i)]), layer_index=i) for i in range(len(by_layer) - 1)]
+    return shared, layers
+
+
+def _shared_parts(
+    metadata: list[KeyValue], tensors: list[ReaderTensor]
+) -> list[tuple[str, list[KeyValue], list[ReaderTensor]]]:
     embeddings = [t for t in tensors if t.name == "token_embd.weight"]
     if not embeddings:
         raise PackageError("GGUF has no token_embd.weight tensor")
     # Everything global that is not the embedding (output_norm, output, rope_freqs, ...).
     output = [t for t in tensors if t.name != "token_embd.weight"]
-    parts = {"metadata": [], "embeddings": embeddings, "output": output}
-    return {
-        name: _write_artifact(
-            root, f"shared/{name}.gguf", arch, metadata if name == "metadata" else [], group
-        )
-        for name, group in parts.items()
-    }
-
-
-def _write_layer(arch: str, root: Path, index: int, tensors: list[ReaderTensor]) -> LayerArtifact:
-    art = _write_artifact(root, layer_path(index), arch, [], tensors)
-    return LayerArtifact(**vars(art), layer_index=index)
+    return [("shared/metadata.gguf", metadata, []), ("shared/embeddings.gguf", [], embeddings),
+            ("shared/output.gguf", [], output)]
 
 
 def _write_artifact(
-    root: Path, rel: str, arch: str, metadata: list[KeyValue], tensors: list[ReaderTensor]
+    root: Path, rel: str, arch: str, metadata: list[KeyValue], tensors: list[ReaderTensor],
+    source: SourceDigest,
 ) -> Artifact:
     dest = root / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
-    write_gguf(dest, arch, metadata, [TensorCopy(t.name, t) for t in tensors])
+    written = write_gguf(dest, arch, metadata, [TensorCopy(t.name, t) for t in tensors], source)
     return Artifact(
         path=rel,
-        sha256=sha256_file(dest),
-        artifact_bytes=dest.stat().st_size,
+        sha256=written.sha256,
+        artifact_bytes=written.size,
         tensor_count=len(tensors),
         tensor_bytes=tensor_bytes(tensors),
     )

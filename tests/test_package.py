@@ -125,7 +125,7 @@ def test_layer_count_must_match_metadata(tiny_package, tmp_path):
 
 
 def test_failed_write_leaves_nothing_behind(tiny_gguf, tmp_path, monkeypatch):
-    real = writer_module._write_layer
+    real = writer_module._write_artifact
     calls = {"n": 0}
 
     def failing(*args, **kwargs):
@@ -134,7 +134,7 @@ def test_failed_write_leaves_nothing_behind(tiny_gguf, tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(writer_module, "_write_layer", failing)
+    monkeypatch.setattr(writer_module, "_write_artifact", failing)
     with pytest.raises(OSError, match="disk full"):
         write_package(tiny_gguf, tmp_path / "out", progress=_quiet)
     assert list(tmp_path.iterdir()) == []
