@@ -12,6 +12,7 @@ from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.version import check_version
 
+# 1 MiB: 4 MiB messages tripled this server's CPU per byte, and a pull ran slower (stage/artifact_fetch.py).
 CHUNK = 1 << 20
 
 

@@ -14,7 +14,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +21,9 @@ import psutil
 
 from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
-from proto.clients import artifact_transfer
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
+from stage.artifact_fetch import ArtifactFetcher
 from stage.batcher import close_engine, on_engine_thread
 from stage.calibration import Calibration, calibrate
 from stage.engine import EngineConfig, RangeEngine
@@ -32,7 +31,6 @@ from stage.engine_choice import Engine, open_engine
 from stage.grpc_auth import token_metadata
 from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
 from stage.tls import MeshTls, client_ssl, server_ssl
-from stage.tls import channel as tls_channel
 from stage.transport import Limits, WireEmulation, connect, serve
 
 log = logging.getLogger("meshpipe.stage")
@@ -275,14 +273,4 @@ def _fetcher(source: str, manifest_sha: str, opt: StageOptions) -> Fetcher | Non
     """Pull files from the coordinator's ArtifactTransfer service, or None without a source."""
     if not source:
         return None
-
-    async def fetch(path: str, offset: int) -> AsyncIterator[bytes]:
-        async with tls_channel(source, opt.tls) as channel:
-            stub = artifact_transfer(channel)
-            request = pb.FetchRequest(protocol_version=PROTOCOL_VERSION,
-                                      manifest_sha256=manifest_sha, path=path, offset=offset)
-            async for chunk in stub.Fetch(request, metadata=token_metadata(opt.token),
-                                         timeout=3600):
-                yield chunk.data
-
-    return fetch
+    return ArtifactFetcher(source, manifest_sha, opt.tls, token_metadata(opt.token))

@@ -9,7 +9,9 @@ after it: peer transfer stays the default, so stages need no Hub access or token
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from packages.refs import HubRef, is_hub_ref, parse_hub_ref
 log = logging.getLogger("meshpipe.stage")
 
 # (path, offset) -> chunks of the file from that offset
-Fetcher = Callable[[str, int], AsyncIterator[bytes]]
+Fetcher = Callable[[str, int], AsyncIterator[bytes | memoryview]]
 
 
 @dataclass
@@ -50,6 +52,18 @@ async def prepare_stage(
     end: int,
     cache_dir: Path,
     fetch: Fetcher | None,
+    progress: Progress,
+) -> PreparedStage:
+    try:
+        return await _prepare(package_ref, manifest_sha, start, end, cache_dir, fetch, progress)
+    finally:
+        close = getattr(fetch, "aclose", None)  # an ArtifactFetcher's channel (stage/artifact_fetch.py)
+        if close is not None:
+            await close()
+
+
+async def _prepare(
+    package_ref: str, manifest_sha: str, start: int, end: int, cache_dir: Path, fetch: Fetcher | None,
     progress: Progress,
 ) -> PreparedStage:
     hub_ref = parse_hub_ref(package_ref) if is_hub_ref(package_ref) else None
@@ -139,12 +153,41 @@ async def _ensure_artifact(
         return
     if fetch is None:
         raise PackageError(f"missing file: {art.path} and no artifact source to fetch it from")
-    with atomic_file(dest) as tmp:
-        with tmp.open("wb") as out:
-            async for chunk in fetch(art.path, 0):
-                if out.tell() + len(chunk) > art.artifact_bytes:
-                    raise PackageError(f"{art.path}: the source sent more bytes than the manifest says")
-                out.write(chunk)
-                progress.bytes_done += len(chunk)
-        if tmp.stat().st_size != art.artifact_bytes or await asyncio.to_thread(sha256_file, tmp) != art.sha256:
+    with atomic_file(dest) as tmp:  # renamed into place only once verified
+        if await _receive(fetch, art, tmp, progress) != art.sha256:
             raise PackageError(f"{art.path}: transferred file failed verification")
+
+
+async def _receive(fetch: Fetcher, art: Artifact, tmp: Path, progress: Progress) -> str:
+    """Write `art` from `fetch` into `tmp`; return the sha256 of what came, hashed as it came.
+
+    With more than one core, each chunk is hashed and written on a worker thread while the next
+    arrives (both let go of the GIL), so the hash costs the transfer little time; on one core
+    that handoff only adds thread switches (a pull measured ~15% slower), so it is done inline.
+    """
+    digest, size = hashlib.sha256(), 0
+    with tmp.open("wb") as out:  # a chunk is a MiB: it goes to the file in one write, past the buffer
+        def put(chunk: bytes | memoryview) -> None:
+            digest.update(chunk)
+            out.write(chunk)
+
+        pending: asyncio.Future[None] | None = None
+        async for chunk in fetch(art.path, 0):
+            size += len(chunk)
+            if size > art.artifact_bytes:
+                raise PackageError(f"{art.path}: the source sent more bytes than the manifest says")
+            if pending is not None:
+                await pending
+            if _THREADED:
+                pending = asyncio.ensure_future(asyncio.to_thread(put, chunk))
+            else:
+                put(chunk)
+            progress.bytes_done += len(chunk)
+        if pending is not None:
+            await pending
+    if size != art.artifact_bytes:
+        raise PackageError(f"{art.path}: the source sent {size} bytes, the manifest says {art.artifact_bytes}")
+    return digest.hexdigest()
+
+
+_THREADED = len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) > 1

@@ -9,8 +9,10 @@ the certificates with subjectAltName DNS:meshpipe.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -54,15 +56,15 @@ class MeshTls:
     def grpc_server(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())])
 
-    def grpc_channel(self, target: str) -> grpc.aio.Channel:
+    def grpc_channel(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
         creds = grpc.ssl_channel_credentials(root_certificates=self.ca.read_bytes())
         return grpc.aio.secure_channel(target, creds,
-                                       options=[("grpc.ssl_target_name_override", MESH_NAME)])
+                                       options=[("grpc.ssl_target_name_override", MESH_NAME), *options])
 
 
-def channel(target: str, tls: MeshTls | None) -> grpc.aio.Channel:
+def channel(target: str, tls: MeshTls | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
     """A gRPC channel to another mesh node, encrypted when the mesh uses TLS."""
-    return tls.grpc_channel(target) if tls else grpc.aio.insecure_channel(target)
+    return tls.grpc_channel(target, options) if tls else grpc.aio.insecure_channel(target, options=list(options))
 
 
 def add_port(server: grpc.aio.Server, address: str, tls: MeshTls | None) -> int:

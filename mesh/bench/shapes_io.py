@@ -90,22 +90,17 @@ async def _pull(source: str, sha: str, start: int, end: int, cache: Path) -> dic
             "prepare_seconds": time.perf_counter() - begin, "gguf": str(prepared.gguf)}
 
 
-def _grpc_fetcher(source: str, sha: str, last: list[float]) -> Callable[[str, int], AsyncIterator[bytes]]:
+def _grpc_fetcher(source: str, sha: str, last: list[float]) -> Callable[[str, int], AsyncIterator[bytes | memoryview]]:
     """stage/control.py's fetcher, without TLS or a token; `last` gets the time of the latest chunk."""
-    from proto import meshpipe_pb2 as pb
-    from proto.clients import artifact_transfer
-    from proto.version import PROTOCOL_VERSION
-    from stage.tls import channel
+    from stage.artifact_fetch import ArtifactFetcher
 
-    async def fetch(path: str, offset: int) -> AsyncIterator[bytes]:
-        async with channel(source, None) as ch:
-            request = pb.FetchRequest(protocol_version=PROTOCOL_VERSION, manifest_sha256=sha, path=path,
-                                      offset=offset)
-            async for chunk in artifact_transfer(ch).Fetch(request, timeout=3600):
+    class Timed(ArtifactFetcher):
+        async def __call__(self, path: str, offset: int) -> AsyncIterator[bytes | memoryview]:
+            async for data in super().__call__(path, offset):
                 last[0] = time.perf_counter()
-                yield chunk.data
+                yield data
 
-    return fetch
+    return Timed(source, sha, None)
 
 
 def socket_recv(args: argparse.Namespace) -> dict[str, Any]:
