@@ -20,7 +20,7 @@ from stage.artifact_fetch import ArtifactFetcher, chunk_data
 from stage.prepare import Progress, prepare_stage
 
 
-@pytest.mark.parametrize("data, offset", [(b"", 0), (b"x", 0), (os.urandom(300), 7), (os.urandom(1 << 20), 2**63)])
+@pytest.mark.parametrize(("data", "offset"), [(b"", 0), (b"x", 0), (os.urandom(300), 7), (os.urandom(1 << 20), 2**63)])
 def test_chunk_data_reads_what_protobuf_wrote(data, offset):
     message = pb.Chunk(data=data, offset=offset).SerializeToString()
     assert bytes(chunk_data(message)) == data
@@ -62,7 +62,7 @@ def test_a_pull_over_grpc_installs_verified_files_and_closes_its_channel(tiny_pa
 
 
 def test_corrupt_bytes_are_refused_before_the_rename(tiny_package, tmp_path):
-    manifest, sha = load_manifest(tiny_package)
+    _manifest, sha = load_manifest(tiny_package)
 
     async def fetch(path: str, offset: int) -> AsyncIterator[bytes]:
         data = (tiny_package / path).read_bytes()
