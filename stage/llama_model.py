@@ -9,6 +9,11 @@ load through here. Two choices are made once, for all of them:
   without extra buffer types. The library is asked which types it would use, not
   /proc/cpuinfo: a wheel built without AMX keeps its repacked kernels on an AMX CPU.
   `MESHPIPE_EXTRA_BUFTS=on|off` overrides the choice.
+- **Memory-mapping.** With extra buffer types, llama.cpp repacks every Q4_0 matrix into an
+  anonymous buffer while the mmapped file it read them from stays resident: a stage held its
+  weights twice (peak RSS 2.19x its share on the 8B shape). So where extra buffer types are
+  used, models load without mmap (read into their buffers once); elsewhere mmap stays.
+  The numbers computed are the same either way. `MESHPIPE_MMAP=on|off` overrides the choice.
 - **Flash attention.** With it on, a verify window of k rows gives logits bit-identical to k
   single-row decodes on SmolLM2 Q4_1, so speculation cannot change greedy output (README,
   "Numerics"). `MESHPIPE_FLASH_ATTN=on|off` overrides it.
@@ -34,6 +39,7 @@ from stage.ggml_lib import ggml
 
 EXTRA_BUFTS_ENV = "MESHPIPE_EXTRA_BUFTS"
 FLASH_ATTN_ENV = "MESHPIPE_FLASH_ATTN"
+MMAP_ENV = "MESHPIPE_MMAP"
 _CHOICES = {"on": True, "off": False}
 _BROKEN_BUFTS = ("AMX",)  # extra buffer types that crash; see the module docstring
 
@@ -62,6 +68,12 @@ def use_extra_bufts() -> bool:
     return _setting(EXTRA_BUFTS_ENV, not any(b in _BROKEN_BUFTS for b in offered_extra_bufts()))
 
 
+def use_mmap() -> bool:
+    """Whether models are memory-mapped: not when extra buffer types repack the weights, as the
+    mapped file would stay resident beside the repacked copy (the module docstring)."""
+    return _setting(MMAP_ENV, not use_extra_bufts())
+
+
 # Rows per graph compute (llama.cpp's n_ubatch). The CPU backend computes a graph of 64 rows
 # or more on other kernels than a decode's: a prompt prefilled in such pieces differs in the
 # last bits from the same tokens decoded one by one, so a prefix reused from an earlier
@@ -79,6 +91,7 @@ def flash_attn() -> bool:
 def model_params(vocab_only: bool = False) -> L.llama_model_params:
     params = L.llama_model_default_params()
     params.use_extra_bufts = use_extra_bufts()
+    params.load_mode = L.LLAMA_LOAD_MODE_MMAP if use_mmap() else L.LLAMA_LOAD_MODE_NONE
     params.vocab_only = vocab_only
     return params
 
@@ -104,6 +117,7 @@ def open_llama(gguf: Path, **kwargs: Any) -> llama_cpp.Llama:
     kwargs.setdefault("verbose", False)
     kwargs.setdefault("flash_attn", flash_attn())
     kwargs.setdefault("n_ubatch", INVARIANT_ROWS)
+    kwargs.setdefault("use_mmap", use_mmap())  # Llama sets load_mode from it, over the params
     original = L.llama_model_default_params
     params = model_params()
     with _patching:

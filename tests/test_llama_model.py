@@ -36,6 +36,19 @@ def test_operators_override_both_choices(monkeypatch):
         lm.use_extra_bufts()
 
 
+@pytest.mark.parametrize(("bufts", "env", "mapped"), [("on", None, False), ("off", None, True), ("on", "on", True),
+                                                      ("off", "off", False)])
+def test_models_are_mapped_unless_repacked(monkeypatch, bufts, env, mapped):
+    """A repacked model would keep its mapped file resident beside the repacked copy."""
+    monkeypatch.setenv(lm.EXTRA_BUFTS_ENV, bufts)
+    if env is None:
+        monkeypatch.delenv(lm.MMAP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(lm.MMAP_ENV, env)
+    assert lm.use_mmap() is mapped
+    assert lm.model_params().load_mode == (lm.L.LLAMA_LOAD_MODE_MMAP if mapped else lm.L.LLAMA_LOAD_MODE_NONE)
+
+
 def test_this_library_offers_its_extra_buffer_types():
     assert "CPU_REPACK" in lm.offered_extra_bufts()  # every x86/ARM CPU build has the repack type
 
@@ -69,6 +82,8 @@ def test_the_choice_reaches_every_loader(draft_gguf: Path, host, env, repacked):
     llama_log, engine_log = done.stderr.split("== Llama", 1)[1].split("== engine", 1)
     assert bool(REPACKED.search(llama_log)) is repacked
     assert bool(REPACKED.search(engine_log)) is repacked
+    for log in (llama_log, engine_log):  # mapped exactly when not repacked (MESHPIPE_MMAP unset)
+        assert ("(load_mode = mmap)" in log) is not repacked, log[-2000:]
 
 
 def _env() -> dict[str, str]:
