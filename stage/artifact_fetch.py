@@ -1,8 +1,10 @@
 """The stage's side of ArtifactTransfer: one gRPC channel to the coordinator for every file.
 
 A channel per file paid a connection (and a TLS handshake) per layer. Chunks arrive as raw
-messages whose `data` is taken as a view (chunk_data), not copied by a protobuf parse. The
-server's chunk stays 1 MiB: 4 MiB messages tripled its CPU per byte and pulled slower.
+messages whose `data` is taken as a view (chunk_data), not copied by a protobuf parse: gRPC
+alone then received 1.36-1.45 GB/s on one core, against 0.77-0.98 with the parse. The
+server's chunk stays 1 MiB: 4 MiB messages tripled its CPU per byte and pulled slower, and a
+64 MiB stream window (`grpc.http2.lookahead_bytes`) made no difference that could be measured.
 """
 
 from __future__ import annotations
@@ -18,10 +20,7 @@ from stage.tls import MeshTls, channel
 
 # Past the server's chunk (mesh/artifact_server.py), which may grow without a client change.
 MAX_MESSAGE = 64 << 20
-# The stream's flow-control window: 64 MiB in flight, not what gRPC's estimate grows to
-# (a pull of 0.5 GB on one core measured ~10% faster).
-LOOKAHEAD = 64 << 20
-CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.http2.lookahead_bytes", LOOKAHEAD))
+CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE),)
 
 
 FETCH_METHOD = f"/{pb.DESCRIPTOR.services_by_name['ArtifactTransfer'].full_name}/Fetch"
