@@ -9,17 +9,28 @@ layer i is `blk.i`. Q4_0, Q4_1 and Q8_0 tensors arrive as MLX affine quantized w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-if TYPE_CHECKING:
-    from stage.mlx_models.llama import Model
 
-M = TypeVar("M", bound="Model")
+class RangeModel(Protocol):
+    """What `load_range` needs of a model class (stage/mlx_models/llama.py `Model` and its kin)."""
+
+    arch: ClassVar[str]
+    layer_names: ClassVar[dict[str, str]]
+    args_class: ClassVar[Any]
+
+    def __init__(self, args: Any, first: bool, final: bool, tied: bool) -> None: ...
+    def parameters(self) -> Any: ...
+    def load_weights(self, weights: list[tuple[str, mx.array]], strict: bool = True) -> Any: ...
+    def eval(self) -> Any: ...
+
+
+M = TypeVar("M", bound=RangeModel)
 
 _TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
@@ -50,7 +61,7 @@ def check_supported(meta: dict[str, object], names: set[str], arch: str) -> None
         raise ValueError(f"the MLX {arch} model has no bias terms; the GGUF has {biased[0]}")
 
 
-def module_path(gguf_name: str, model_class: type[Model]) -> str:
+def module_path(gguf_name: str, model_class: type[RangeModel]) -> str:
     """`blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj.weight` (also `.scales`, `.biases`)."""
     stem, _, suffix = gguf_name.rpartition(".")
     parts = stem.split(".")
@@ -82,7 +93,8 @@ def load_range(model_class: type[M], meta: dict[str, object], weights: dict[str,
         if f"{module}.weight" not in wanted:
             continue  # a stage GGUF carries the embedding and head even where the range skips them
         mapped[path] = value.astype(dtype) if mx.issubdtype(value.dtype, mx.floating) else value
-    nn.quantize(model, class_predicate=lambda path, module: quantized_linear_params(path, module, mapped))
+    nn.quantize(cast(nn.Module, model),
+                class_predicate=lambda path, module: quantized_linear_params(path, module, mapped))
     model.load_weights(list(mapped.items()), strict=True)
     model.eval()
     return model
