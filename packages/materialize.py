@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from packages.architectures import check_range
 from packages.gguf_files import TensorCopy, metadata_of, open_gguf, write_gguf
 from packages.integrity import atomic_file, sha256_file, verify_file
@@ -45,13 +48,35 @@ def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, de
     arch = manifest.architecture
     meta = open_gguf(package_dir / manifest.shared["metadata"].path)
     metadata = stage_metadata(arch, metadata_of(meta), start, end)
-    tensors = [
-        *_copies(package_dir, manifest.shared["embeddings"], 0),
-        *_copies(package_dir, manifest.shared["output"], 0),
-    ]
+    # The loader requires the token embeddings and an untied head on every stage, though only
+    # the first reads the one (and the final too, when the head is tied to them) and only the
+    # final the other: elsewhere they are zeros of a small type.
+    shared = [c for art in ("embeddings", "output") for c in _copies(package_dir, manifest.shared[art], 0)]
+    final, untied = end == manifest.layer_count, any(c.name == "output.weight" for c in shared)
+    unused = {n for n, needed in (("token_embd.weight", start == 0 or (final and not untied)),
+                                  ("output.weight", final)) if not needed}
+    tensors = [_placeholder(c) if c.name in unused else c for c in shared]
     for layer in manifest.layers[start:end]:
         tensors += _copies(package_dir, layer, start)
     return write_gguf(dest, arch, metadata, tensors).sha256
+
+
+# Smallest first; never repacked by ggml's CPU backend, so a placeholder stays its size in memory.
+_PLACEHOLDER_TYPES = (GGMLQuantizationType.IQ1_S, GGMLQuantizationType.Q4_1)
+
+
+def _placeholder(copy: TensorCopy) -> TensorCopy:
+    """`copy` as zeros of the smallest type its rows fit (the tensor itself if none is smaller):
+    a stage that never reads it holds about a sixth of its Q4_0 bytes instead of all of them."""
+    t = copy.source
+    width, rows = int(t.shape[0]), int(t.n_elements) // int(t.shape[0])
+    for kind in _PLACEHOLDER_TYPES:
+        block, size = GGML_QUANT_SIZES[kind]
+        if width % block == 0 and rows * width // block * size < int(t.n_bytes):
+            data = np.zeros((rows, width // block * size), dtype=np.uint8)
+            zeros = t._replace(tensor_type=kind, n_bytes=data.nbytes, data_offset=0, data=data)
+            return TensorCopy(copy.name, zeros)
+    return copy
 
 
 def _copies(package_dir: Path, art: Artifact, shift: int) -> list[TensorCopy]:

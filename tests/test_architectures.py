@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from chain import build_chain, close, greedy, reference_greedy
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from inproc_requests import serving
 from tiny_models import WRITERS, write_tiny
 
@@ -32,6 +33,7 @@ from packages.architectures import RULES, CutRule, allowed_cuts, package_verdict
 from packages.errors import PackageError
 from packages.gguf_files import KeyValue, metadata_of, open_gguf
 from packages.manifest import load_manifest
+from packages.materialize import materialize_stage
 from packages.requantize import requantize
 from packages.writer import write_package
 
@@ -249,3 +251,20 @@ def test_a_glm4moe_package_runs_m_rope_so_later_stages_take_hidden_states(tiny: 
                                     GGUFValueType.INT32)]
     again, _ = stage_metadata.package_metadata("glm4moe", own)
     assert {kv.key: kv.value for kv in again}["glm4moe.rope.dimension_sections"] == [8, 12, 12, 0]
+
+
+@pytest.mark.parametrize(("arch", "kept"), [("qwen3", {0: {"token_embd.weight"}, 4: {"output.weight"}}),
+                                            ("gemma3", {0: {"token_embd.weight"}, 3: set(), 6: {"token_embd.weight"}})])
+def test_a_stage_holds_zeros_for_what_the_loader_requires_and_it_never_reads(
+        arch: str, kept: dict[int, set[str]], tiny: dict[str, Path], tmp_path: Path) -> None:
+    """qwen3's head is untied: stage 0 never reads it, the last stage never reads the embeddings.
+    gemma3 ties its head to the embeddings, which only a middle stage does not read."""
+    package = _package(tiny[arch], tmp_path / "pkg")
+    manifest, sha = load_manifest(package)
+    bounds = [*kept, manifest.layer_count]
+    for a, b in itertools.pairwise(bounds):
+        shared = {t.name: t for t in GGUFReader(materialize_stage(package, manifest, sha, a, b, tmp_path / "c")).tensors
+                  if t.name in ("token_embd.weight", "output.weight")}
+        real = {n for n, t in shared.items() if t.data.any()}
+        assert real == kept[a], (a, b)
+        assert all(shared[n].tensor_type == GGMLQuantizationType.Q4_1 for n in set(shared) - real)
