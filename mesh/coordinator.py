@@ -230,7 +230,7 @@ class Coordinator:
         s = self.settings
         gguf = await asyncio.to_thread(materialize_stage, self.package_dir, self.manifest,
                                        self.manifest_sha, route.stage0.start, route.stage0.end,
-                                       s.cache_dir)
+                                       s.cache_dir, s.engine(0) == "llama")
         if self.tokenizer is None:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, self.model_id)
         cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,

@@ -20,16 +20,20 @@ from packages.stage_metadata import stage_metadata
 from packages.writer import block_index
 
 
-def stage_path(cache_dir: Path, manifest_sha: str, start: int, end: int) -> Path:
-    return cache_dir / "stages" / manifest_sha[:16] / f"layers-{start:05d}-{end:05d}.gguf"
+def stage_path(cache_dir: Path, manifest_sha: str, start: int, end: int, placeholders: bool = True) -> Path:
+    kept = "" if placeholders else "-whole"
+    return cache_dir / "stages" / manifest_sha[:16] / f"layers-{start:05d}-{end:05d}{kept}.gguf"
 
 
 def materialize_stage(
-    package_dir: Path, manifest: Manifest, manifest_sha: str, start: int, end: int, cache_dir: Path
+    package_dir: Path, manifest: Manifest, manifest_sha: str, start: int, end: int, cache_dir: Path,
+    placeholders: bool = True,
 ) -> Path:
-    """Return a verified stage GGUF for [start, end), building it only on a cache miss."""
+    """Return a verified stage GGUF for [start, end), building it only on a cache miss.
+    `placeholders`: zeros for the tensors the range never reads (llama.cpp); MLX's `mx.load`
+    cannot read IQ1_S, and frees what a range skips anyway, so it gets them whole."""
     check_range(start, end, manifest.layer_count, manifest.allowed_cuts)
-    dest = stage_path(cache_dir, manifest_sha, start, end)
+    dest = stage_path(cache_dir, manifest_sha, start, end, placeholders)
     digest_file = dest.with_suffix(".sha256")
     if dest.is_file() and digest_file.is_file() and sha256_file(dest) == digest_file.read_text().strip():
         return dest
@@ -37,13 +41,14 @@ def materialize_stage(
     for art in needed:
         verify_file(package_dir / art.path, art.artifact_bytes, art.sha256, art.path)
     with atomic_file(dest) as tmp:
-        digest = _write_stage(package_dir, manifest, start, end, tmp)
+        digest = _write_stage(package_dir, manifest, start, end, tmp, placeholders)
     with atomic_file(digest_file) as tmp_digest:
         tmp_digest.write_text(digest + "\n")
     return dest
 
 
-def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, dest: Path) -> str:
+def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, dest: Path,
+                 placeholders: bool = True) -> str:
     """Write the stage GGUF to `dest`; return its sha256, taken as it was written."""
     arch = manifest.architecture
     meta = open_gguf(package_dir / manifest.shared["metadata"].path)
@@ -54,7 +59,7 @@ def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, de
     shared = [c for art in ("embeddings", "output") for c in _copies(package_dir, manifest.shared[art], 0)]
     final, untied = end == manifest.layer_count, any(c.name == "output.weight" for c in shared)
     unused = {n for n, needed in (("token_embd.weight", start == 0 or (final and not untied)),
-                                  ("output.weight", final)) if not needed}
+                                  ("output.weight", final)) if not needed and placeholders}
     tensors = [_placeholder(c) if c.name in unused else c for c in shared]
     for layer in manifest.layers[start:end]:
         tensors += _copies(package_dir, layer, start)

@@ -106,7 +106,7 @@ class StageControl(pb_grpc.StageControlServicer):
         fetch = _fetcher(request.artifact_source, request.manifest_sha256, self.opt)
         self.prepare_task = asyncio.get_running_loop().create_task(prepare_stage(
             request.package_ref, request.manifest_sha256, request.layer_start, request.layer_end,
-            self.opt.cache_dir, fetch, self.progress))
+            self.opt.cache_dir, fetch, self.progress, placeholders=self.opt.engine == "llama"))
         self.prepare_task.add_done_callback(self._prepared)
         return pb.PrepareReply(accepted=True)
 

@@ -53,9 +53,12 @@ async def prepare_stage(
     cache_dir: Path,
     fetch: Fetcher | None,
     progress: Progress,
+    placeholders: bool = True,
 ) -> PreparedStage:
+    """`placeholders`: whether the stage GGUF may hold zeros for what the range never reads
+    (packages/materialize.py): not for an MLX engine."""
     try:
-        return await _prepare(package_ref, manifest_sha, start, end, cache_dir, fetch, progress)
+        return await _prepare(package_ref, manifest_sha, start, end, cache_dir, fetch, progress, placeholders)
     finally:
         close = getattr(fetch, "aclose", None)  # an ArtifactFetcher's channel (stage/artifact_fetch.py)
         if close is not None:
@@ -64,7 +67,7 @@ async def prepare_stage(
 
 async def _prepare(
     package_ref: str, manifest_sha: str, start: int, end: int, cache_dir: Path, fetch: Fetcher | None,
-    progress: Progress,
+    progress: Progress, placeholders: bool,
 ) -> PreparedStage:
     hub_ref = parse_hub_ref(package_ref) if is_hub_ref(package_ref) else None
     package_dir, fetch = await _package_dir(package_ref, manifest_sha, cache_dir, fetch, hub_ref, start, end)
@@ -81,7 +84,7 @@ async def _prepare(
         progress.bytes_done = 0
         package_dir = await _from_hub(hub_ref, manifest_sha, start, end, progress)
     gguf = await asyncio.to_thread(
-        materialize_stage, package_dir, manifest, sha, start, end, cache_dir
+        materialize_stage, package_dir, manifest, sha, start, end, cache_dir, placeholders
     )
     return PreparedStage(gguf, manifest, sha, start, end)
 

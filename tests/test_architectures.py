@@ -268,3 +268,13 @@ def test_a_stage_holds_zeros_for_what_the_loader_requires_and_it_never_reads(
         real = {n for n, t in shared.items() if t.data.any()}
         assert real == kept[a], (a, b)
         assert all(shared[n].tensor_type == GGMLQuantizationType.Q4_1 for n in set(shared) - real)
+
+
+def test_a_split_with_iq1_s_zeros_equals_unsplit(tmp_path: Path) -> None:
+    """Where the width is a multiple of 256 the zeros are IQ1_S, llama.cpp's smallest type."""
+    gguf = write_tiny(tmp_path / "wide.gguf", "qwen3", width=256)
+    package = _package(gguf, tmp_path / "pkg")
+    manifest, sha = load_manifest(package)
+    later = GGUFReader(materialize_stage(package, manifest, sha, 4, 8, tmp_path / "c")).tensors
+    assert next(t for t in later if t.name == "token_embd.weight").tensor_type == GGMLQuantizationType.IQ1_S
+    assert _chain_tokens(package, [4], tmp_path / "c") == reference_greedy(gguf, PROMPT, N)

@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("mlx.core", reason="mlx is not installed: pip install 'meshpipe[mlx]' (mlx[cpu] on Linux)")
 
+import mlx.core as mx
 from chain import chat_prompt, close, forward, reference_greedy
 from tiny_models import WRITERS, write_tiny
 
@@ -58,7 +59,7 @@ N_TOKENS = 48
 def make_engine(kind: str, package: Path, cache: Path, start: int, end: int, lanes: int = 2,
                 ctx: int = 512) -> RangeEngine:
     manifest, sha = load_manifest(package)
-    gguf = materialize_stage(package, manifest, sha, start, end, cache)
+    gguf = materialize_stage(package, manifest, sha, start, end, cache, placeholders=kind == "llama")
     cfg = EngineConfig(first=start == 0, final=end == manifest.layer_count, lanes=lanes, ctx_per_lane=ctx)
     engine: RangeEngine = ENGINES[kind](gguf, cfg)
     return engine
@@ -311,6 +312,19 @@ def test_tiny_qwen3_rope_is_neox(tiny_arch, stage_cache, monkeypatch):
     logits = teacher_forced([engine], np.asarray([*prompt, *expected[:-1]], np.int32))[len(prompt) - 1 :]
     engine.close()
     assert relative_error(logits, ref_logits) > 10 * TINY_ARCH_TOL["qwen3"]
+
+
+def test_an_mlx_stage_gets_the_tensors_its_range_skips_whole(tmp_path):
+    """llama.cpp stages hold IQ1_S zeros for the embeddings past stage 0 where the width is a
+    multiple of 256; `mx.load` cannot read IQ1_S, so an MLX stage's GGUF keeps them whole."""
+    gguf = write_tiny(tmp_path / "wide.gguf", "qwen3", width=256)
+    write_package(gguf, tmp_path / "pkg", progress=lambda _: None)
+    manifest, sha = load_manifest(tmp_path / "pkg")
+    zeros = materialize_stage(tmp_path / "pkg", manifest, sha, 4, 8, tmp_path / "c")
+    with pytest.raises(RuntimeError, match="gguf"):
+        mx.load(str(zeros))
+    engine = make_engine("mlx", tmp_path / "pkg", tmp_path / "c", 4, 8)
+    engine.close()
 
 
 # -- SmolLM2 Q4_1 ------------------------------------------------------------------------

@@ -413,11 +413,11 @@ UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
 LAYERS_OF = {"llama4": 12}
 
 
-def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0) -> Path:
+def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
     """A random-weight GGUF of `arch` that llama.cpp loads and decodes in milliseconds."""
     writer = GGUFWriter(path, arch)
     writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
-    t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed))
+    t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed), width=width)
     _common(t)
     (WRITERS | UNPROVEN)[arch](t)
     writer.write_header_to_file()
