@@ -133,9 +133,13 @@ class Lifecycle(RuleBasedStateMachine):
     def kill(self, which: int) -> None:
         """A stage SIGKILLed between requests; the next step finds the route rebuilt."""
         victims = stage_pids(self.pid)
+        before = _recoveries(self.url)
         os.kill(victims[min(which, len(victims) - 1)], signal.SIGKILL)
         self.kills += 1
-        wait_for(lambda: _healthy(self.url) and len(stage_pids(self.pid)) == self.stages - 1, timeout=90)
+        # healthy again after the coordinator has seen the loss and rebuilt: before it sees it,
+        # /health still answers for the old route (a race that failed a CI run)
+        wait_for(lambda: _recoveries(self.url) > before and _healthy(self.url)
+                 and len(stage_pids(self.pid)) == self.stages - 1, timeout=90)
 
     @invariant()
     def healthy(self) -> None:
@@ -145,6 +149,14 @@ class Lifecycle(RuleBasedStateMachine):
         health = httpx.get(f"{self.url}/health", timeout=10)
         assert health.status_code == 200, health.text
         assert health.json()["internal_errors"] == 0, health.text
+
+
+def _recoveries(url: str) -> int:
+    """The route recoveries /health counts (-1 while it does not answer)."""
+    try:
+        return int(httpx.get(f"{url}/health", timeout=10).json()["recoveries"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return -1
 
 
 def _healthy(url: str) -> bool:
