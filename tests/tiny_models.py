@@ -136,22 +136,23 @@ def _head(t: Tiny, tied: bool = False, embd_scale: float = 0.2) -> None:
         t.add("output.weight", t.w(t.vocab, t.width))
 
 
-def _llama(t: Tiny, embd_scale: float = 0.2) -> None:
-    _head(t, embd_scale=embd_scale)
+def _pre_norm_blocks(t: Tiny, ffn: Callable[[int], None], **attention: Any) -> None:
+    """Each layer: attention norm, attention (`attention` its options), FFN norm, `ffn(i)`."""
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
-        t.attention(i)
+        t.attention(i, **attention)
         t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+        ffn(i)
+
+
+def _llama(t: Tiny, embd_scale: float = 0.2) -> None:
+    _head(t, embd_scale=embd_scale)
+    _pre_norm_blocks(t, t.swiglu)
 
 
 def _qwen3(t: Tiny) -> None:
     _head(t)
-    for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
-        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
-        t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+    _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
 
 
 def _gemma3(t: Tiny) -> None:
@@ -171,11 +172,7 @@ def _gemma3(t: Tiny) -> None:
 
 def _qwen2(t: Tiny) -> None:
     _head(t)
-    for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
-        t.attention(i, bias=True)
-        t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+    _pre_norm_blocks(t, t.swiglu, bias=True)
 
 
 def _gemma2(t: Tiny) -> None:
@@ -242,11 +239,7 @@ def _moe_keys(t: Tiny, n_expert: int = 4, used: int = 2, ff_exp: int = 32) -> No
 def _qwen3moe(t: Tiny) -> None:
     _moe_keys(t)
     _head(t)
-    for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
-        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
-        t.norm(f"blk.{i}.ffn_norm.weight")
-        t.experts(i)
+    _pre_norm_blocks(t, t.experts, q_norm=t.head_dim, k_norm=t.head_dim)
 
 
 def _gpt_oss(t: Tiny) -> None:
