@@ -305,14 +305,20 @@ def _deepseek2(t: Tiny) -> None:
         t.add(f"blk.{i}.attn_v_b.weight", t.w(t.heads, v_mla, kv_rank))
         t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * v_mla))
         t.norm(f"blk.{i}.ffn_norm.weight")
-        if i < lead:
-            t.swiglu(i)
-        else:
-            t.experts(i)
-            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
-            _shared_experts(t, i, 32)
-        if i >= t.layers:
-            _nextn(t, i)
+        _lead_dense_then_moe(t, i, lead)
+
+
+def _lead_dense_then_moe(t: Tiny, i: int, lead: int) -> None:
+    """Layer i's FFN in deepseek2 and glm4moe: dense for the `lead` first layers, else routed
+    experts with a selection bias and a shared expert; past the main stack, the nextn block too."""
+    if i < lead:
+        t.swiglu(i)
+    else:
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
+    if i >= t.layers:
+        _nextn(t, i)
 
 
 def _llama4(t: Tiny) -> None:
@@ -357,14 +363,7 @@ def _glm4moe(t: Tiny) -> None:
         t.norm(f"blk.{i}.attn_norm.weight")
         t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim, bias=True)
         t.norm(f"blk.{i}.post_attention_norm.weight")
-        if i < lead:
-            t.swiglu(i)
-        else:
-            t.experts(i)
-            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
-            _shared_experts(t, i, 32)
-        if i >= t.layers:
-            _nextn(t, i)
+        _lead_dense_then_moe(t, i, lead)
 
 
 WRITERS: dict[str, Callable[[Tiny], None]] = {
