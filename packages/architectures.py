@@ -125,7 +125,7 @@ def require_servable(architecture: str) -> None:
 def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) -> str | None:
     """Why this model may not be split, or None when it may."""
     if architecture not in RULES:
-        return _NOT_TEXT.get(kind_of(architecture), UNPROVEN) if kind_of(architecture) != TEXT else UNPROVEN
+        return _NOT_TEXT.get(kind_of(architecture), UNPROVEN)  # a text model: not yet proven
     blocks = (metadata or {}).get(f"{architecture}.block_count")
     if architecture in _27B_LAYERS and blocks == _27B_LAYERS[architecture]:
         # load_arch_hparams (gemma2.cpp, gemma3.cpp) takes the 27B's query scale
