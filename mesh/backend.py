@@ -4,7 +4,7 @@ The coordinator implements `Backend`; the OpenAI-compatible API depends on nothi
 A generation is a stream of frozen events, in the style of mlx-lm's `stream_generate`:
 `Sampled` per token and `Resumed` after a rebuilt route; its `Account` (usage, the
 acceptance record, how it finished) is read off the request's one record at stage 0
-(mesh/request_state.py). Nothing is written into the caller's objects.
+(mesh/serving/request_state.py). Nothing is written into the caller's objects.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 from common.sampling import Sampled, SamplingParams
 from config.errors import MeshpipeError
-from mesh.health import Health
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
+from mesh.reports.health import Health
 
 if TYPE_CHECKING:
     from mesh.constraints.compile import Constraint

@@ -3,7 +3,7 @@
 It builds the route, runs stage 0's layers in-process, and drives each request's generate
 loop: prefill, then one pass through the pipeline per token.
 
-Healing (mesh/healing.py) keeps the route serving: it rebuilds a broken route, and an
+Healing (mesh/routing/healing.py) keeps the route serving: it rebuilds a broken route, and an
 in-flight generation pauses, prefills its prompt and the tokens generated so far through
 the new route, and goes on.
 """
@@ -21,20 +21,19 @@ import anyio
 import grpc
 import psutil
 
-from mesh.artifact_server import ArtifactServer
 from mesh.backend import (
     Generation,
     GenerationRequest,
 )
-from mesh.healing import Healer
-from mesh.health import Health, StageHealth, StageState
-from mesh.hop_timing import HopTotals
-from mesh.own_work import WorkMark, other_per_frame, work_mark
-from mesh.pipeline import Pipeline
-from mesh.planner import StageCost, plan_measured, predicted_times, worth_recut
-from mesh.recovery import Recoveries
-from mesh.requests import Requests
-from mesh.route import (
+from mesh.model.tokenizer import Tokenizer
+from mesh.reports.health import Health, StageHealth, StageState
+from mesh.reports.hop_timing import HopTotals
+from mesh.reports.own_work import WorkMark, other_per_frame, work_mark
+from mesh.reports.recovery import Recoveries
+from mesh.routing.artifact_server import ArtifactServer
+from mesh.routing.healing import Healer
+from mesh.routing.planner import StageCost, plan_measured, predicted_times, worth_recut
+from mesh.routing.route import (
     RemoteStage,
     Route,
     RouteSettings,
@@ -43,13 +42,14 @@ from mesh.route import (
     spawn_local_stage,
     teardown,
 )
+from mesh.routing.stage_cost import cost_at, decode_frames, measured
+from mesh.serving.pipeline import Pipeline
+from mesh.serving.requests import Requests
+from mesh.serving.warm_up import chooses, warm_up
 from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
-from mesh.stage_cost import cost_at, decode_frames, measured
-from mesh.tokenizer import Tokenizer
-from mesh.warm_up import chooses, warm_up
 from packages.architectures import package_verdict
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage

@@ -3,7 +3,7 @@
 A CPU decode of a few rows costs about in proportion to the parameters it multiplies,
 whatever their quantization: on SmolLM2-135M the output head (49152 x 576, 8 layers'
 parameters) measured 8 layers' time. The planner uses this to give the final stage fewer
-layers (mesh/planner.py).
+layers (mesh/routing/planner.py).
 
 A mixture-of-experts layer holds every expert but a decode row multiplies only the ones its
 router picks: of an expert tensor (`ffn_{gate,up,down,gate_up}_exps`, GroveMoE's `_chexps`,

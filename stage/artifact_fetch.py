@@ -18,7 +18,7 @@ from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION
 from stage.tls import MeshTls, channel
 
-# Past the server's chunk (mesh/artifact_server.py), which may grow without a client change.
+# Past the server's chunk (mesh/routing/artifact_server.py), which may grow without a client change.
 MAX_MESSAGE = 64 << 20
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE),)
 

@@ -1,6 +1,6 @@
 """The stage core: one layer range of the model, run for many sessions (DESIGN.md §2, §3).
 
-Stage 0 (`mesh/pipeline.py` `Pipeline`) and every `mesh stage` (`stage/activations.py`
+Stage 0 (`mesh/serving/pipeline.py` `Pipeline`) and every `mesh stage` (`stage/activations.py`
 `ActivationStage`) are built on it; they differ only in where frames come from and go to.
 The core owns the engine's batcher and the session → lane map, turns a frame's payload
 into engine input and engine output into wire bytes, answers a frame at the final stage

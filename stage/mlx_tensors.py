@@ -1,6 +1,6 @@
 """Which GGUF tensors MLX can read, asked without importing mlx.
 
-Two places ask: the planner's fit check (mesh/stage_fit.py), from the manifest's tensor types,
+Two places ask: the planner's fit check (mesh/routing/stage_fit.py), from the manifest's tensor types,
 before any stage loads; and the MLX engine's load guard, from the GGUF itself. Neither imports
 the other's module, so the check lives apart from both.
 """

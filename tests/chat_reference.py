@@ -8,8 +8,8 @@ import openai
 from chain import reference_greedy
 from openai.types.chat import ChatCompletionMessageParam
 
-from mesh.model_source import EMBEDDED_ID
-from mesh.tokenizer import Tokenizer
+from mesh.model.source import EMBEDDED_ID
+from mesh.model.tokenizer import Tokenizer
 
 PROMPTS = ["Write a haiku about the sea.", "List three kinds of fruit.",
            "Explain what a CPU does in one sentence.", "Tell me a joke about cats."]

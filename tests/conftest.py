@@ -108,9 +108,9 @@ def expected_texts(smollm2_gguf: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def byte_tokenizer(tmp_path_factory: pytest.TempPathFactory):  # -> mesh.tokenizer.Tokenizer
+def byte_tokenizer(tmp_path_factory: pytest.TempPathFactory):  # -> mesh.model.tokenizer.Tokenizer
     """The tiny GGUF's vocabulary (token b + 3 is byte b): loads in milliseconds, no weights used."""
-    from mesh.tokenizer import Tokenizer
+    from mesh.model.tokenizer import Tokenizer
 
     gguf = write_tiny_llama(tmp_path_factory.mktemp("bytes") / "bytes.gguf", layers=1, byte_vocab=True)
     return Tokenizer(gguf, "tiny")

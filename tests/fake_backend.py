@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from common.sampling import Sampled
 from mesh.backend import Acceptance, Account, Generation, GenerationEvent, GenerationRequest
-from mesh.health import Health
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
+from mesh.reports.health import Health
 
 BYTE0 = 3  # the first byte token
 EOS = 2

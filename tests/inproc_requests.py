@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mesh.backend import MeshUnavailableError
-from mesh.pipeline import Pipeline
-from mesh.recovery import Recoveries
-from mesh.requests import Requests
-from mesh.route import RouteSettings
+from mesh.reports.recovery import Recoveries
+from mesh.routing.route import RouteSettings
+from mesh.serving.pipeline import Pipeline
+from mesh.serving.requests import Requests
 from mesh.speculative.draft import Draft
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import NgramPlan, SpecPlan

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 
 # at the mesh's own --threads (mesh_serve's 1): llama.cpp's sums depend on the thread count,
 # and a reference on 2 threads parted from every mesh at a near tie on a 2,000-character prompt

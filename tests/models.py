@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from mesh.model_source import embedded_gguf
+from mesh.model.source import embedded_gguf
 
 
 def smollm2_path() -> Path:

@@ -10,8 +10,8 @@ import pytest
 
 from config.settings import ConfigError, UsageError, parse_config
 from mesh.api.app import Access
-from mesh.bearer import auth_headers
 from mesh.cli.access_args import access_of, open_warning
+from mesh.cli.bearer import auth_headers
 from mesh.cli.main import build_parser
 from mesh.cli.serve import _check
 from mesh.cli.status import StatusError, fetch_health

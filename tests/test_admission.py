@@ -1,5 +1,5 @@
 """Backpressure: the lanes, the bounded queue before them, the refusal past it (429 with
-Retry-After) and the time limit (504), as mesh/admission.py and the API give them."""
+Retry-After) and the time limit (504), as mesh/serving/admission.py and the API give them."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
 
-from mesh.admission import Admission
 from mesh.api.app import build_app
 from mesh.backend import MeshBusyError, RequestTimeoutError
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
+from mesh.serving.admission import Admission
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from mesh.api.app import Access, build_app
 from mesh.api.keys import ApiKeys
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

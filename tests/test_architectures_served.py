@@ -19,7 +19,7 @@ import pytest
 from mesh_server import free_port, mesh_serve
 from tiny_models import write_tiny
 
-from mesh.tokenizer import TextStream, Tokenizer
+from mesh.model.tokenizer import TextStream, Tokenizer
 from packages.architectures import RULES
 from packages.requantize import requantize
 from stage.llama_model import open_llama

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mesh.artifact_server import ArtifactServer
+from mesh.routing.artifact_server import ArtifactServer
 from packages.errors import PackageError
 from packages.manifest import MANIFEST_NAME, load_manifest
 from proto import meshpipe_pb2 as pb

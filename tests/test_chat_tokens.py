@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.chat_tokens import chat_tokens
-from mesh.tokenizer import Tokenizer
+from mesh.model.chat_tokens import chat_tokens
+from mesh.model.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.mesh
 

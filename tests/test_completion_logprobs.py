@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from common.sampling import Sampled
 from mesh.api.app import build_app
 from mesh.backend import GenerationRequest
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
 
 COMPLETIONS = "/v1/completions"
 

@@ -21,9 +21,9 @@ from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
 from mesh.constraints.compile import Constraint, build
 from mesh.constraints.errors import ConstraintError
-from mesh.pipeline import Lease, Pending
-from mesh.request_state import Live, RequestState
-from mesh.speculative.loop import generate
+from mesh.serving.generate import generate
+from mesh.serving.pipeline import Lease, Pending
+from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, WindowPolicy
 from stage.sampling import sample_rows

@@ -17,10 +17,10 @@ from test_generate_events import LONG, PROMPT, ScriptedDraft, ScriptedPipeline
 
 from common.sampling import Sampled
 from mesh.backend import GenerationRequest
-from mesh.pipeline import Lease, Pending
-from mesh.request_state import Live, RequestState
+from mesh.serving.generate import generate
+from mesh.serving.pipeline import Lease, Pending
+from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.cost_model import Costs, Option, gap, options
-from mesh.speculative.loop import generate
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT
 from mesh.speculative.window import Adaptive, CostAware, Fixed, Observation, Since
 from packages.speculative import WindowPolicy

@@ -26,7 +26,7 @@ from toy_engine import ToyEngine, until
 from common.ids import SessionId
 from common.sampling import SamplingParams
 from mesh.backend import MeshUnavailableError
-from mesh.pipeline import Pipeline, round_trip
+from mesh.serving.pipeline import Pipeline, round_trip
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage

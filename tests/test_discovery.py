@@ -11,8 +11,8 @@ import socket
 import grpc
 import pytest
 
-from mesh.discovery import Found, candidates, read_records
-from mesh.peer_probe import refusal
+from mesh.routing.discovery import Found, candidates, read_records
+from mesh.routing.peer_probe import refusal
 from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.announcement import SERVICE_TYPE, Announcement, AnnouncementError, parse

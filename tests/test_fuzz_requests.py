@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mesh.api.app import build_app
-from mesh.metrics import Metrics
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
+from mesh.observe.metrics import Metrics
 
 pytestmark = pytest.mark.mesh  # 30-60 s: hypothesis takes about as long as the requests
 

@@ -18,10 +18,10 @@ from common.sampling import Sampled, SamplingParams
 from mesh.api.app import build_app
 from mesh.api.responses import SpeculativeUsage, Usage
 from mesh.backend import Acceptance, Account, GenerationRequest, MeshUnavailableError
-from mesh.metrics import Metrics
-from mesh.pipeline import Lease, Pending
-from mesh.request_state import Live, RequestState
-from mesh.speculative.loop import generate
+from mesh.observe.metrics import Metrics
+from mesh.serving.generate import generate
+from mesh.serving.pipeline import Lease, Pending
+from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, Observation, WindowPolicy
 

@@ -32,8 +32,8 @@ import pytest
 from mesh_server import mesh_serve, wait_for
 
 from mesh.bench.local_server import stage_pids
-from mesh.health import Health
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
+from mesh.reports.health import Health
 from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION
 from stage.transport import connect

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from mesh.api.app import build_app
 from mesh.cli.main import main
 from mesh.cli.status import format_health
-from mesh.health import Health, StageHealth
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
+from mesh.reports.health import Health, StageHealth
 
 # The keys, in order, that /health serves; readers outside this repo rely on them, so new
 # keys only ever go at the end (the busy seconds came with issue 14, the engine with 17).

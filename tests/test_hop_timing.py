@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.hop_timing import HopTotals, hop_parts
+from mesh.reports.hop_timing import HopTotals, hop_parts
 from proto import meshpipe_pb2 as pb
 
 

@@ -19,7 +19,7 @@ from hub_cache import COMMIT, OTHER_COMMIT, add_files, cache_package, package_fi
 from mesh_server import mesh_serve
 
 import packages.hub as hub_module
-from mesh.model_source import resolve_model
+from mesh.model.source import resolve_model
 from packages import hub
 from packages.errors import PackageError
 from packages.manifest import MANIFEST_NAME, load_manifest

@@ -21,9 +21,9 @@ from inproc_requests import Served, serving
 
 from mesh.api.app import build_app
 from mesh.backend import GenerationRequest
-from mesh.failures import FAILING_STREAK, InternalError
-from mesh.metrics import Metrics
-from mesh.requests import Requests
+from mesh.observe.metrics import Metrics
+from mesh.reports.failures import FAILING_STREAK, InternalError
+from mesh.serving.requests import Requests
 from mesh.speculative.proposer import Budget, Proposal, Proposer
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]

@@ -35,7 +35,7 @@ from lanes import REFERENCE_ARGS, TIMEOUT, Answer, Reference, ask
 from mesh_server import mesh_serve, wait_for
 
 from mesh.bench.local_server import stage_pids
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.soak
 

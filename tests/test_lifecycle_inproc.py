@@ -26,8 +26,8 @@ from inproc_requests import Served, serving
 
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
+from mesh.serving.warm_up import warm_up
 from mesh.speculative.draft import Draft
-from mesh.warm_up import warm_up
 from packages.requantize import requantize
 
 T = TypeVar("T")

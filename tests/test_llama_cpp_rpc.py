@@ -13,7 +13,7 @@ import pytest
 
 from mesh.bench.client import stream_chat
 from mesh.bench.llama_cpp import Binaries, ServerSpec, llama_server, offload_for_cut, rpc_link
-from mesh.model_source import embedded_gguf
+from mesh.model.source import embedded_gguf
 
 pytestmark = pytest.mark.mesh
 ENV = "MESH_LLAMA_CPP_BIN"

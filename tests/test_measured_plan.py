@@ -8,10 +8,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from toy_engine import ToyEngine
 
-from mesh.hop_timing import HopTotals
-from mesh.own_work import WorkMark, other_per_frame
-from mesh.planner import LayerWork, PlanError, StageCost, StageRange, plan_measured, predicted_times, worth_recut
-from mesh.stage_cost import cost_at, measured
+from mesh.reports.hop_timing import HopTotals
+from mesh.reports.own_work import WorkMark, other_per_frame
+from mesh.routing.planner import (
+    LayerWork,
+    PlanError,
+    StageCost,
+    StageRange,
+    plan_measured,
+    predicted_times,
+    worth_recut,
+)
+from mesh.routing.stage_cost import cost_at, measured
 from proto import meshpipe_pb2 as pb
 from stage.calibration import BATCH_ROWS, Calibration, calibrate, calibration_of
 

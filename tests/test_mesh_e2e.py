@@ -17,8 +17,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from mesh.bench.breakdown import measure
 from mesh.cli.main import main
 from mesh.coordinator import STATUS_TTL
-from mesh.health import Health
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
+from mesh.reports.health import Health
 
 pytestmark = pytest.mark.mesh
 

@@ -30,7 +30,7 @@ pytest.importorskip("mlx.core", reason="mlx is not installed: pip install 'meshp
 from mesh_server import free_port, mesh_serve
 from tiny_models import write_tiny
 
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 from packages.requantize import requantize
 
 # Meshes with MLX stages serve every prompt through MLX, which decodes at 6-12 tok/s on a 2-core

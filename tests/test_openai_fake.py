@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from mesh.api.app import build_app
 from mesh.backend import MeshUnavailableError, RequestRejectedError
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

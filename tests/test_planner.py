@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from moe_package import DENSE, EXPERT_WEIGHTS, EXPERTS, MOE, MOE_ACTIVE, write_moe_package
 
-from mesh.planner import PlanError, StageRange, plan_ranges
-from mesh.route import RemoteStage, Route, RouteError, RouteSettings, _plan
-from mesh.stage_fit import footprint, package_sizes
+from mesh.routing.planner import PlanError, StageRange, plan_ranges
+from mesh.routing.route import RemoteStage, Route, RouteError, RouteSettings, _plan
+from mesh.routing.stage_fit import footprint, package_sizes
 from packages.manifest import load_manifest
 from packages.parameters import EXPERT_TENSORS, layer_parameters, package_parameters
 from proto import meshpipe_pb2 as pb

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from common.ids import LaneId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import Account, GenerationRequest
-from mesh.request_state import Outgoing, RequestState
+from mesh.serving.request_state import Outgoing, RequestState
 
 PROMPT = (5, 6, 7, 8)
 VOCAB = 50

@@ -9,7 +9,7 @@ from typing import cast
 import grpc
 import pytest
 
-from mesh.route import RemoteStage, Route, RouteError, RouteSettings
+from mesh.routing.route import RemoteStage, Route, RouteError, RouteSettings
 from packages.manifest import Manifest
 from proto import meshpipe_pb2 as pb
 from proto.clients import Metadata

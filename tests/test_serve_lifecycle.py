@@ -22,7 +22,7 @@ import pytest
 from mesh_server import free_port, mesh_serve, wait_for
 
 from mesh.bench.local_server import LocalServer, stage_pids, stop, wait_healthy
-from mesh.health import Health, StageHealth
+from mesh.reports.health import Health, StageHealth
 
 pytestmark = pytest.mark.mesh
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from config.settings import Config, ConfigError, ModelEntry, Speculative, UsageError, load_config, parse_config
 from mesh.cli.serve import _cli_speculative
-from mesh.requests import frames_in_flight
+from mesh.serving.requests import frames_in_flight
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, NgramPlan, resolve_plan
 from packages.errors import PackageError
 from packages.manifest import load_manifest

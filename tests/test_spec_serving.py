@@ -14,7 +14,7 @@ from chain import COPY_HEAVY
 from mesh_server import mesh_serve, metric
 
 from mesh.bench.run import PROMPTS
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh
 
@@ -101,7 +101,7 @@ def test_greedy_with_the_package_draft_equals_no_draft(serve_cache, no_draft_tex
 def test_the_cost_aware_controller_says_what_it_chose_and_output_stays_plain(serve_cache, no_draft_texts):
     """The package's own window (cost-aware) on 2 stages: whatever it chooses on this machine,
     output equals no-draft, and usage and /metrics say what it chose and why. The start-up
-    warm-up (mesh/warm_up.py) chose before the first request came."""
+    warm-up (mesh/serving/warm_up.py) chose before the first request came."""
     with mesh_serve(serve_cache, "--local-stages", "2", "--warm-up") as (url, _):
         assert metric(url, 'meshpipe_speculative_plain_tokens_per_second{proposer="draft"}') > 0
         for p in PROMPTS[:2]:

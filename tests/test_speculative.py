@@ -20,10 +20,10 @@ from chain import COPY_HEAVY, chat_prompt
 from common.ids import SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import Acceptance, Account, GenerationRequest
-from mesh.pipeline import Pipeline, StageFailedError, round_trip
-from mesh.request_state import Live, RequestState
+from mesh.serving.generate import generate
+from mesh.serving.pipeline import Pipeline, StageFailedError, round_trip
+from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.draft import Draft, common_prefix
-from mesh.speculative.loop import generate
 from mesh.speculative.ngram import NGRAM, NgramProposer
 from mesh.speculative.proposer import Combined
 from mesh.speculative.window import Adaptive, Observation, controller_for

@@ -19,9 +19,9 @@ from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.constraints.compile import Constraint
-from mesh.pipeline import Pending, Pipeline, StageFailedError, round_trip
-from mesh.request_state import Live, RequestState
-from mesh.speculative.loop import generate
+from mesh.serving.generate import generate
+from mesh.serving.pipeline import Pending, Pipeline, StageFailedError, round_trip
+from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed
 from packages.speculative import WindowPolicy

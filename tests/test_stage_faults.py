@@ -18,7 +18,7 @@ from mesh_server import mesh_serve, wait_for
 from openai.types.chat import ChatCompletionMessageParam
 
 from mesh.bench.local_server import stage_pids
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh
 

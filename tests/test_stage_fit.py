@@ -12,8 +12,8 @@ import sys
 import psutil
 import pytest
 
-from mesh.planner import StageRange
-from mesh.stage_fit import KV_BYTES, OVERHEAD, StageNeed, footprint, misfits, package_sizes
+from mesh.routing.planner import StageRange
+from mesh.routing.stage_fit import KV_BYTES, OVERHEAD, StageNeed, footprint, misfits, package_sizes
 from packages.manifest import load_manifest
 
 pytestmark = pytest.mark.mesh  # the packages are built from real GGUFs

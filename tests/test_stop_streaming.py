@@ -11,7 +11,7 @@ import httpx
 import pytest
 from mesh_server import mesh_serve
 
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh
 

@@ -13,7 +13,7 @@ from mesh.api.request import Prepared
 from mesh.api.responder import Responder
 from mesh.api.stop_strings import find_stop, held_back
 from mesh.backend import GenerationRequest
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
 
 
 def test_find_stop_returns_the_earliest_hit_of_any_stop():

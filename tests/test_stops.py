@@ -1,5 +1,6 @@
 """Stopping a route, or the server, ends exactly what it started: no task outlives it and no
-frame is left waiting (mesh/task_scope.py, mesh/pipeline.py, mesh/healing.py). No model, no process."""
+frame is left waiting (common/task_scope.py, mesh/serving/pipeline.py, mesh/routing/healing.py).
+No model, no process."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import pytest
 from toy_engine import ToyEngine, until
 
 from common.ids import LaneId, SessionId
-from mesh import healing
+from common.task_scope import TaskScope
 from mesh.backend import MeshUnavailableError
-from mesh.healing import Healer
-from mesh.pipeline import Pending, Pipeline
-from mesh.recovery import Recoveries
-from mesh.route import Route
-from mesh.task_scope import TaskScope
+from mesh.reports.recovery import Recoveries
+from mesh.routing import healing
+from mesh.routing.healing import Healer
+from mesh.routing.route import Route
+from mesh.serving.pipeline import Pending, Pipeline
 from proto import meshpipe_pb2 as pb
 from stage.sampling import SamplingParams
 from stage.transport import Link, LinkClosedError, connect, serve

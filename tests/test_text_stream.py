@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mesh.tokenizer import TextStream
+from mesh.model.tokenizer import TextStream
 
 
 class _Bytes:

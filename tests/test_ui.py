@@ -19,21 +19,21 @@ import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
 
-from mesh.admission import Admission
 from mesh.api.app import Access, build_app
 from mesh.api.ui import MAX_STREAMS
 from mesh.backend import Acceptance, WindowChoice
 from mesh.cli.watch import format_snapshot
 from mesh.coordinator import Coordinator
-from mesh.healing import replacements
-from mesh.hop_timing import HopTotals
-from mesh.metrics import Metrics
-from mesh.planner import LayerWork, StageRange
-from mesh.recovery import TIMELINE, Recoveries
-from mesh.route import RemoteStage
-from mesh.sampler import Sampler, busy_fraction
-from mesh.snapshot import Snapshot
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
+from mesh.observe.metrics import Metrics
+from mesh.observe.sampler import Sampler, busy_fraction
+from mesh.reports.hop_timing import HopTotals
+from mesh.reports.recovery import TIMELINE, Recoveries
+from mesh.reports.snapshot import Snapshot
+from mesh.routing.healing import replacements
+from mesh.routing.planner import LayerWork, StageRange
+from mesh.routing.route import RemoteStage
+from mesh.serving.admission import Admission
 from proto import meshpipe_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ from mesh_server import mesh_serve, wait_for
 
 from mesh.bench.local_server import stage_pids
 from mesh.cli.watch import CLEAR, WatchError, watch
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh
 

@@ -39,7 +39,7 @@ from mesh.api.responder import Responder, as_api_error
 from mesh.api.structured import constrain
 from mesh.api.ui import Feed, ui_router
 from mesh.backend import Backend
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
 
 DEFAULT_MAX_BODY = 4 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}

@@ -21,8 +21,8 @@ from mesh.api.invalid import invalid_request
 from mesh.api.structured import Structure, structure
 from mesh.api.tool_format import tool_format, written_calls
 from mesh.backend import GenerationRequest
-from mesh.chat_tokens import chat_tokens
-from mesh.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
+from mesh.model.chat_tokens import chat_tokens
+from mesh.model.tokenizer import PromptRefusedError, PromptTooLongError, Tokenizer
 
 INT32_MAX = 2**31 - 1
 MAX_STOPS = 16

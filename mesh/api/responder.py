@@ -43,9 +43,9 @@ from mesh.backend import (
     RequestTimeoutError,
 )
 from mesh.constraints.tools import ToolFormat
-from mesh.failures import InternalError
-from mesh.metrics import Metrics
-from mesh.tokenizer import TextStream
+from mesh.model.tokenizer import TextStream
+from mesh.observe.metrics import Metrics
+from mesh.reports.failures import InternalError
 
 log = logging.getLogger("meshpipe.api")
 

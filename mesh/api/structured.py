@@ -20,7 +20,7 @@ from mesh.constraints.compile import compile_grammar
 from mesh.constraints.errors import ConstraintError
 from mesh.constraints.schema import explain, schema_grammar
 from mesh.constraints.tools import ToolFormat, tool_grammar
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _FUNCTION_NAME = re.compile("[a-zA-Z0-9_-]{1,64}")  # OpenAI's; ASCII only, unlike \w

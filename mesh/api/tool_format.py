@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from mesh.constraints.tools import Function, Marker, ToolFormat
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
 
 HERMES_FAMILIES = ("smollm", "qwen", "hermes")
 BARE = ToolFormat("json", None, None)

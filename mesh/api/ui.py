@@ -2,7 +2,7 @@
 
 The page's files (mesh/ui/: HTML, CSS, JS) are static and hold nothing of the mesh, so they
 are served to anyone, as a login page is. Everything the page shows comes from /ui/events
-(a snapshot a second, mesh/sampler.py) or /ui/snapshot (the latest one, for `mesh status
+(a snapshot a second, mesh/observe/sampler.py) or /ui/snapshot (the latest one, for `mesh status
 --watch`), and both need the API key when keys are set: the page asks for it, keeps it in
 the tab's sessionStorage and reads the stream with fetch() and an Authorization header
 (EventSource cannot send one). No cookie is involved, so another site's page can make the
@@ -21,7 +21,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from mesh.api.error import ApiError
 from mesh.api.keys import ApiKeys
-from mesh.snapshot import Snapshot
+from mesh.reports.snapshot import Snapshot
 
 MAX_STREAMS = 64  # open event streams; one more gets 503: each holds a socket and a task
 ASSETS = {"ui.css": "text/css", "ui.js": "text/javascript"}
@@ -36,7 +36,7 @@ PAGE_HEADERS = {
 
 
 class Feed(Protocol):
-    """The snapshots (mesh/sampler.py)."""
+    """The snapshots (mesh/observe/sampler.py)."""
 
     snapshot: Snapshot | None
     watchers: int

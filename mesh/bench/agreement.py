@@ -23,7 +23,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from mesh.bench.harness import Row, Setup
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
 from packages.speculative import declared, verify_draft
 from stage.engine import EngineConfig, Step
 from stage.ggml_lib import ggml

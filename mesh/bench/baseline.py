@@ -14,7 +14,7 @@ from typing import Any
 
 import llama_cpp
 
-from mesh.proc_memory import peak_rss
+from mesh.reports.proc_memory import peak_rss
 from stage.cpus import parse_cpus, pin
 from stage.llama_model import open_llama
 

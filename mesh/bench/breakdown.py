@@ -1,7 +1,7 @@
 """`mesh bench --breakdown`: where a frame's time goes, read from the coordinator's /metrics.
 
 Stages stamp queue, compute, codec and sample times on every frame; the coordinator adds its
-own and derives wire time from the round trip (mesh/hop_timing.py). Here the counters are
+own and derives wire time from the round trip (mesh/reports/hop_timing.py). Here the counters are
 read before and after a workload and divided by the frames it made. What a frame costs a
 stream beyond its pipeline time is "outside": the draft's proposals, HTTP, SSE,
 detokenizing, scheduling.
@@ -19,8 +19,8 @@ from types import MappingProxyType
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from mesh.bearer import auth_headers
-from mesh.hop_timing import PARTS, WIRE
+from mesh.cli.bearer import auth_headers
+from mesh.reports.hop_timing import PARTS, WIRE
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import TypeVar
 
 import httpx
 
-from mesh.bearer import auth_headers
+from mesh.cli.bearer import auth_headers
 from mesh.coordinator import STATUS_TTL
-from mesh.health import Health
+from mesh.reports.health import Health
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from mesh.api.responses import ChatCompletionChunk, SpeculativeUsage, Usage
-from mesh.bearer import auth_headers
+from mesh.cli.bearer import auth_headers
 
 
 @dataclass(frozen=True)

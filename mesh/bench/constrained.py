@@ -29,7 +29,7 @@ from mesh.bench.prompt_lookup import proposer_totals
 from mesh.constraints.compile import build
 from mesh.constraints.guide import Guide
 from mesh.constraints.schema import explain, schema_grammar
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
 from stage.masks import apply_masks
 
 SCHEMA: dict[str, Any] = {

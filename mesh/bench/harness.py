@@ -18,7 +18,7 @@ from typing import Any
 
 from mesh.bench.local_server import LocalServer, local_serve
 from mesh.bench.machines import Machines
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
 from packages.manifest import Manifest
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mesh.bench.client import stream_messages
 from mesh.bench.harness import Row, Setup, serve
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
 
 TURNS = 4
 HISTORY_TOKENS = 1000  # the floor for the last turn's prompt

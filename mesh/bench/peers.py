@@ -27,12 +27,12 @@ from pathlib import Path
 
 import httpx
 
-from mesh.bearer import auth_headers
 from mesh.bench import llama_cpp
 from mesh.bench.client import StreamTiming, stream_chat
 from mesh.bench.harness import Row, Setup, serve
 from mesh.bench.llama_cpp import Binaries, ServerSpec
 from mesh.bench.pairs import Pair
+from mesh.cli.bearer import auth_headers
 
 LLAMA_ONE = "llama-server, 1 node"
 RPC = "llama.cpp RPC split-2"

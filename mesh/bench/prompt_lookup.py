@@ -25,8 +25,8 @@ import numpy as np
 
 from mesh.bench.client import StreamTiming, stream_messages
 from mesh.bench.harness import Row, Setup, serve
+from mesh.model.tokenizer import Tokenizer
 from mesh.speculative.ngram import lookup
-from mesh.tokenizer import Tokenizer
 
 # SmolLM2-135M copies this one nearly whole (greedy, about 280 tokens) though it seldom does the
 # rename; a copy is what the workload needs. Functions with rarer lines, it abandons midway.

@@ -30,8 +30,8 @@ from common.ids import SessionId
 from common.sampling import SamplingParams
 from config.paths import cache_dir
 from mesh.bench.run import PROMPTS
-from mesh.model_source import resolve_model
-from mesh.tokenizer import Tokenizer
+from mesh.model.source import resolve_model
+from mesh.model.tokenizer import Tokenizer
 from packages.materialize import materialize_stage
 from stage.core import StageCore
 from stage.engine import EngineConfig, Step

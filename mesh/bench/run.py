@@ -28,7 +28,6 @@ import httpx
 
 from config.paths import cache_dir
 from mesh.api.responses import SpeculativeUsage
-from mesh.bearer import KEY_ENV, auth_headers
 from mesh.bench import numerics
 from mesh.bench.agreement import agreement_rows
 from mesh.bench.breakdown import measure
@@ -48,10 +47,11 @@ from mesh.bench.shape_model import LLAMA_3_1_8B, SHAPES
 from mesh.bench.shapes import Plan as ShapesPlan
 from mesh.bench.shapes import shapes_rows
 from mesh.bench.sweep import sweep_rows
-from mesh.health import Health
-from mesh.model_source import resolve_model
-from mesh.proc_memory import peak_rss
-from mesh.tokenizer import Tokenizer
+from mesh.cli.bearer import KEY_ENV, auth_headers
+from mesh.model.source import resolve_model
+from mesh.model.tokenizer import Tokenizer
+from mesh.reports.health import Health
+from mesh.reports.proc_memory import peak_rss
 from packages.materialize import materialize_stage
 from packages.speculative import declared, verify_draft
 from stage.llama_model import flash_attn, use_extra_bufts

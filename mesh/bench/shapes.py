@@ -38,7 +38,6 @@ from typing import Any
 import httpx
 import psutil
 
-from mesh.bearer import auth_headers
 from mesh.bench import llama_cpp
 from mesh.bench.client import stream_chat
 from mesh.bench.harness import Row, Setup, serve, weight_share
@@ -47,9 +46,10 @@ from mesh.bench.local_server import LocalServer, stage_pids, stop
 from mesh.bench.machines import Machines
 from mesh.bench.peers import mesh_cut
 from mesh.bench.shape_model import Shape, write_shape_gguf
-from mesh.health import Health
-from mesh.planner import StageRange, plan_ranges
-from mesh.proc_memory import peak_rss
+from mesh.cli.bearer import auth_headers
+from mesh.reports.health import Health
+from mesh.reports.proc_memory import peak_rss
+from mesh.routing.planner import StageRange, plan_ranges
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from packages.parameters import layer_parameters
@@ -112,7 +112,7 @@ def written_row(gguf: Path, shape: Shape) -> Row:
 
 
 def first_plan(package: Path, manifest: Manifest) -> list[StageRange]:
-    """The split-2 a mesh starts with: cut by parameters, the head counted (mesh/route.py)."""
+    """The split-2 a mesh starts with: cut by parameters, the head counted (mesh/routing/route.py)."""
     layers, head = layer_parameters(package, manifest)
     return plan_ranges(manifest.layer_count, manifest.allowed_cuts, [1.0, 1.0], layers, head)
 

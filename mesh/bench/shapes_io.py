@@ -7,7 +7,7 @@ two that serve (`artifacts`, `socket-recv`) first print a line with the port the
 
 - `package SRC OUT`: `mesh package write`'s code (packages/writer.py) on SRC.
 - `hash DIR`: sha256 of every layer file of the package in DIR, as `validate` and a stage do.
-- `artifacts DIR`: the coordinator's artifact server (mesh/artifact_server.py) for the package.
+- `artifacts DIR`: the coordinator's artifact server (mesh/routing/artifact_server.py) for the package.
 - `pull SOURCE SHA START END CACHE`: a stage's `prepare_stage` (stage/prepare.py) for [START, END)
   pulling from SOURCE over gRPC, as `mesh stage` does: fetched, verified, materialized.
 - `socket-recv DIR COUNT` and `socket-send PORT FILE...`: the same bytes over one plain
@@ -61,7 +61,7 @@ def artifacts(args: argparse.Namespace) -> dict[str, Any]:
 async def _serve_artifacts(root: Path) -> None:
     import grpc
 
-    from mesh.artifact_server import ArtifactServer
+    from mesh.routing.artifact_server import ArtifactServer
     from packages.validate import validate_package
     from proto import meshpipe_pb2_grpc as pb_grpc
 
@@ -147,7 +147,7 @@ def socket_send(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load(args: argparse.Namespace) -> dict[str, Any]:
-    from mesh.proc_memory import peak_rss
+    from mesh.reports.proc_memory import peak_rss
     from stage.llama_model import open_llama
 
     start = time.perf_counter()

@@ -19,7 +19,7 @@ import httpx
 
 from mesh.bench.client import stream_chat
 from mesh.bench.local_server import local_serve
-from mesh.model_source import EMBEDDED_ID
+from mesh.model.source import EMBEDDED_ID
 
 PROMPT = "Write a Python function that returns the sum of a list of numbers, with a docstring and tests."
 

@@ -16,7 +16,7 @@ from typing import Any
 from config.settings import Config, UsageError
 from mesh.api.app import Access
 from mesh.api.origins import OriginError, origin
-from mesh.bearer import KEY_ENV
+from mesh.cli.bearer import KEY_ENV
 
 
 def add_access_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,11 +18,11 @@ from mesh.cli.access_args import access_of, add_access_arguments, open_warning
 from mesh.cli.bench_args import add_bench_arguments
 from mesh.cli.tls_args import add_tls_arguments, tls_of
 from mesh.coordinator import Coordinator, Topology
-from mesh.metrics import Metrics
-from mesh.model_source import resolve_model
-from mesh.peer_probe import discovered_peers
-from mesh.route import RouteSettings
-from mesh.sampler import Sampler
+from mesh.model.source import resolve_model
+from mesh.observe.metrics import Metrics
+from mesh.observe.sampler import Sampler
+from mesh.routing.peer_probe import discovered_peers
+from mesh.routing.route import RouteSettings
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, resolve_plan
 from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address

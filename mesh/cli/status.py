@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from config.errors import MeshpipeError
 from config.settings import UsageError
-from mesh.bearer import KEY_ENV, auth_headers
+from mesh.cli.bearer import KEY_ENV, auth_headers
 from mesh.cli.watch import watch
-from mesh.discovery import Found, browse
-from mesh.health import Health
+from mesh.reports.health import Health
+from mesh.routing.discovery import Found, browse
 from packages.describe import human_bytes, human_parameters
 from proto.version import PROTOCOL_VERSION
 

@@ -1,4 +1,4 @@
-"""`mesh status --watch`: the web page's snapshot (mesh/snapshot.py) as a terminal table,
+"""`mesh status --watch`: the web page's snapshot (mesh/reports/snapshot.py) as a terminal table,
 redrawn once a second. It reads /ui/snapshot, the snapshot the page's stream pushes, so it
 asks no stage anything either; plain ANSI, no curses."""
 
@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pydantic import ValidationError
 
 from config.errors import MeshpipeError
-from mesh.bearer import KEY_ENV, auth_headers
-from mesh.snapshot import Snapshot
+from mesh.cli.bearer import KEY_ENV, auth_headers
+from mesh.reports.snapshot import Snapshot
 from packages.describe import human_bytes, human_parameters
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen

@@ -15,7 +15,7 @@ import llguidance
 
 from mesh.constraints.errors import ConstraintError
 from mesh.constraints.vocab import grammar_tokenizer
-from mesh.tokenizer import Tokenizer
+from mesh.model.tokenizer import Tokenizer
 
 COMPILE_S = 10.0  # a grammar that takes longer is refused; the limits below keep most far under
 # llguidance's own limits, tighter than its defaults: a request's grammar shares stage 0's CPU

@@ -15,7 +15,7 @@ import llguidance
 from llguidance.llamacpp import lltokenizer_from_vocab
 
 if TYPE_CHECKING:
-    from mesh.tokenizer import Tokenizer
+    from mesh.model.tokenizer import Tokenizer
 
 _built: dict[int, llguidance.LLTokenizer] = {}
 _lock = threading.Lock()  # two first requests at once build it once

@@ -26,7 +26,7 @@ from stage.masks import unpack
 
 if TYPE_CHECKING:
     from mesh.constraints.guide import Guide
-    from mesh.tokenizer import Tokenizer
+    from mesh.model.tokenizer import Tokenizer
 
 DRAFT = "draft"  # its name in usage.speculative.by_proposer
 CATCH_UP = 96  # tokens behind past which the draft starts over on the last CONTEXT

@@ -25,7 +25,7 @@ from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, NgramStrategy, Strategy, WindowPolicy, declared, parse, problem
 
-# The bound when `frames_in_flight` is unset and stages can compute at once (mesh/requests.py
+# The bound when `frames_in_flight` is unset and stages can compute at once (mesh/serving/requests.py
 # `frames_in_flight`). Fixed and adaptive windows keep the bound out; under a CPU lock stages
 # take turns, so frames ahead cannot overlap: there it is 1.
 FRAMES_IN_FLIGHT = 3

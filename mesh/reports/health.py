@@ -63,7 +63,7 @@ class Health(_Frozen):
     """What the coordinator serves at /health; HTTP 200 when `ok`, else 503."""
 
     # false while the route is broken, or while generations fail in a row with internal errors
-    # (mesh/failures.py); an UNREACHABLE stage alone leaves it true
+    # (mesh/reports/failures.py); an UNREACHABLE stage alone leaves it true
     ok: bool
     model: str
     route: str

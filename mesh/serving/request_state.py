@@ -8,7 +8,7 @@ is left to feed. A fresh prompt, a prefix-cache hit (computed starts at the cach
 a verify window and a resume on a new route (computed falls to what the new route holds)
 are that one rule.
 
-Transitions return a new record; nothing here does I/O. The driver (mesh/speculative/loop.py)
+Transitions return a new record; nothing here does I/O. The driver (mesh/serving/generate.py)
 sends the frames and awaits the replies; usage, /metrics and the acceptance record are read
 off the record (`account`).
 """

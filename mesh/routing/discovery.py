@@ -1,6 +1,6 @@
 """What stages announce on the LAN (`mesh stage --announce`), browsed for a bounded time, and
 which of them a coordinator may use: the right protocol version, not already a --peer, in a
-stable order. Whether a stage accepts the mesh token is asked of the stage (mesh/peer_probe.py).
+stable order. Whether a stage accepts the mesh token is asked of the stage (mesh/routing/peer_probe.py).
 """
 
 from __future__ import annotations

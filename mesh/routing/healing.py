@@ -21,11 +21,11 @@ from typing import Protocol
 
 import anyio
 
+from common.task_scope import TaskScope
 from mesh.backend import MeshUnavailableError
-from mesh.pipeline import Pipeline
-from mesh.recovery import Recoveries
-from mesh.route import RemoteStage, Route, prefetch, refresh_status
-from mesh.task_scope import TaskScope
+from mesh.reports.recovery import Recoveries
+from mesh.routing.route import RemoteStage, Route, prefetch, refresh_status
+from mesh.serving.pipeline import Pipeline
 from proto import meshpipe_pb2 as pb
 
 log = logging.getLogger("meshpipe.healing")

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from mesh.admission import Admission
 from mesh.backend import Acceptance, WindowChoice
-from mesh.hop_timing import HopTotals
-from mesh.recovery import Recoveries
+from mesh.reports.hop_timing import HopTotals
+from mesh.reports.recovery import Recoveries
+from mesh.serving.admission import Admission
 
 
 class Metrics:

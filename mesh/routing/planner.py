@@ -4,7 +4,7 @@ Each stage gets a share of the decode work in proportion to its weight (its free
 snapped to the architecture's allowed cuts. Work is counted in parameters, which a CPU
 decode costs about in proportion to, and the final stage's output head counts too: on
 SmolLM2 it is worth 8 layers, measured at 8 (DESIGN.md §5). A mixture-of-experts layer's
-work is its active parameters; memory is checked on all its weights (mesh/stage_fit.py).
+work is its active parameters; memory is checked on all its weights (mesh/routing/stage_fit.py).
 A plan is computed once and frozen for the topology's lifetime.
 """
 

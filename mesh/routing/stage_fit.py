@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mesh.planner import StageRange
+from mesh.routing.planner import StageRange
 from packages.gguf_files import open_gguf
 from packages.manifest import Manifest
 from stage.engine_choice import Engine

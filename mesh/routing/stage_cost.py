@@ -1,6 +1,6 @@
 """A stage's time per decode: predicted from its Load calibration, measured from hop timings.
 
-The planner (mesh/planner.py) cuts on the prediction; `/health` and `mesh status` show both,
+The planner (mesh/routing/planner.py) cuts on the prediction; `/health` and `mesh status` show both,
 so a plan whose prediction drifts from what the stages measure is visible (DESIGN.md §3).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mesh.hop_timing import WIRE, HopTotals
-from mesh.planner import StageCost
+from mesh.reports.hop_timing import WIRE, HopTotals
+from mesh.routing.planner import StageCost
 from stage.calibration import Calibration
 
 DECODE_KINDS = ("decode", "verify")  # the frames a steady stream sends; prefill is once per request

@@ -2,7 +2,7 @@
 
 An internal error is a bug or a broken state, never the client's doing: a refusal, a busy
 queue, a timeout or a route being rebuilt are not one. Each is logged with its traceback
-where it happens (mesh/requests.py); here it is counted, and the last one kept for /health.
+where it happens (mesh/serving/requests.py); here it is counted, and the last one kept for /health.
 
 /health is a load balancer's signal, so it turns on the recent run of outcomes, not the
 count since start: FAILING_STREAK generations in a row that ended in an internal error,

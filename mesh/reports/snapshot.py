@@ -1,7 +1,7 @@
 """The mesh as it stands, once a second: what the web page and `mesh status --watch` show.
 
-One frozen model on both sides of the wire, as /health is (mesh/health.py): the sampler
-(mesh/sampler.py) builds it from state the coordinator already holds, /ui/events pushes it,
+One frozen model on both sides of the wire, as /health is (mesh/reports/health.py): the sampler
+(mesh/observe/sampler.py) builds it from state the coordinator already holds, /ui/events pushes it,
 and the terminal reads it back with the same model. Rates are over the last interval.
 """
 

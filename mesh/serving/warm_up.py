@@ -1,7 +1,7 @@
 """One generation at start-up, before the API answers, when a cost-aware window will choose.
 
 The controller learns what a draft step, a plain decode and a verify frame cost on this
-mesh only by timing them, and it is shared by every request (mesh/requests.py). Without a
+mesh only by timing them, and it is shared by every request (mesh/serving/requests.py). Without a
 warm-up the first users pay for that exploration: a window at the initial size, a plain
 decode, a first verdict, perhaps a wrong one. Measured on SmolLM2 split-2 at 0 ms, the
 first 64-token request with the draft ran at 0.81 of no-draft (40.4 against 49.7 tok/s),
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 from mesh.backend import GenerationRequest
 
 if TYPE_CHECKING:
-    from mesh.requests import Requests
+    from mesh.model.tokenizer import Tokenizer
+    from mesh.serving.requests import Requests
     from mesh.speculative.plan import SpecPlan
     from mesh.speculative.proposer import Proposer
-    from mesh.tokenizer import Tokenizer
 
 log = logging.getLogger("meshpipe.warm_up")
 

@@ -4,7 +4,7 @@ wait for one, and any beyond that are told at once to come back later (HTTP 429)
 A bounded queue is what lets a loaded server say so: without it every request beyond the
 lanes waits as long as the ones before it take, and a client cannot tell a slow server from
 a dead one. The wait each admitted request had, and how many wait now, are exported in
-/metrics (mesh/metrics.py).
+/metrics (mesh/observe/metrics.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from mesh.discovery import Skipped, browse, candidates
+from mesh.routing.discovery import Skipped, browse, candidates
 from proto import meshpipe_pb2 as pb
 from proto.clients import stage_control
 from proto.version import PROTOCOL_VERSION

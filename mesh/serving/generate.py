@@ -1,6 +1,6 @@
 """The generate loop at stage 0: propose, send, await, apply (DESIGN.md §2, §6).
 
-The request's record (mesh/request_state.py) decides everything: what the next frame feeds,
+The request's record (mesh/serving/request_state.py) decides everything: what the next frame feeds,
 what a reply commits, what is void. This loop only moves frames. A proposer is the draft
 model, prompt lookup, or both (mesh/speculative/proposer.py); its drafts ride on a frame once
 only the last committed token is left to feed. While frames are out (up to `in_flight`, and
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from common.sampling import Sampled
 from mesh.backend import MeshUnavailableError
-from mesh.constraints.forced import FORCED, forced_proposal
 from mesh.constraints.guide import Guide, frame_masks
-from mesh.hop_timing import hop_parts
-from mesh.pipeline import Lease, Pending, Pipeline
-from mesh.request_state import Frame, Live, RequestState
+from mesh.reports.hop_timing import hop_parts
+from mesh.serving.pipeline import Lease, Pending, Pipeline
+from mesh.serving.request_state import Frame, Live, RequestState
+from mesh.speculative.forced import FORCED, forced_proposal
 from mesh.speculative.proposer import Proposal, Proposer
 from mesh.speculative.window import Controller, Observation, Since
 from proto import meshpipe_pb2 as pb

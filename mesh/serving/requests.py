@@ -1,10 +1,10 @@
 """Admission and each request's generation on the live route (DESIGN.md §2).
 
-Admission (mesh/admission.py) gives a request one of `--lanes`, or a place in the bounded
-queue before them, or a refusal; its record (mesh/request_state.py) lives for its
-whole life here, and the generate loop (mesh/speculative/loop.py) runs it on the route's
+Admission (mesh/serving/admission.py) gives a request one of `--lanes`, or a place in the bounded
+queue before them, or a refusal; its record (mesh/serving/request_state.py) lives for its
+whole life here, and the generate loop (mesh/serving/generate.py) runs it on the route's
 pipeline. When the route breaks under it, the request waits for the rebuilt route
-(mesh/healing.py), its record falls back to what the new route holds, and the same loop
+(mesh/routing/healing.py), its record falls back to what the new route holds, and the same loop
 goes on: a resume is the loop's own rule, feed from what is computed. `--request-timeout`
 bounds the whole of it, waits included: past it the request ends, its session freed on
 every stage as when its client leaves.
@@ -27,7 +27,6 @@ import anyio
 from common.ids import SessionId
 from common.sampling import Sampled
 from config.errors import MeshpipeError
-from mesh.admission import Admission
 from mesh.backend import (
     Account,
     Generation,
@@ -39,14 +38,15 @@ from mesh.backend import (
     Resumed,
     WindowChoice,
 )
-from mesh.failures import Failures, InternalError
-from mesh.healing import Healer
-from mesh.pipeline import Pipeline, StageFailedError
-from mesh.recovery import Recoveries
-from mesh.request_state import Live, RequestState
-from mesh.route import RouteSettings
+from mesh.reports.failures import Failures, InternalError
+from mesh.reports.recovery import Recoveries
+from mesh.routing.healing import Healer
+from mesh.routing.route import RouteSettings
+from mesh.serving.admission import Admission
+from mesh.serving.generate import Windows, generate
+from mesh.serving.pipeline import Pipeline, StageFailedError
+from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.draft import DRAFT
-from mesh.speculative.loop import Windows, generate
 from mesh.speculative.ngram import NGRAM
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, SpecPlan
 from mesh.speculative.proposer import Proposer
@@ -77,7 +77,7 @@ class Requests:
         self.ids = itertools.count(1)  # session ids, one per request
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
         self.failures = Failures()  # internal errors: /metrics by cause, /health on a run of them
-        self.generated = 0  # tokens handed on, counted as they go: the web page's tok/s (mesh/sampler.py)
+        self.generated = 0  # tokens handed on, counted as they go: the web page's tok/s (mesh/observe/sampler.py)
 
     def generate(self, req: GenerationRequest) -> Generation:
         live = Live(RequestState(req, speculative=self.host.spec is not None or self._forced(req)))

@@ -1,6 +1,6 @@
-"""The snapshot (mesh/snapshot.py), built once a second and handed to every watcher at once.
+"""The snapshot (mesh/reports/snapshot.py), built once a second and handed to every watcher at once.
 
-One task reads the coordinator's state (mesh/readings.py: nothing is asked of any stage;
+One task reads the coordinator's state (mesh/observe/readings.py: nothing is asked of any stage;
 the healer's pings keep their Status fresh), builds the snapshot and serializes it once;
 every open event stream (/ui/events) is woken with those same bytes. A watcher costs the
 server a wake-up and a socket write a second, however many there are; the sampler runs with
@@ -17,10 +17,10 @@ from collections import deque
 from collections.abc import AsyncGenerator
 
 from mesh.coordinator import Coordinator, stage_rows
-from mesh.health import StageHealth
-from mesh.metrics import Metrics
-from mesh.readings import Readings, per_s, read
-from mesh.snapshot import Healing, Link, Point, Proposer, Requests, Snapshot, Speculation, Stage
+from mesh.observe.metrics import Metrics
+from mesh.observe.readings import Readings, per_s, read
+from mesh.reports.health import StageHealth
+from mesh.reports.snapshot import Healing, Link, Point, Proposer, Requests, Snapshot, Speculation, Stage
 
 log = logging.getLogger("meshpipe.sampler")
 

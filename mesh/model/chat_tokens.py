@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mesh.tokenizer import PromptRefusedError, SpecialToken, Tokenizer
+from mesh.model.tokenizer import PromptRefusedError, SpecialToken, Tokenizer
 
 _MARK = "\x1e{}\x1f"  # ASCII record/unit separators: no template writes them
 _MARKS = re.compile("\x1e(\\d+)\x1f")

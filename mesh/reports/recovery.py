@@ -4,7 +4,7 @@ A recovery starts when the route is found broken (a link closed, a liveness ping
 unanswered, a reply missed its deadline) and ends when a new route serves. `detect_s` is
 how long the break went unnoticed: from the last sign of life (a ping answered or a reply
 received) to the break. `resume_s` is from the break to the new route. The last few
-recoveries stay in an append-only ring, the web page's timeline (mesh/snapshot.py).
+recoveries stay in an append-only ring, the web page's timeline (mesh/reports/snapshot.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mesh.health import RecoveryHealth
-from mesh.snapshot import Recovery
+from mesh.reports.health import RecoveryHealth
+from mesh.reports.snapshot import Recovery
 
 TIMELINE = 32  # recoveries the timeline keeps, the latest last
 

@@ -10,7 +10,7 @@ previous one (pipelined prefill).
 A request holds one lane for its whole life: `lease` (or `open`) takes it, every `run` is
 given it, and `end` frees it here and on every stage. Every frame names the lane, so all
 stages use the same one: a free lane keeps what the request before left in it (the prefix
-cache, mesh/prefix_cache.py), and the next request on it prefills only what differs.
+cache, mesh/serving/prefix_cache.py), and the next request on it prefills only what differs.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import numpy as np
 from common.errors import EngineError
 from common.ids import FrameId, LaneId, SessionId
 from common.sampling import Sampled, SamplingParams
+from common.task_scope import TaskScope
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
-from mesh.hop_timing import HopTotals
-from mesh.prefix_cache import PrefixCache
-from mesh.reply_deadline import ReplyDeadline
-from mesh.task_scope import TaskScope
+from mesh.reports.hop_timing import HopTotals
+from mesh.serving.prefix_cache import PrefixCache
+from mesh.serving.reply_deadline import ReplyDeadline
 from proto import meshpipe_pb2 as pb
 from stage.core import StageCore, Work
 from stage.engine import RangeEngine, Step

@@ -23,8 +23,8 @@ import grpc
 from google.protobuf.message import Message
 
 from config.errors import MeshpipeError
-from mesh.planner import LayerWork, StageCost, StageRange, plan_measured, plan_ranges
-from mesh.stage_fit import StageNeed, misfits, package_sizes
+from mesh.routing.planner import LayerWork, StageCost, StageRange, plan_measured, plan_ranges
+from mesh.routing.stage_fit import StageNeed, misfits, package_sizes
 from packages.architectures import split_refusal
 from packages.manifest import Manifest
 from packages.parameters import package_parameters
@@ -90,8 +90,8 @@ class RouteSettings:
     engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
     max_queue: int | None = None  # requests that may wait for a lane; beyond them, 429 (None: any number)
     request_timeout_s: float | None = None  # a request's whole life, waits included (None: no limit)
-    forced_drafts: bool = True  # a grammar's forced tokens are proposed as drafts (mesh/constraints/forced.py)
-    warm_up: bool = True  # a first generation at start when a cost-aware window chooses (mesh/warm_up.py)
+    forced_drafts: bool = True  # a grammar's forced tokens are proposed as drafts (mesh/speculative/forced.py)
+    warm_up: bool = True  # a first generation at start when a cost-aware window chooses (mesh/serving/warm_up.py)
 
     def engine(self, index: int) -> Engine:
         """The engine local stage `index` runs (0: this process)."""

@@ -1,9 +1,9 @@
 """The coordinator's counters at one instant, read without asking any stage anything.
 
 Everything here is in memory already: the hop sums the pipeline adds up per frame
-(mesh/hop_timing.py), the stages' last Status replies, which the healer's liveness pings
-refresh every second (mesh/healing.py), and the Prometheus counters the API keeps
-(mesh/metrics.py). Two readings a while apart make the snapshot's rates (mesh/sampler.py).
+(mesh/reports/hop_timing.py), the stages' last Status replies, which the healer's liveness pings
+refresh every second (mesh/routing/healing.py), and the Prometheus counters the API keeps
+(mesh/observe/metrics.py). Two readings a while apart make the snapshot's rates (mesh/observe/sampler.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from mesh.hop_timing import WIRE, HopTotals
-from mesh.metrics import Metrics
+from mesh.observe.metrics import Metrics
+from mesh.reports.hop_timing import WIRE, HopTotals
 from mesh.speculative.draft import DRAFT
 from mesh.speculative.ngram import NGRAM
 
