@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from config.errors import MeshpipeError
-from packages.speculative import problem
+from config.validation import problem
 
 CONFIG_VERSION = 1
 OLD_FRAMES_KEY = "windows_in_flight"  # accepted for frames_in_flight, with a warning

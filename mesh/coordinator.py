@@ -105,6 +105,8 @@ class Coordinator:
         self.recoveries = Recoveries()
         self.healer = Healer(self, settings.resume_s, topology.spares, self.recoveries, say)
         self.requests = Requests(self, self.healer, settings, self.recoveries)
+        # `Backend.generate` is the request path's own, bound here rather than wrapped
+        self.generate: Callable[[GenerationRequest], Generation] = self.requests.generate
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -303,9 +305,6 @@ class Coordinator:
         self.status_checked = time.monotonic()
         await asyncio.gather(*(refresh_status(route, s, STATUS_TIMEOUT) for s in route.stages
                                if s.stub is not None), return_exceptions=True)
-
-    def generate(self, req: GenerationRequest) -> Generation:
-        return self.requests.generate(req)
 
 
 

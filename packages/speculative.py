@@ -18,6 +18,7 @@ from typing import Any, Literal, Self, TypeAlias, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from config.validation import problem
 from packages.errors import PackageError
 from packages.integrity import atomic_file, sha256_file, verify_file
 
@@ -30,7 +31,6 @@ MAX_NGRAM = 32  # the longest suffix prompt lookup may match
 # parse() reads serialized documents by their aliases alone.
 _STRICT = ConfigDict(frozen=True, strict=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
 _Model = TypeVar("_Model", bound=BaseModel)
-_EXPECTED = {"int_type": "int", "string_type": "str", "model_type": "object", "dict_type": "object"}
 
 
 class WindowPolicy(BaseModel):
@@ -165,23 +165,6 @@ STRATEGY_TYPES = ("draft-model", "ngram")
 def parse(model: type[_Model], data: object) -> _Model:
     """`data` read by its serialized names alone, as a manifest or a config level is."""
     return model.model_validate(data, by_alias=True, by_name=False)
-
-
-def problem(exc: ValidationError) -> tuple[str, str]:
-    """The first error's dotted path, in serialized names, and a one-line message for users."""
-    error = exc.errors()[0]
-    kind = error["type"]
-    if kind == "value_error":
-        message = str(error["ctx"]["error"])
-    elif kind == "extra_forbidden":
-        message = "unknown field"
-    elif kind == "missing":
-        message = "required"
-    elif kind in _EXPECTED:
-        message = f"expected {_EXPECTED[kind]}, got {error['input']!r}"
-    else:
-        message = error["msg"]
-    return ".".join(str(part) for part in error["loc"]), message
 
 
 def declared(generation: Mapping[str, Any]) -> tuple[str | None, dict[str, Strategy]]:

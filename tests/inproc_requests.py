@@ -77,8 +77,8 @@ async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, 
     spec = SpecPlan("tiny", window, "test", None, ngram=ngram, in_flight=in_flight) if d is not None else None
     settings = RouteSettings(token=None, cache_dir=cache_dir, lanes=LANES, ctx_size=CTX, batch=64, threads=1,
                              prefix_cache=prefix_cache)
-    # on purpose: a stand-in for the healer, which only hands out the one pipeline here
-    requests = Requests(Host(spec, proposer, engine), Healer(pipeline), settings, Recoveries())  # type: ignore[arg-type]
+    # a stand-in for the healer (a `LiveRoute`), which only hands out the one pipeline here
+    requests = Requests(Host(spec, proposer, engine), Healer(pipeline), settings, Recoveries())
     try:
         yield Served(requests, pipeline, d)
     finally:

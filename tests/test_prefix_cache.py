@@ -22,11 +22,11 @@ from openai.types.chat import ChatCompletionMessageParam
 from toy_engine import ToyEngine
 
 from common.ids import LaneId, SessionId
+from common.tokens import common_prefix
 from mesh.model.source import EMBEDDED_ID
 from mesh.model.tokenizer import Tokenizer
 from mesh.serving.pipeline import Pipeline
 from mesh.serving.prefix_cache import PrefixCache
-from mesh.speculative.draft import common_prefix
 from stage.core import StageCore
 from stage.engine import Step
 from stage.lanes import LanePool, LanesExhaustedError

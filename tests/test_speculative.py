@@ -19,11 +19,12 @@ from chain import COPY_HEAVY, chat_prompt
 
 from common.ids import SessionId
 from common.sampling import Sampled, SamplingParams
+from common.tokens import common_prefix
 from mesh.backend import Acceptance, Account, GenerationRequest
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pipeline, StageFailedError, round_trip
 from mesh.serving.request_state import Live, RequestState
-from mesh.speculative.draft import Draft, common_prefix
+from mesh.speculative.draft import Draft
 from mesh.speculative.ngram import NGRAM, NgramProposer
 from mesh.speculative.proposer import Combined
 from mesh.speculative.window import Adaptive, Observation, controller_for

@@ -10,12 +10,13 @@ from pydantic import ValidationError
 
 from config.paths import cache_dir
 from config.settings import UsageError
+from config.validation import problem
 from packages import architectures, hub
 from packages.describe import describe, format_table, human_bytes
 from packages.materialize import materialize_stage
 from packages.publish import format_plan, plan_publish, publish
 from packages.refs import HubRef, parse_hub_ref, parse_package_ref
-from packages.speculative import WINDOW_POLICIES, WindowPolicy, problem
+from packages.speculative import WINDOW_POLICIES, WindowPolicy
 from packages.validate import validate_package
 from packages.writer import write_package
 

@@ -21,8 +21,8 @@ from typing import Literal
 
 from common.ids import LaneId
 from common.sampling import Sampled
+from common.tokens import common_prefix
 from mesh.backend import Acceptance, Account, GenerationRequest
-from mesh.speculative.draft import common_prefix
 
 FinishReason = Literal["stop", "length"]
 

@@ -40,11 +40,10 @@ from mesh.backend import (
 )
 from mesh.reports.failures import Failures, InternalError
 from mesh.reports.recovery import Recoveries
-from mesh.routing.healing import Healer
-from mesh.routing.route import RouteSettings
 from mesh.serving.admission import Admission
-from mesh.serving.generate import Windows, generate
+from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pipeline, StageFailedError
+from mesh.serving.proposals import Windows
 from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.draft import DRAFT
 from mesh.speculative.ngram import NGRAM
@@ -68,10 +67,42 @@ class Host(Protocol):
     ctx_per_session: int
 
 
+class LiveRoute(Protocol):
+    """Where requests get a pipeline to run on: the healer (mesh/routing/healing.py), which
+    keeps the route serving. Serving never builds or repairs a route itself."""
+
+    async def live_pipeline(self) -> Pipeline:
+        """The route's pipeline; during a rebuild, the next one."""
+        ...
+
+    async def next_pipeline(self, cause: str) -> Pipeline:
+        """The rebuilt route's pipeline, after `cause` broke this one."""
+        ...
+
+
+class Settings(Protocol):
+    """What requests read of `mesh serve`'s settings (mesh/routing/route.py's RouteSettings)."""
+
+    @property
+    def lanes(self) -> int: ...
+    @property
+    def max_queue(self) -> int | None: ...
+    @property
+    def request_timeout_s(self) -> float | None: ...
+    @property
+    def resume_s(self) -> float: ...
+    @property
+    def prefix_cache(self) -> bool: ...
+    @property
+    def cpu_lock(self) -> Path | None: ...
+    @property
+    def forced_drafts(self) -> bool: ...
+
+
 class Requests:
     """Every request's generation, admitted up to the lanes and resumed across breaks."""
 
-    def __init__(self, host: Host, healer: Healer, settings: RouteSettings, recoveries: Recoveries) -> None:
+    def __init__(self, host: Host, healer: LiveRoute, settings: Settings, recoveries: Recoveries) -> None:
         self.host, self.healer, self.settings, self.recoveries = host, healer, settings, recoveries
         self.admission = Admission(settings.lanes, settings.max_queue)
         self.ids = itertools.count(1)  # session ids, one per request
@@ -80,8 +111,9 @@ class Requests:
         self.generated = 0  # tokens handed on, counted as they go: the web page's tok/s (mesh/observe/sampler.py)
 
     def generate(self, req: GenerationRequest) -> Generation:
+        """`Backend.generate`: the HTTP API calls this one directly (the coordinator binds it)."""
         live = Live(RequestState(req, speculative=self.host.spec is not None or self._forced(req)))
-        return Generation(self._generate(live), lambda: self._account(live))
+        return Generation(self._guarded(live), lambda: self._account(live))
 
     def _account(self, live: Live) -> Account:
         """The record's account, with what the shared cost-aware controllers chose."""
@@ -104,7 +136,7 @@ class Requests:
         # the final stage checks these too, but a refusal there could only be a 503
         return req.sampling.problem(self.host.engine.n_vocab) if self.host.engine is not None else None
 
-    async def _generate(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
+    async def _guarded(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
         """One request, resumed on a rebuilt route as often as the route breaks under it. An
         internal error (a bug, a broken state) is logged with its traceback and the request
         id, counted, and raised as `InternalError`, whose message names the id."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from llama_cpp import llama_cpp as L
 
+from common.tokens import common_prefix
 from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Budget, Proposal
 from packages.speculative import verify_draft
@@ -152,17 +153,6 @@ def _pick(logits: np.ndarray, guide: Guide | None) -> int:
     token = int(np.argmax(np.where(allowed, logits, -np.inf)))
     guide.push(token)
     return token
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two sequences share: what the draft's KV still matches, and
-    how many draft tokens the target accepted."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def draft_path(plan: SpecPlan, package_dir: Path) -> Path:

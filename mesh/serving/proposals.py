@@ -1,0 +1,131 @@
+"""What the generate loop asks of speculation (mesh/serving/generate.py), behind one object: the
+next frame's drafts, how many frames may be out, and what each settled frame cost.
+
+Drafts come from a constrained request's forced tokens first (mesh/speculative/forced.py),
+else from the proposer (a draft model, prompt lookup, or both), within the window its
+controller allows. A settled frame's costs (stage 0's own time, each later stage's, the links,
+the gap since the reply before) go to the window controllers (mesh/speculative/window.py),
+which is how a cost-aware window learns the machine it runs on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mesh.constraints.guide import Guide
+from mesh.reports.hop_timing import hop_parts
+from mesh.serving.pipeline import Pending
+from mesh.serving.request_state import Frame, RequestState
+from mesh.speculative.forced import FORCED, forced_proposal
+from mesh.speculative.proposer import Proposal, Proposer
+from mesh.speculative.window import Controller, Observation, Since
+
+# One window controller for every proposer, or one per proposer name: prompt lookup and the
+# draft model differ in what a proposal costs and in how often it is accepted.
+Windows = Controller | Mapping[str, Controller]
+NOTHING = Proposal([], "", 0.0)
+
+
+@dataclass
+class _Last:
+    """The session's last reply: when it came and what kind of frame it answered (`_kind`)."""
+
+    at: float = 0.0
+    kind: str = ""
+
+
+@dataclass
+class Proposals:
+    """One session's proposers and window controllers; `guide`: a constrained request's
+    grammar, whose forced tokens are proposed when `forced`."""
+
+    draft: Proposer | None = None
+    window: Windows | None = None
+    guide: Guide | None = None
+    forced: bool = True
+    in_flight: int = 1
+    last: _Last = field(default_factory=_Last)
+
+    def depth(self) -> int:
+        """The frames that may be out at once: `in_flight`, or fewer where the primary
+        proposer's controller finds more not worth it; one without a proposer."""
+        if self.draft is None:
+            return 1
+        limit = max(self.in_flight, 1)
+        return _controller(self.window, self.draft.names[0]).depth(limit) if self.window is not None else limit
+
+    async def propose(self, state: RequestState, ctx: int) -> Proposal:
+        """The drafts for the next frame: a grammar's forced tokens, else the proposer's, each
+        proposer's window its controller's, within the room left."""
+        room = state.room(ctx)
+        guide = self.guide if room >= 1 else None
+        if guide is not None:
+            guide.sync(state.sequence[len(state.req.prompt):])
+            if guide.done:
+                return NOTHING  # only an end token may follow: nothing to guess
+            if self.forced and (found := forced_proposal(guide, room)).tokens:
+                return found
+        window, draft = self.window, self.draft
+        if draft is None or window is None or room < 1 or state.lane is None:
+            return NOTHING
+        budget = lambda name: max(0, min(_controller(window, name).next_window(), room))  # noqa: E731
+        if guide is None:
+            return await draft.proposal(state.lane, list(state.sequence), budget)
+        found = await draft.proposal(state.lane, list(state.sequence), budget, guide)
+        # every proposer keeps to the grammar; this holds one that does not to it too
+        return Proposal(found.tokens[: guide.legal(found.tokens)], found.by, found.seconds)
+
+    def settled(self, frames: Sequence[tuple[Frame, int]], out: Sequence[Pending], committed: int) -> None:
+        """A reply settled `frames` (each with its accepted drafts), the oldest of `out` first,
+        and committed `committed` tokens: what each tells its proposer's window controller."""
+        kind, at = _kind(frames[0][0]), out[0].answered_at or time.perf_counter()
+        # frames answer in order: one sent after the last reply had nothing ahead of it
+        # (one at a time, or the first after a rejection voided the rest)
+        alone = out[0].sent_at >= self.last.at
+        since = Since(at - self.last.at, self.last.kind == kind, alone) if kind and self.last.kind else None
+        self.last.at, self.last.kind = at, kind
+        if self.window is None:
+            return
+        for i, ((frame, accepted), pending) in enumerate(zip(frames, out, strict=False)):
+            if _kind(frame):  # a prefill is no decode to price
+                timed = (committed, since) if i == 0 else (0, None)
+                _record(self.window, frame, pending, accepted, *timed)
+
+
+def _kind(frame: Frame) -> str:
+    """A verify frame, a plain decode, or neither (a prefill, forced tokens): a reply's time
+    since the one before is a decode's cost when both answered decodes (`Since`)."""
+    if frame.by == FORCED:
+        return ""
+    return "verify" if frame.drafts else "plain" if frame.rows == 1 else ""
+
+
+def _controller(window: Windows, name: str) -> Controller:
+    return window[name] if isinstance(window, Mapping) else window
+
+
+def _record(window: Windows, frame: Frame, p: Pending, accepted: int, tokens: int, since: Since | None) -> None:
+    """What a settled frame tells its proposer's window controller. A frame of no drafts is a
+    plain decode, the cost every controller compares against, so each hears of it."""
+    if frame.drafts:
+        controllers = [_controller(window, frame.by)]
+    else:
+        controllers = list({id(c): c for c in window.values()}.values()) if isinstance(window, Mapping) else [window]
+    seen = observed(frame, p, accepted, tokens, since)
+    for controller in controllers:
+        controller.record(seen)
+
+
+def observed(frame: Frame, p: Pending, accepted: int, tokens: int = 0, since: Since | None = None) -> Observation:
+    """The frame's costs: stage 0's own time (`send`), each later stage's service time from
+    the hops its reply carried, and what the round trip held beyond every stage's queue and
+    service: the links; and what its reply committed, how long after the one before."""
+    parts = [hop_parts(h) for h in p.hops]
+    later = tuple(sum(part.values()) - part["queue"] for part in parts)
+    links = None
+    if p.answered_at and p.reply is not None:
+        links = max(p.answered_at - p.left_at - sum(sum(part.values()) for part in parts), 0.0)
+    return Observation(frame.drafts, accepted, frame.seconds, frame.rows, p.left_at - p.sent_at, later, links,
+                       tokens, since, p.pace)
