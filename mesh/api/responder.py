@@ -9,28 +9,15 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
 from common.sampling import Sampled
 from mesh.api.error import ApiError
 from mesh.api.request import Prepared
-from mesh.api.responses import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
-    ChatLogprobs,
-    ChatMessage,
-    Completion,
-    CompletionChoice,
-    CompletionLogprobs,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-)
+from mesh.api.responses import ChatCompletion, ChatDelta, Completion, Usage
+from mesh.api.shape import ResponseShape
 from mesh.api.stop_strings import find_stop, held_back
 from mesh.api.tool_calls import ToolCall, is_text, parse_calls
 from mesh.backend import (
@@ -57,13 +44,13 @@ class Responder:
     def __init__(self, backend: Backend, metrics: Metrics, prepared: Prepared, endpoint: str) -> None:
         self.backend, self.metrics, self.p, self.endpoint = backend, metrics, prepared, endpoint
         self.id = ("chatcmpl-" if prepared.chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
         self.started = time.perf_counter()
         self.events: Generation | None = None
         self.account = Account(len(prepared.generation.prompt), 0)  # the generation's, as last read
         self.first: Sampled | None = None
         self.stopped = False  # by a stop string, which the backend never sees
-        self.logprobs = _Logprobs(backend) if prepared.generation.sampling.logprobs >= 0 else None
+        self.shape = ResponseShape(backend, self.id, int(time.time()), prepared.chat,
+                                   logprobs=prepared.generation.sampling.logprobs >= 0)
 
     async def open(self) -> None:
         """Start generating; errors before the first token raise here, with their status."""
@@ -126,31 +113,26 @@ class Responder:
 
     def _body(self, text: str, made: list[Sampled]) -> ChatCompletion | Completion:
         reason, usage = self.finish_reason(), self.usage()
-        if self.p.chat:
-            content, calls = self._calls(text)
-            reason = "tool_calls" if calls and reason == "stop" else reason
-            message = ChatMessage(content=content, tool_calls=[c.as_dict() for c in calls] or None)
-            chat = ChatChoice(finish_reason=reason, logprobs=self._chat_logprobs(made), message=message)
-            return ChatCompletion(id=self.id, created=self.created, model=self.backend.model_id, choices=[chat],
-                                  usage=usage)
-        choice = CompletionChoice(finish_reason=reason, logprobs=self._completion_logprobs(made), text=text)
-        return Completion(id=self.id, created=self.created, model=self.backend.model_id, choices=[choice],
-                          usage=usage)
+        if not self.p.chat:
+            return self.shape.completion_body(text, made, reason, usage)
+        content, calls = self._calls(text)
+        reason = "tool_calls" if calls and reason == "stop" else reason
+        return self.shape.chat_body(content, calls, made, reason, usage)
 
     async def sse(self) -> AsyncIterator[str]:
         failed = True
         try:
             if self.p.chat:
-                yield _sse(self.chunk("", role="assistant"))
+                yield _sse(self.shape.chunk("", role="assistant"))
             if self._tools is not None:
                 async for chunk in self._tool_chunks():
                     yield chunk
             else:
                 async for text, made in self.deltas():
-                    yield _sse(self.chunk(text, made=made))
-                yield _sse(self.chunk(None, self.finish_reason()))
+                    yield _sse(self.shape.chunk(text, made=made))
+                yield _sse(self.shape.chunk(None, self.finish_reason()))
             if self.p.include_usage:
-                yield _sse(self._usage_chunk())
+                yield _sse(self.shape.usage_chunk(self.usage()))
             failed = False
         except Exception as exc:  # noqa: BLE001 -- headers are sent: the error must go out as an event
             err = as_api_error(exc, self.id, self.metrics)
@@ -159,18 +141,6 @@ class Responder:
         finally:
             await self._finish(failed=failed)
         yield "data: [DONE]\n\n"
-
-    def chunk(self, text: str | None, finish: str | None = None, made: list[Sampled] | None = None,
-              role: Literal["assistant"] | None = None) -> ChatCompletionChunk | Completion:
-        """One stream chunk. The last has no text, only why it finished; a chunk without
-        tokens has no logprobs."""
-        made = made or None
-        if self.p.chat:
-            delta = ChatDelta(role=role, content=text)
-            chat = ChatChunkChoice(finish_reason=finish, logprobs=self._chat_logprobs(made), delta=delta)
-            return ChatCompletionChunk(id=self.id, created=self.created, model=self.backend.model_id, choices=[chat])
-        choice = CompletionChoice(finish_reason=finish, logprobs=self._completion_logprobs(made), text=text or "")
-        return Completion(id=self.id, created=self.created, model=self.backend.model_id, choices=[choice])
 
     @property
     def _tools(self) -> ToolFormat | None:
@@ -190,31 +160,18 @@ class Responder:
         async for text, _ in self.deltas():
             held += text
             if free or is_text(held, self._tools):
-                yield _sse(self.chunk(held))
+                yield _sse(self.shape.chunk(held))
                 held, free = "", True
         content, calls = ("", []) if free else self._calls(held)
         if content:
-            yield _sse(self.chunk(content))
+            yield _sse(self.shape.chunk(content))
         for i, call in enumerate(calls):
             head = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-            yield _sse(self._delta(ChatDelta(tool_calls=[head])))
-            yield _sse(self._delta(ChatDelta(tool_calls=[{"index": i, "function": {"arguments": call.arguments}}])))
+            yield _sse(self.shape.delta(ChatDelta(tool_calls=[head])))
+            args = {"index": i, "function": {"arguments": call.arguments}}
+            yield _sse(self.shape.delta(ChatDelta(tool_calls=[args])))
         reason = self.finish_reason()
-        yield _sse(self.chunk(None, "tool_calls" if calls and reason == "stop" else reason))
-
-    def _delta(self, delta: ChatDelta) -> ChatCompletionChunk:
-        choice = ChatChunkChoice(finish_reason=None, logprobs=None, delta=delta)
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.backend.model_id, choices=[choice])
-
-    def _usage_chunk(self) -> ChatCompletionChunk | Completion:
-        body = ChatCompletionChunk if self.p.chat else Completion
-        return body(id=self.id, created=self.created, model=self.backend.model_id, choices=[], usage=self.usage())
-
-    def _chat_logprobs(self, made: list[Sampled] | None) -> ChatLogprobs | None:
-        return self.logprobs.chat(made) if self.logprobs is not None and made is not None else None
-
-    def _completion_logprobs(self, made: list[Sampled] | None) -> CompletionLogprobs | None:
-        return self.logprobs.completion(made) if self.logprobs is not None and made is not None else None
+        yield _sse(self.shape.chunk(None, "tool_calls" if calls and reason == "stop" else reason))
 
     def finish_reason(self) -> str:
         if self.stopped:
@@ -239,49 +196,6 @@ class Responder:
         if not failed:
             self.metrics.latency.observe(time.perf_counter() - self.started)
         self.metrics.record_speculative(done.speculative)
-
-
-class _Logprobs:
-    """The target's log-probabilities in the shape each endpoint documents."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend, self.offset = backend, 0
-
-    def _bytes(self, token: int) -> bytes:
-        return self.backend.tok().detokenize([token])
-
-    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
-        raw = self._bytes(token)
-        return {"token": raw.decode(errors="replace"), "logprob": logprob, "bytes": list(raw)}
-
-    def chat(self, made: list[Sampled]) -> ChatLogprobs:
-        content = [TokenLogprob(**self._entry(s.token, _lp(s.logprob)),
-                                top_logprobs=[TopLogprob(**self._entry(t, lp)) for t, lp in s.top]) for s in made]
-        return ChatLogprobs(content=content)
-
-    def completion(self, made: list[Sampled]) -> CompletionLogprobs:
-        texts = [self._text(s.token) for s in made]
-        offsets = []
-        for text in texts:
-            offsets.append(self.offset)
-            self.offset += len(text)
-        return CompletionLogprobs(tokens=texts, token_logprobs=[_lp(s.logprob) for s in made],
-                                  top_logprobs=[self._completion_top(s) for s in made], text_offset=offsets)
-
-    def _text(self, token: int) -> str:
-        return self._bytes(token).decode(errors="replace")
-
-    def _completion_top(self, s: Sampled) -> dict[str, float]:
-        """The N most likely tokens and, as OpenAI has it, the sampled one: up to N + 1. Where
-        two tokens read as the same text, the sampled one's logprob is the one kept."""
-        top = {self._text(t): lp for t, lp in s.top}
-        top[self._text(s.token)] = _lp(s.logprob)
-        return top
-
-
-def _lp(logprob: float | None) -> float:
-    assert logprob is not None, "the backend did not report logprobs that were asked for"
-    return logprob
 
 
 def as_api_error(exc: BaseException, request_id: str, metrics: Metrics) -> ApiError:
