@@ -204,6 +204,22 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+# The lookups that need no hub state are plain functions, so _Routes holds its endpoints and little else.
+
+
+def _token(request: BaseHTTPRequestHandler) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    return auth.removeprefix("Bearer ").strip() or None
+
+
+def _head(repo: Repo, rev: str) -> Commit:
+    """The commit `rev` names, or the Hub's 404 for an unknown revision."""
+    commit = repo.head(rev)
+    if commit is None:
+        raise _Reply(404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"})
+    return commit
+
+
 class _Routes:
     """One request's handling; every method ends by raising _Reply."""
 
@@ -212,12 +228,8 @@ class _Routes:
 
     # -- auth and lookups ---------------------------------------------------------------------------
 
-    def _token(self) -> str | None:
-        auth = self.request.headers.get("Authorization", "")
-        return auth.removeprefix("Bearer ").strip() or None
-
     def _require_write(self) -> None:
-        token = self._token()
+        token = _token(self.request)
         if token is None or token not in self.hub.write_tokens | self.hub.read_tokens:
             raise _Reply(401, {"error": "Invalid credentials in Authorization header"},
                          {"X-Error-Message": "Invalid credentials in Authorization header"})
@@ -227,15 +239,9 @@ class _Routes:
 
     def _repo(self, repo_id: str) -> Repo:
         repo = self.hub.repos.get(repo_id)
-        if repo is None or (repo.private and self._token() not in self.hub.write_tokens | self.hub.read_tokens):
+        if repo is None or (repo.private and _token(self.request) not in self.hub.write_tokens | self.hub.read_tokens):
             raise _Reply(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
         return repo
-
-    def _head(self, repo: Repo, rev: str) -> Commit:
-        commit = repo.head(rev)
-        if commit is None:
-            raise _Reply(404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"})
-        return commit
 
     def _json(self) -> Any:
         return json.loads(self.body or b"{}")
@@ -260,17 +266,17 @@ class _Routes:
         if rev in target.branches:
             raise _Reply(409, {"error": "Reference already exists"})
         start = self._json().get("startingPoint") or "main"
-        target.branches[rev] = self._head(target, start).oid
+        target.branches[rev] = _head(target, start).oid
         raise _Reply(200, {})
 
     def repo_info(self, repo: str) -> None:
         target = self._repo(repo)
-        head = self._head(target, "main")
+        head = _head(target, "main")
         raise _Reply(200, {"id": repo, "sha": head.oid, "private": target.private,
                            "siblings": [{"rfilename": path} for path in sorted(head.tree)]})
 
     def head_file(self, repo: str, rev: str, path: str) -> None:
-        commit = self._head(self._repo(repo), rev)
+        commit = _head(self._repo(repo), rev)
         blob = commit.tree.get(path)
         if blob is None:
             raise _Reply(404, None, {"X-Error-Code": "EntryNotFound"})
@@ -284,7 +290,7 @@ class _Routes:
 
     def preupload(self, repo: str, rev: str) -> None:
         self._require_write()
-        tree = self._head(self._repo(repo), rev).tree
+        tree = _head(self._repo(repo), rev).tree
         files = []
         for f in self._json()["files"]:
             sample = base64.b64decode(f["sample"])
@@ -325,7 +331,7 @@ class _Routes:
     def commit(self, repo: str, rev: str) -> None:
         self._require_write()
         target = self._repo(repo)
-        tree = dict(self._head(target, rev).tree)
+        tree = dict(_head(target, rev).tree)
         lines = [json.loads(line) for line in self.body.splitlines() if line.strip()]
         header = next(line["value"] for line in lines if line["key"] == "header")
         if any(line["value"].get("path") in self.hub.fail_commits_with for line in lines):
