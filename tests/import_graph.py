@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "mesh", "stage", "packages", "config", "proto")
+PACKAGES = ("common", "mesh", "stage", "packages", "config", "proto", "bench")
 
 
 @dataclass(frozen=True)

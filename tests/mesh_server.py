@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from mesh.bench.local_server import free_port, local_serve
+from bench.harness.local_server import free_port, local_serve
 
 __all__ = ["free_port", "mesh_serve", "metric", "wait_for"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from models import write_tiny_llama
 
-from mesh.bench import agreement
+from bench.scenarios import agreement
 
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12]]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from mesh.bench.client import StreamTiming
-from mesh.bench.constrained import MODES, _table
+from bench.harness.client import StreamTiming
+from bench.scenarios.constrained import MODES, _table
 
 FILM = json.dumps({"title": "Heat", "genre": "thriller", "year": 1995, "rating": 8.3, "cast": ["Pacino"],
                    "available": True})

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mesh.api.responses import ControllerUsage, SpeculativeUsage
-from mesh.bench import llama_cpp
-from mesh.bench.client import StreamTiming
-from mesh.bench.llama_cpp import (
+from bench.harness import llama_cpp
+from bench.harness.client import StreamTiming
+from bench.harness.llama_cpp import (
     Binaries,
     LlamaCppError,
     ServerSpec,
@@ -21,7 +20,8 @@ from mesh.bench.llama_cpp import (
     server_cmd,
     split_evidence,
 )
-from mesh.bench.peers import (
+from bench.run import _llama_cpp_bins, add_parser, fill_defaults
+from bench.scenarios.peers import (
     LLAMA_ONE,
     LLAMA_UNITS,
     MESH_DEFAULT,
@@ -38,7 +38,7 @@ from mesh.bench.peers import (
     skipped_message,
     tables,
 )
-from mesh.bench.run import _llama_cpp_bins, add_parser, fill_defaults
+from mesh.api.responses import ControllerUsage, SpeculativeUsage
 
 BINS = Binaries(Path("/opt/llama"))
 

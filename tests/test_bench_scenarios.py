@@ -6,12 +6,11 @@ import argparse
 
 import pytest
 
-from mesh.api.responses import Usage
-from mesh.bench import multiturn, prompt_lookup
-from mesh.bench.client import StreamTiming
-from mesh.bench.engines import SKIPPED, Measured, engine_table, first_parting, parting_token, runnable, verdict
-from mesh.bench.harness import Row
-from mesh.bench.multiturn import (
+from bench.harness.client import StreamTiming
+from bench.harness.harness import Row
+from bench.run import add_parser, fill_defaults
+from bench.scenarios import chat
+from bench.scenarios.chat import (
     ChatRecord,
     chat_ctx,
     chat_table,
@@ -20,9 +19,11 @@ from mesh.bench.multiturn import (
     question,
     weather_log,
 )
-from mesh.bench.prompt_lookup import (
+from bench.scenarios.engines import SKIPPED, Measured, engine_table, first_parting, parting_token, runnable, verdict
+from bench.scenarios.ngram import (
     COPY_FUNCTION,
     RENAME,
+    WORKLOADS,
     LookupRecord,
     copied_lines,
     lookup_share,
@@ -30,7 +31,7 @@ from mesh.bench.prompt_lookup import (
     ngram_goal,
     proposer_totals,
 )
-from mesh.bench.run import add_parser, fill_defaults
+from mesh.api.responses import Usage
 
 
 def _words(text: str) -> int:
@@ -52,7 +53,7 @@ def test_the_log_reaches_its_size_and_is_the_same_every_time():
 
 def test_only_the_first_turn_carries_the_document_and_each_repeat_opens_its_own_conversation():
     assert "DOC" in question(0, "DOC")["content"]
-    assert all("DOC" not in question(t, "DOC")["content"] for t in range(1, multiturn.TURNS))
+    assert all("DOC" not in question(t, "DOC")["content"] for t in range(1, chat.TURNS))
     assert opening(0) != opening(1)
 
 
@@ -60,12 +61,12 @@ def test_the_chat_context_holds_the_last_turn_and_is_never_below_the_default():
     assert chat_ctx(128) == 2048
     big = chat_ctx(512)
     assert big % 256 == 0
-    assert big >= multiturn.DOCUMENT_TOKENS + multiturn.TURNS * 512
+    assert big >= chat.DOCUMENT_TOKENS + chat.TURNS * 512
 
 
 def _chat_record(cached: bool) -> ChatRecord:
     record = ChatRecord()
-    for turn in range(multiturn.TURNS):
+    for turn in range(chat.TURNS):
         record.ttft["no cache"][turn] += [1.0 + turn, 3.0 + turn]
         record.ttft["cache"][turn] += [0.1, 0.3]
         record.prompt_tokens[turn] += [1000 + 50 * turn] * 2
@@ -96,10 +97,10 @@ def test_chat_rows_report_cached_tokens_when_the_server_does_and_catch_a_changed
 
 
 def test_the_first_difference_is_the_earliest_turn_in_any_repeat():
-    same = ["a"] * (2 * multiturn.TURNS)
+    same = ["a"] * (2 * chat.TURNS)
     assert first_difference({"cache": same, "no cache": same}) == 0
     changed = [*same]
-    changed[multiturn.TURNS + 2] = "b"  # repeat 2, turn 3
+    changed[chat.TURNS + 2] = "b"  # repeat 2, turn 3
     changed[3] = "b"  # repeat 1, turn 4
     assert first_difference({"cache": changed, "no cache": same}) == 3
 
@@ -122,7 +123,7 @@ def test_copied_lines_accepts_the_function_renamed_or_not():
 
 
 def test_the_copy_workload_gives_the_function_whole():
-    assert COPY_FUNCTION in prompt_lookup.WORKLOADS["copy-heavy"]
+    assert COPY_FUNCTION in WORKLOADS["copy-heavy"]
     assert RENAME[0] in COPY_FUNCTION
 
 
@@ -165,7 +166,7 @@ def _lookup_record(ngram_text: str = "same") -> LookupRecord:
     combined = {"speculative": {"windows": 4, "proposed": 12, "accepted": 8, "accept_rate": 0.667,
                                 "mean_window": 3.0, "by_proposer": {"ngram": ngram, "draft": draft}}}
     for mode, tps in speed.items():
-        for workload in prompt_lookup.WORKLOADS:
+        for workload in WORKLOADS:
             text = ngram_text if mode == "ngram" else "same"
             record.timings[(mode, workload)] = [_timing(tps, text, combined if mode == "ngram+draft" else None)]
     return record

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from mesh.bench import shapes
-from mesh.bench.harness import Row
-from mesh.bench.machines import Machines
-from mesh.bench.shape_model import LLAMA_3_1_8B, Q4_0_BYTES, TINY, Shape, q4_0_bytes, write_shape_gguf
+from bench.harness.harness import Row
+from bench.harness.machines import Machines
+from bench.harness.shape_model import LLAMA_3_1_8B, Q4_0_BYTES, TINY, Shape, q4_0_bytes, write_shape_gguf
+from bench.scenarios import shapes
 
 SMALL = Shape("small", layers=3, width=128, ffn=320, heads=8, kv_heads=2, vocab=300)
 
@@ -103,7 +103,7 @@ def test_without_llama_cpp_the_rpc_column_says_why() -> None:
 def test_shapes_runs_alone() -> None:
     import argparse
 
-    from mesh.bench import run
+    from bench import run
 
     with pytest.raises(SystemExit, match="shapes runs alone"):
         run._shapes(argparse.Namespace(), {"shapes", "split"}, None)

@@ -1,9 +1,9 @@
 """The sweep scenario's arithmetic: the best fixed setting, and the controller held to the
-best of every setting and no draft (mesh/bench/sweep.py). The servers are the bench's to run."""
+best of every setting and no draft (bench/scenarios/sweep.py). The servers are the bench's to run."""
 
 from __future__ import annotations
 
-from mesh.bench.sweep import DEFAULT, PLAIN, _rows_at, fixed
+from bench.scenarios.sweep import DEFAULT, PLAIN, _rows_at, fixed
 
 
 def by_metric(rows):
@@ -37,7 +37,7 @@ def test_another_pair_is_named_in_every_row():
 def test_the_flag_parses_for_the_sweep():
     import argparse
 
-    from mesh.bench.run import add_parser
+    from bench.run import add_parser
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())

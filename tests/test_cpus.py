@@ -12,8 +12,8 @@ import pytest
 from mesh_server import mesh_serve
 from models import write_tiny_llama
 
+from bench.harness.local_server import stage_pids
 from config.settings import UsageError
-from mesh.bench.local_server import stage_pids
 from mesh.cli import serve
 from mesh.cli.main import build_parser
 from packages.writer import write_package

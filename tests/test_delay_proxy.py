@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mesh.bench.delay_proxy import DelayProxy
+from bench.harness.delay_proxy import DelayProxy
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import pytest
 from chat_reference import PROMPTS, chat
 from netns import Host, hosts, stage_daemons, unavailable
 
-from mesh.bench.local_server import LocalServer, stop, wait_healthy
+from bench.harness.local_server import LocalServer, stop, wait_healthy
 from proto.announcement import SERVICE_TYPE
 
 pytestmark = [pytest.mark.mesh,

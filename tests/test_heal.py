@@ -31,7 +31,7 @@ import psutil
 import pytest
 from mesh_server import mesh_serve, wait_for
 
-from mesh.bench.local_server import stage_pids
+from bench.harness.local_server import stage_pids
 from mesh.model.source import EMBEDDED_ID
 from mesh.reports.health import Health
 from proto import meshpipe_pb2 as pb

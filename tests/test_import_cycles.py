@@ -1,9 +1,10 @@
-"""No import cycles among the project's modules (common, mesh, stage, packages, config, proto).
+"""No import cycles among the project's modules (common, mesh, stage, packages, config, proto,
+bench).
 
 An import inside a function counts as much as one at the top of the module. Deferring an import
 only hides a cycle from Python's import machinery: the two modules still cannot be understood,
 tested or moved one without the other. That is how the two cycles this test was written against
-lived on: `mesh/bench/run.py` imported its scenarios inside `_run` while they imported its
+lived on: `bench/run.py` imported its scenarios inside `_run` while they imported its
 harness, and `stage/engine_choice.py` imports the MLX engine inside `open_engine` while the
 engine imported its tensor-type check. An import under `if TYPE_CHECKING:` counts too: the types
 are part of what a module means. A deferred import that points down the graph (to keep mlx out of

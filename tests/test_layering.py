@@ -28,7 +28,9 @@ LAYERS: tuple[str, ...] = (
     "mesh.ui",  # the live page's files (no Python but its package marker)
     "mesh.api",  # the OpenAI-compatible HTTP API
     "mesh.cli",  # the `mesh` command
-    "mesh.bench",  # `mesh bench`: drives the mesh from outside
+    "bench.harness",  # what every benchmark builds on: setup, rows, the baseline, servers, the client
+    "bench.scenarios",  # one module per `mesh bench --scenarios` name
+    "bench",  # `mesh bench`'s runner and the standalone measurements: drive the mesh from outside
 )
 
 # Imports that break the order, each with the reason it is tolerated. Empty: keep it so.

@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from lanes import REFERENCE_ARGS, TIMEOUT, Answer, Reference, ask
 from mesh_server import mesh_serve, wait_for
 
-from mesh.bench.local_server import stage_pids
+from bench.harness.local_server import stage_pids
 from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.soak

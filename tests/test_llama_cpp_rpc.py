@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mesh.bench.client import stream_chat
-from mesh.bench.llama_cpp import Binaries, ServerSpec, llama_server, offload_for_cut, rpc_link
+from bench.harness.client import stream_chat
+from bench.harness.llama_cpp import Binaries, ServerSpec, llama_server, offload_for_cut, rpc_link
 from mesh.model.source import embedded_gguf
 
 pytestmark = pytest.mark.mesh

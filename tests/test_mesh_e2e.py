@@ -14,7 +14,7 @@ from chat_reference import chat as _chat
 from mesh_server import mesh_serve, metric
 from openai.types.chat import ChatCompletionMessageParam
 
-from mesh.bench.breakdown import measure
+from bench.harness.breakdown import measure
 from mesh.cli.main import main
 from mesh.coordinator import STATUS_TTL
 from mesh.model.source import EMBEDDED_ID

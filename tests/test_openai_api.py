@@ -233,8 +233,8 @@ class _BrokenBackend:
 def test_a_500_is_logged_once_with_its_traceback_and_id_counted_by_cause_and_keeps_the_connection(caplog):
     import uvicorn
 
+    from bench.harness.local_server import free_port
     from mesh.api.app import build_app
-    from mesh.bench.local_server import free_port
     from mesh.observe.metrics import Metrics
 
     metrics, port = Metrics(), free_port()

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from mesh_server import free_port, mesh_serve, wait_for
 
-from mesh.bench.local_server import LocalServer, stage_pids, stop, wait_healthy
+from bench.harness.local_server import LocalServer, stage_pids, stop, wait_healthy
 from mesh.reports.health import Health, StageHealth
 
 pytestmark = pytest.mark.mesh

@@ -17,7 +17,7 @@ import pytest
 from mesh_server import mesh_serve, wait_for
 from openai.types.chat import ChatCompletionMessageParam
 
-from mesh.bench.local_server import stage_pids
+from bench.harness.local_server import stage_pids
 from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh

@@ -26,7 +26,7 @@ import pytest
 from mesh_server import mesh_serve
 from pydantic import BaseModel, Field
 
-from mesh.bench.local_server import stage_pids
+from bench.harness.local_server import stage_pids
 from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh

@@ -24,7 +24,7 @@ import pytest
 from browser import Page, browser, chromium
 from mesh_server import mesh_serve, wait_for
 
-from mesh.bench.local_server import stage_pids
+from bench.harness.local_server import stage_pids
 from mesh.cli.watch import CLEAR, WatchError, watch
 from mesh.model.source import EMBEDDED_ID
 

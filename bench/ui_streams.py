@@ -1,6 +1,6 @@
 """Does watching the mesh slow it? Decode tok/s with and without open web-page event streams.
 
-    python -m mesh.bench.ui_streams [--streams 20] [--pairs 5] [-- mesh serve flags...]
+    python -m bench.ui_streams [--streams 20] [--pairs 5] [-- mesh serve flags...]
 
 One `mesh serve` (three local stages by default); runs alternate between no watcher and
 `--streams` clients reading /ui/events, so that a machine shared with other work loads
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from mesh.bench.client import stream_chat
-from mesh.bench.local_server import local_serve
+from bench.harness.client import stream_chat
+from bench.harness.local_server import local_serve
 from mesh.model.source import EMBEDDED_ID
 
 PROMPT = "Write a Python function that returns the sum of a list of numbers, with a docstring and tests."

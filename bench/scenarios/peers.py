@@ -2,14 +2,14 @@
 
 Six servers per pair and one-way delay, each "machine" one pinned CPU set running one
 thread per CPU: llama-server on one node; llama.cpp's RPC split-2, without and with
-llama-server's own speculation on the same draft (mesh/bench/llama_cpp.py); meshpipe on
+llama-server's own speculation on the same draft (bench/harness/llama_cpp.py); meshpipe on
 one node, split-2 without a draft and split-2 with its defaults. llama.cpp's one link
 goes through the bench's delay proxy, meshpipe's hops through `--wire-delay-ms`, the same
 delay each way. All decode the same prompts, greedy, the same number of tokens, as a
 streaming client sees it; repeats are interleaved, every server once per repeat in an
 order that rotates. The one-node servers have no link, so they stay up for the whole pair
 and are measured again beside the split servers of each delay. Two pairs
-(mesh/bench/pairs.py): the package's own target and draft (about the same cost per token)
+(bench/harness/pairs.py): the package's own target and draft (about the same cost per token)
 and the cost-realistic F32 target with the same draft.
 
 Without --llama-cpp-bin the llama.cpp servers are skipped, and the run says so.
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import httpx
 
-from mesh.bench import llama_cpp
-from mesh.bench.client import StreamTiming, stream_chat
-from mesh.bench.harness import Row, Setup, serve
-from mesh.bench.llama_cpp import Binaries, ServerSpec
-from mesh.bench.pairs import Pair
+from bench.harness import llama_cpp
+from bench.harness.client import StreamTiming, stream_chat
+from bench.harness.harness import Row, Setup, serve
+from bench.harness.llama_cpp import Binaries, ServerSpec
+from bench.harness.pairs import Pair
 from mesh.cli.bearer import auth_headers
 
 LLAMA_ONE = "llama-server, 1 node"

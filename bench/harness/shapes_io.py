@@ -1,7 +1,7 @@
 """The timed steps of `mesh bench --scenarios shapes`, each run as its own process.
 
-The scenario (mesh/bench/shapes.py) starts each step as `taskset -c CPUS python -m
-mesh.bench.shapes_io STEP ...`, so a step runs pinned to its emulated machine and is timed
+The scenario (bench/scenarios/shapes.py) starts each step as `taskset -c CPUS python -m
+bench.harness.shapes_io STEP ...`, so a step runs pinned to its emulated machine and is timed
 inside, without the interpreter's start. A step prints one JSON line with its result; the
 two that serve (`artifacts`, `socket-recv`) first print a line with the port they listen on.
 
@@ -158,7 +158,7 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mesh.bench.shapes_io")
+    p = argparse.ArgumentParser(prog="python -m bench.harness.shapes_io")
     sub = p.add_subparsers(dest="step", required=True)
     for name, step, params in (("package", package, ["src", "out"]), ("hash", hash_layers, ["dir"]),
                                ("artifacts", artifacts, ["dir"]), ("socket-recv", socket_recv, ["dir"]),

@@ -1,4 +1,4 @@
-"""`python -m mesh.bench.row_cost`: what a row costs at the final stage, decode against verify.
+"""`python -m bench.row_cost`: what a row costs at the final stage, decode against verify.
 
 The final stage runs in this process behind a `StageCore`, as a stage runs frames: the
 batcher, the engine thread, the sampler. Each round times, at the same position, a
@@ -11,7 +11,7 @@ time in the step, steadier than wall time when other processes share the core. W
 [N, end) fed the hidden states of [0, N) (computed beforehand, untimed); 0 is one node.
 
 Run it pinned, one engine thread, as the bench's emulated machines do:
-`taskset -c 1 python -m mesh.bench.row_cost --threads 1`.
+`taskset -c 1 python -m bench.row_cost --threads 1`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.run import PROMPTS
 from common.ids import SessionId
 from common.sampling import SamplingParams
 from config.paths import cache_dir
-from mesh.bench.run import PROMPTS
 from mesh.model.source import resolve_model
 from mesh.model.tokenizer import Tokenizer
 from packages.materialize import materialize_stage
@@ -193,7 +193,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mesh.bench.row_cost", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.row_cost", description=__doc__.splitlines()[0])
     parser.add_argument("--cut", type=int, default=0, help="the final stage starts at this layer (0: one node)")
     parser.add_argument("--window", type=int, default=4, help="drafts per verify window (rows = window + 1)")
     parser.add_argument("--rounds", type=int, default=40)

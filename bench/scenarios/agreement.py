@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from mesh.bench.harness import Row, Setup
+from bench.harness.harness import Row, Setup
 from mesh.model.tokenizer import Tokenizer
 from packages.speculative import declared, verify_draft
 from stage.engine import EngineConfig, Step

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mesh.bench.client import stream_messages
-from mesh.bench.harness import Row, Setup, serve
+from bench.harness.client import stream_messages
+from bench.harness.harness import Row, Setup, serve
 from mesh.model.tokenizer import Tokenizer
 
 TURNS = 4

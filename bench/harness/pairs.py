@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mesh.bench.harness import Setup
+from bench.harness.harness import Setup
 from packages.errors import PackageError
 from packages.gguf_files import open_gguf
 from packages.requantize import requantize

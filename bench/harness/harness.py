@@ -1,8 +1,8 @@
 """What every `mesh bench` scenario builds on: the run's setup, a result row, the single-node
 llama.cpp baseline and `mesh serve --local-stages N`.
 
-The scenarios (`run.py`'s and `multiturn`, `prompt_lookup`, `engines`) import it; `run.py`
-imports the scenarios. So nothing here knows a scenario, and no scenario imports `run.py`.
+The scenarios (bench/scenarios/) import it; the runner (bench/run.py) imports the scenarios.
+So nothing here knows a scenario, and no scenario imports the runner.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mesh.bench.local_server import LocalServer, local_serve
-from mesh.bench.machines import Machines
+from bench.harness.local_server import LocalServer, local_serve
+from bench.harness.machines import Machines
 from mesh.model.tokenizer import Tokenizer
 from packages.manifest import Manifest
 
@@ -56,7 +56,7 @@ class Setup:
 
 
 class Baseline:
-    """The single-node llama.cpp process (`mesh.bench.baseline`): one JSON line asked, one answered."""
+    """The single-node llama.cpp process (`bench.harness.baseline`): one JSON line asked, one answered."""
 
     def __init__(self, proc: subprocess.Popen[str], tokenizer: Tokenizer) -> None:
         self.proc, self.tokenizer = proc, tokenizer
@@ -80,7 +80,7 @@ class Baseline:
 
 @contextlib.contextmanager
 def baseline_worker(setup: Setup) -> Iterator[Baseline]:
-    cmd = [sys.executable, "-m", "mesh.bench.baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
+    cmd = [sys.executable, "-m", "bench.harness.baseline", str(setup.gguf), str(setup.ctx), str(setup.threads)]
     cmd += [setup.machines.sets[0]] if setup.machines else []
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

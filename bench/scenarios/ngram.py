@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from mesh.bench.client import StreamTiming, stream_messages
-from mesh.bench.harness import Row, Setup, serve
+from bench.harness.client import StreamTiming, stream_messages
+from bench.harness.harness import Row, Setup, serve
 from mesh.model.tokenizer import Tokenizer
 from mesh.speculative.ngram import lookup
 

@@ -1,9 +1,9 @@
 """`mesh bench --scenarios shapes`: meshpipe on a real model's shape at full size (issue 40, part 7).
 
-It writes a random-weight Q4_0 GGUF of the shape (mesh/bench/shape_model.py; Llama-3.1-8B's
+It writes a random-weight Q4_0 GGUF of the shape (bench/harness/shape_model.py; Llama-3.1-8B's
 by default, about 4.6 GB) into a fresh directory and measures, each step pinned to its
 emulated machine (one CPU set each, `--cpu-sets`; every step runs in its own process,
-mesh/bench/shapes_io.py):
+bench/harness/shapes_io.py):
 
 - `mesh package write` on it and sha256 of every layer file, in GB/s, next to `cp` of the file;
 - stage 1 pulling its layers from the artifact server of a peer (stage/prepare.py over gRPC,
@@ -12,7 +12,7 @@ mesh/bench/shapes_io.py):
 - each stage's peak resident memory in a `mesh serve --local-stages 2 --lanes 1`, next to its
   share of the weights;
 - decode tok/s of that split-2 against llama.cpp's RPC split-2 at the same cut
-  (mesh/bench/llama_cpp.py), at each one-way link delay.
+  (bench/harness/llama_cpp.py), at each one-way link delay.
 
 Every file is written, copied and read with the page cache warm: the model was just written
 and this scenario measures the software, not the disk. The directory and everything in it
@@ -38,14 +38,14 @@ from typing import Any
 import httpx
 import psutil
 
-from mesh.bench import llama_cpp
-from mesh.bench.client import stream_chat
-from mesh.bench.harness import Row, Setup, serve, weight_share
-from mesh.bench.llama_cpp import Binaries, ServerSpec
-from mesh.bench.local_server import LocalServer, stage_pids, stop
-from mesh.bench.machines import Machines
-from mesh.bench.peers import mesh_cut
-from mesh.bench.shape_model import Shape, write_shape_gguf
+from bench.harness import llama_cpp
+from bench.harness.client import stream_chat
+from bench.harness.harness import Row, Setup, serve, weight_share
+from bench.harness.llama_cpp import Binaries, ServerSpec
+from bench.harness.local_server import LocalServer, stage_pids, stop
+from bench.harness.machines import Machines
+from bench.harness.shape_model import Shape, write_shape_gguf
+from bench.scenarios.peers import mesh_cut
 from mesh.cli.bearer import auth_headers
 from mesh.reports.health import Health
 from mesh.reports.proc_memory import peak_rss
@@ -120,7 +120,7 @@ def first_plan(package: Path, manifest: Manifest) -> list[StageRange]:
 # -- steps, each in its own pinned process ------------------------------------------------
 
 def _command(cpus: str, *args: str) -> list[str]:
-    return ["taskset", "-c", cpus, sys.executable, "-m", "mesh.bench.shapes_io", *args]
+    return ["taskset", "-c", cpus, sys.executable, "-m", "bench.harness.shapes_io", *args]
 
 
 def _step(cpus: str, *args: str) -> dict[str, Any]:

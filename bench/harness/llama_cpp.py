@@ -2,7 +2,7 @@
 
 One node is `llama-server`. Two machines are llama.cpp's RPC backend: `ggml-rpc-server` on
 the second machine and `llama-server --rpc HOST:PORT` on the first, their one link through
-the bench's delay proxy (mesh/bench/delay_proxy.py). `-ngl K` puts the output head and
+the bench's delay proxy (bench/harness/delay_proxy.py). `-ngl K` puts the output head and
 the last K-1 layers on the RPC device (llama.cpp counts the head as the first layer to
 offload) and keeps the embeddings and the other layers with llama-server, so the bench
 gives it the cut meshpipe's split-2 chose: the same layers and the head on each machine as
@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mesh.bench.delay_proxy import DelayProxy
-from mesh.bench.local_server import free_port, stop, unhealthy
+from bench.harness.delay_proxy import DelayProxy
+from bench.harness.local_server import free_port, stop, unhealthy
 from stage.cpus import parse_cpus
 from stage.llama_model import flash_attn, use_extra_bufts
 

@@ -24,8 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mesh.bench.client import stream_chat
-from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve
+from bench.harness.client import stream_chat
+from bench.harness.harness import Baseline, Row, Setup, baseline_worker, serve
 from stage.engine_choice import MLX_INSTALL, mlx_installed
 
 # name -> the engine of each stage, stage 0 first

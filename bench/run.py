@@ -26,27 +26,27 @@ from typing import Any
 
 import httpx
 
+from bench.harness.breakdown import measure
+from bench.harness.busy import Busy, busy_during
+from bench.harness.client import StreamTiming, stream_chat
+from bench.harness.harness import Baseline, Row, Setup, baseline_worker, serve, weight_share
+from bench.harness.llama_cpp import Binaries
+from bench.harness.local_server import LocalServer, stage_pids
+from bench.harness.machines import Machines
+from bench.harness.pairs import cost_realistic_pair, package_draft, same_cost_pair
+from bench.harness.shape_model import LLAMA_3_1_8B, SHAPES
+from bench.scenarios import numerics
+from bench.scenarios.agreement import agreement_rows
+from bench.scenarios.chat import chat_rows
+from bench.scenarios.constrained import constrained_rows
+from bench.scenarios.engines import engine_rows
+from bench.scenarios.ngram import ngram_rows
+from bench.scenarios.peers import peer_rows
+from bench.scenarios.shapes import Plan as ShapesPlan
+from bench.scenarios.shapes import shapes_rows
+from bench.scenarios.sweep import sweep_rows
 from config.paths import cache_dir
 from mesh.api.responses import SpeculativeUsage
-from mesh.bench import numerics
-from mesh.bench.agreement import agreement_rows
-from mesh.bench.breakdown import measure
-from mesh.bench.busy import Busy, busy_during
-from mesh.bench.client import StreamTiming, stream_chat
-from mesh.bench.constrained import constrained_rows
-from mesh.bench.engines import engine_rows
-from mesh.bench.harness import Baseline, Row, Setup, baseline_worker, serve, weight_share
-from mesh.bench.llama_cpp import Binaries
-from mesh.bench.local_server import LocalServer, stage_pids
-from mesh.bench.machines import Machines
-from mesh.bench.multiturn import chat_rows
-from mesh.bench.pairs import cost_realistic_pair, package_draft, same_cost_pair
-from mesh.bench.peers import peer_rows
-from mesh.bench.prompt_lookup import ngram_rows
-from mesh.bench.shape_model import LLAMA_3_1_8B, SHAPES
-from mesh.bench.shapes import Plan as ShapesPlan
-from mesh.bench.shapes import shapes_rows
-from mesh.bench.sweep import sweep_rows
 from mesh.cli.bearer import KEY_ENV, auth_headers
 from mesh.model.source import resolve_model
 from mesh.model.tokenizer import Tokenizer

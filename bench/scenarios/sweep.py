@@ -15,8 +15,8 @@ import contextlib
 import statistics
 from pathlib import Path
 
-from mesh.bench.client import stream_chat
-from mesh.bench.harness import Row, Setup, serve
+from bench.harness.client import stream_chat
+from bench.harness.harness import Row, Setup, serve
 
 WINDOWS = (1, 2, 3, 4)
 DEPTHS = (1, 3, 5)

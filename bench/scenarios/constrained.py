@@ -23,9 +23,9 @@ from typing import Any
 import jsonschema
 import numpy as np
 
-from mesh.bench.client import StreamTiming, stream_messages
-from mesh.bench.harness import Row, Setup, serve
-from mesh.bench.prompt_lookup import proposer_totals
+from bench.harness.client import StreamTiming, stream_messages
+from bench.harness.harness import Row, Setup, serve
+from bench.scenarios.ngram import proposer_totals
 from mesh.constraints.compile import build
 from mesh.constraints.guide import Guide
 from mesh.constraints.schema import explain, schema_grammar

@@ -1,1 +1,0 @@
-"""`mesh bench`: scenarios against the mesh, compared with single-node llama.cpp in the same run."""
