@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.run import PROMPTS
+from bench.harness.prompts import PROMPTS
 from common.ids import SessionId
 from common.sampling import SamplingParams
 from config.paths import cache_dir

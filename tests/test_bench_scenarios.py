@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
+from bench import scenarios
 from bench.harness.client import StreamTiming
 from bench.harness.harness import Row
-from bench.run import add_parser, fill_defaults
+from bench.run import SCENARIOS, add_parser, fill_defaults
 from bench.scenarios import chat
 from bench.scenarios.chat import (
     ChatRecord,
@@ -271,3 +273,14 @@ def test_engine_rows_hold_each_mesh_to_the_baseline_beside_it_and_compare_the_en
 def test_engine_rows_leave_out_the_engine_line_without_both_engines():
     rows = engine_table({"llama": _measured(49.0, 99.0, [0])}, 64, 46)
     assert not [r for r in rows if r.scenario == "engines mlx vs llama"]
+
+
+# -- the runner ---------------------------------------------------------------------------------
+
+def test_the_runner_lists_each_module_of_bench_scenarios_once() -> None:
+    """bench/run.py's table of contents and bench/scenarios/ agree: one module per --scenarios name
+    (`return_` for return, a keyword), each listed once."""
+    folder = Path(scenarios.__file__).parent
+    modules = sorted(p.stem.removesuffix("_") for p in folder.glob("*.py") if p.stem != "__init__")
+    assert sorted(SCENARIOS) == modules
+    assert len(set(SCENARIOS)) == len(SCENARIOS)

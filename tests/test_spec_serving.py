@@ -13,7 +13,7 @@ import pytest
 from chain import COPY_HEAVY
 from mesh_server import mesh_serve, metric
 
-from bench.run import PROMPTS
+from bench.harness.prompts import PROMPTS
 from mesh.model.source import EMBEDDED_ID
 
 pytestmark = pytest.mark.mesh

@@ -11,6 +11,7 @@ its rows per decode are about the window + 1, and it costs more than a plain dec
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from types import MappingProxyType
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.harness import Row, Setup
+from bench.harness.local_server import LocalServer
+from bench.harness.streams import cycled, run_batches
 from mesh.cli.bearer import auth_headers
 from mesh.reports.hop_timing import PARTS, WIRE
 
@@ -90,3 +94,17 @@ def _per_kind(kind: str, frames: float, spent: dict[tuple[str, str, str], float]
 
 def _stage_order(stage: str) -> int:
     return int(stage) if stage.isdigit() else 1 << 30
+
+
+def breakdown_rows(setup: Setup, servers: dict[int, LocalServer], prompts: list[str], streams: int) -> list[Row]:
+    """One more pass per split server, one stream (and `streams` at once on split-2)."""
+    units = [(f"split-{n}", server, 1) for n, server in servers.items()]
+    if streams > 1 and 2 in servers:
+        units.append((f"concurrency-{streams}", servers[2], streams))
+    rows = []
+    for unit, server, n in units:
+        asked = cycled(prompts, max(n, len(prompts)))
+        batches = [asked[i : i + n] for i in range(0, len(asked), n)]
+        run = functools.partial(run_batches, server.url, setup, batches)
+        rows += [Row(f"breakdown {unit}", what, value) for what, value in measure(server.url, n, run)]
+    return rows

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import httpx
 
+from bench.harness.harness import Row
 from mesh.cli.bearer import auth_headers
 from mesh.coordinator import STATUS_TTL
 from mesh.reports.health import Health
@@ -52,3 +53,9 @@ def _fresh(url: str) -> Health:
 
 def _grew(before: float | None, after: float | None) -> float:
     return max((after or 0.0) - (before or 0.0), 0.0)
+
+
+def busy_rows(scenario: str, what: str, busy: Busy) -> list[Row]:
+    rows = [Row(scenario, f"busy fraction stage {i}, {what}", f) for i, f in enumerate(busy.stages)]
+    return rows + ([Row(scenario, f"busy fraction of the draft, {what}", busy.draft)] if busy.draft is not None
+                   else [])

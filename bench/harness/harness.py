@@ -7,6 +7,7 @@ So nothing here knows a scenario, and no scenario imports the runner.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import subprocess
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.harness.llama_cpp import Binaries
 from bench.harness.local_server import LocalServer, local_serve
 from bench.harness.machines import Machines
 from mesh.model.tokenizer import Tokenizer
@@ -55,6 +57,27 @@ class Setup:
     machines: Machines | None = None  # --machines: each stage pinned to its own CPU set
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a scenario that starts its own servers is given: the setup, the command line, the
+    per-hop delays, the prompts asked for (--prompts) and llama.cpp's binaries (--llama-cpp-bin)."""
+
+    setup: Setup
+    args: argparse.Namespace
+    delays: list[float]
+    prompts: list[str]
+    bins: Binaries | None = None
+
+
+@dataclass
+class Outcome:
+    """What a scenario gives back: its rows, any tables of its own, and any words for the header."""
+
+    rows: list[Row]
+    tables: list[str] = field(default_factory=list)
+    header: dict[str, str] = field(default_factory=dict)
+
+
 class Baseline:
     """The single-node llama.cpp process (`bench.harness.baseline`): one JSON line asked, one answered."""
 
@@ -76,6 +99,18 @@ class Baseline:
         without the prefix cache does, where llama-cpp-python would keep what the last one shares."""
         text = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
         return self.ask({"tokens": self.tokenizer.tokenize(text, True), "n": n, "fresh": fresh})
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the mesh scenarios share, started once for all of them: the baseline, and one split
+    server per --stages (no draft, 8 lanes); `stack` holds what a scenario starts beside them."""
+
+    asked: Asked
+    tmp: Path
+    stack: contextlib.ExitStack
+    base: Baseline
+    servers: dict[int, LocalServer]
 
 
 @contextlib.contextmanager

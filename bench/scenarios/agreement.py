@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from bench.harness.harness import Row, Setup
+from bench.harness.harness import Asked, Outcome, Row, Setup
 from mesh.model.tokenizer import Tokenizer
 from packages.speculative import declared, verify_draft
 from stage.engine import EngineConfig, Step
@@ -182,3 +182,7 @@ def _arch_scalar(reader: GGUFReader, name: str) -> float:
 
 def _weights(tensor: object) -> np.ndarray:
     return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # type: ignore[attr-defined]
+
+
+def run(asked: Asked) -> Outcome:
+    return Outcome(agreement_rows(asked.setup, asked.prompts))

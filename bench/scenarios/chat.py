@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness.client import stream_messages
-from bench.harness.harness import Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from mesh.model.tokenizer import Tokenizer
 
 TURNS = 4
@@ -138,3 +138,7 @@ def first_difference(replies: dict[str, list[str]]) -> int:
     turns = [i % TURNS + 1 for i, (a, b) in enumerate(zip(replies["cache"], replies["no cache"], strict=True))
              if a != b]
     return min(turns, default=0)
+
+
+def run(asked: Asked) -> Outcome:
+    return Outcome(chat_rows(asked.setup, asked.args.repeats))

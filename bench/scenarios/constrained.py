@@ -24,7 +24,7 @@ import jsonschema
 import numpy as np
 
 from bench.harness.client import StreamTiming, stream_messages
-from bench.harness.harness import Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from bench.scenarios.ngram import proposer_totals
 from mesh.constraints.compile import build
 from mesh.constraints.guide import Guide
@@ -129,3 +129,7 @@ def _mask_rows(setup: Setup, outputs: list[str]) -> list[Row]:
     per = 1e6 / max(n, 1)
     return [Row("constrained mask cost", "mask computed at stage 0, µs per token", compute * per),
             Row("constrained mask cost", "mask applied at the final stage, µs per token", applying * per)]
+
+
+def run(asked: Asked) -> Outcome:
+    return Outcome(constrained_rows(asked.setup, asked.delays, asked.args.repeats))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness.client import stream_chat
-from bench.harness.harness import Baseline, Row, Setup, baseline_worker, serve
+from bench.harness.harness import Asked, Baseline, Outcome, Row, Setup, baseline_worker, serve
 from stage.engine_choice import MLX_INSTALL, mlx_installed
 
 # name -> the engine of each stage, stage 0 first
@@ -137,3 +137,7 @@ def engine_table(record: dict[str, Measured], tokens: int, prompt_tokens: float)
         rows.append(Row("engines mlx vs llama", "whole model on one stage, MLX decode tok/s (vs llama.cpp)",
                         statistics.median(record["mlx"].tps), statistics.median(record["llama"].tps)))
     return rows
+
+
+def run(asked: Asked) -> Outcome:
+    return Outcome(engine_rows(asked.setup, asked.prompts, asked.args.repeats))

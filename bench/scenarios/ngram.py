@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness.client import StreamTiming, stream_messages
-from bench.harness.harness import Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from mesh.model.tokenizer import Tokenizer
 from mesh.speculative.ngram import lookup
 
@@ -202,3 +202,7 @@ def _workload_rows(scenario: str, tokenizer: Tokenizer, record: LookupRecord) ->
     copy = record.timings[("none", "copy-heavy")][0].text
     return [*rows, Row(f"{scenario} copy-heavy", "function lines copied whole (share)",
                        copied_lines(COPY_FUNCTION, copy))]
+
+
+def run(asked: Asked) -> Outcome:
+    return Outcome(ngram_rows(asked.setup, asked.delays, asked.args.repeats))

@@ -22,6 +22,10 @@ from types import MappingProxyType
 
 import numpy as np
 
+from bench.harness.harness import Asked, Outcome, Row, Setup
+from bench.harness.prompts import PROMPTS
+from mesh.model.tokenizer import Tokenizer
+from packages.speculative import declared, verify_draft
 from stage.engine import Step
 from stage.ggml_lib import ggml
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
@@ -187,3 +191,29 @@ def _row(node: Node, single: Node, rows: int, r: int) -> np.ndarray | None:
         return None
     grid = node.data.reshape(node.ne[::-1])  # numpy order: ne3, ne2, ne1, ne0
     return np.take(grid, r, axis=3 - axes[-1])
+
+
+def run(asked: Asked) -> Outcome:
+    return Outcome(numerics_rows(asked.setup, asked.args.numerics_gguf))
+
+
+def numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
+    """The package's target and in-package drafts, and any GGUF given, flash attention on and off."""
+    models = [(f"{setup.model_id} {setup.quant}", setup.gguf)]
+    _, strategies = declared(setup.manifest.generation)
+    models += [(f"draft {s.name}", verify_draft(setup.package, s)) for s in strategies.values() if s.in_package]
+    models += [(gguf.stem, gguf) for gguf in extra]
+    text = " ".join(PROMPTS * 8)
+    rows = []
+    for name, gguf in models:
+        tokens = Tokenizer(gguf, name).tokenize(text, False)
+        for flash in (True, False):
+            n = measure(name, gguf, tokens, setup.threads, flash)
+            fa = f"flash attn {'on' if flash else 'off'}"
+            culprit = f"; first differing node {n.first_node}" if n.first_node else ""
+            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, {WINDOW}-row window vs "
+                                                f"row by row{culprit}", n.max_diff))
+            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, row 0", n.row0_diff))
+            rows += [Row(f"numerics {name}", f"{fa}: ms per decode of {k} rows at position "
+                                             f"{POSITION}", ms) for k, ms in n.decode_ms.items()]
+    return rows

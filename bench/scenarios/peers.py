@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,9 +30,9 @@ import httpx
 
 from bench.harness import llama_cpp
 from bench.harness.client import StreamTiming, stream_chat
-from bench.harness.harness import Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from bench.harness.llama_cpp import Binaries, ServerSpec
-from bench.harness.pairs import Pair
+from bench.harness.pairs import Pair, cost_realistic_pair, package_draft, same_cost_pair
 from mesh.cli.bearer import auth_headers
 
 LLAMA_ONE = "llama-server, 1 node"
@@ -216,3 +217,16 @@ def tables(record: Record, delays: list[float]) -> str:
     picks = [f"{d:g} ms: the defaults' controller ended " + ", ".join(f"{c} in {n}" for c, n in count.most_common())
              + f" of {sum(count.values())} requests" for d in delays if (count := record.choices.get(d))]
     return "\n".join(lines + [f"- {n}" for n in record.notes + picks])
+
+
+def run(asked: Asked) -> Outcome:
+    """The package's pair and the cost-realistic one (pairs.py), in a directory of their own."""
+    setup = asked.setup
+    draft = package_draft(setup)
+    if draft is None:
+        raise SystemExit("mesh bench: peers needs a package that ships its draft (the embedded model does)")
+    say: Callable[[str], None] = lambda m: print(f"bench: {m}", file=sys.stderr)  # noqa: E731
+    pairs = [same_cost_pair(setup, draft), cost_realistic_pair(setup, draft, say)]
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-peers-") as tmp:
+        rows, table = peer_rows(setup, pairs, asked.bins, asked.prompts, asked.delays, asked.args.repeats, Path(tmp))
+    return Outcome(rows, [table])

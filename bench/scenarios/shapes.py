@@ -21,6 +21,7 @@ is deleted when the run ends, failed or interrupted too.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -40,11 +41,12 @@ import psutil
 
 from bench.harness import llama_cpp
 from bench.harness.client import stream_chat
-from bench.harness.harness import Row, Setup, serve, weight_share
+from bench.harness.harness import Outcome, Row, Setup, serve, weight_share
 from bench.harness.llama_cpp import Binaries, ServerSpec
 from bench.harness.local_server import LocalServer, stage_pids, stop
 from bench.harness.machines import Machines
-from bench.harness.shape_model import Shape, write_shape_gguf
+from bench.harness.report import machine
+from bench.harness.shape_model import SHAPES, Shape, write_shape_gguf
 from bench.scenarios.peers import mesh_cut
 from mesh.cli.bearer import auth_headers
 from mesh.reports.health import Health
@@ -54,6 +56,7 @@ from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from packages.parameters import layer_parameters
 from packages.validate import validate_package
+from stage.llama_model import flash_attn, use_extra_bufts
 
 PROMPT = "Say hello."  # short: a random model's prefill of a long one would cost more than its decode
 CTX = 512
@@ -343,3 +346,17 @@ def goals_table(rows: list[Row]) -> str:
         lines.append(f"| {r.scenario}: {r.metric} | {r.value:.2f} | {r.baseline:.2f} | {r.ratio:.2f} | {r.goal} | "
                      f"{'yes' if met else 'NO'} |")
     return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, bins: Binaries | None) -> tuple[dict[str, Any], Outcome]:
+    """The header and the outcome of a run of --shape: it brings its own model, so no other
+    scenario's setup is made."""
+    machines = Machines.parse(args.cpu_sets)
+    delays = [float(d) for d in (args.wire_delays or "0,20").split(",")]
+    rows, goals = shapes_rows(Plan(SHAPES[args.shape], machines, args.tokens, args.repeats, delays, bins))
+    header = {"model": f"random-weight {args.shape} Q4_0", "threads": 1, "machines": machines.describe([2]),
+              "wire delays (ms, one way)": ",".join(f"{d:g}" for d in delays), "page cache": "warm",
+              "extra buffer types": "on" if use_extra_bufts() else "off",
+              "flash attn": "on" if flash_attn() else "off", "tokens": args.tokens, "repeats": args.repeats,
+              "machine": machine()}
+    return header, Outcome(rows, [goals])

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
+import tempfile
 from pathlib import Path
 
 from bench.harness.client import stream_chat
-from bench.harness.harness import Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.pairs import cost_realistic_pair, package_draft
 
 WINDOWS = (1, 2, 3, 4)
 DEPTHS = (1, 3, 5)
@@ -67,3 +70,19 @@ def _rows_at(delay: float, tok_s: dict[str, float], samples: dict[str, list[floa
                  ">= 0.95"),
              Row(scenario, "defaults ÷ no draft", tok_s[DEFAULT], tok_s[PLAIN])]
     return rows
+
+
+def run(asked: Asked) -> Outcome:
+    """The package's own pair, or with --cost-realistic the one peers tables beside it, named."""
+    setup, label = asked.setup, ""
+    if asked.args.cost_realistic:
+        draft = package_draft(setup)
+        if draft is None:
+            raise SystemExit("mesh bench: --cost-realistic needs a package that ships its draft (the embedded "
+                             "model does)")
+        pair = cost_realistic_pair(setup, draft, lambda m: print(f"bench: {m}", file=sys.stderr))
+        setup, label = pair.setup, pair.label
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-sweep-") as tmp:
+        rows = sweep_rows(setup, asked.prompts, asked.delays, asked.args.repeats, Path(tmp), label)
+    # model and quant in the header are the package's own, which the sweep did not run
+    return Outcome(rows, header={"sweep": label} if label else {})

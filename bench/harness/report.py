@@ -1,0 +1,45 @@
+"""The results: the header line of a run, and the table of rows."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from bench.harness.harness import Row, Setup
+from stage.llama_model import flash_attn, use_extra_bufts
+
+
+def header(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
+    machines = {"machines": setup.machines.describe([int(n) for n in args.stages.split(",")])} \
+        if setup.machines else {}
+    return {"model": setup.model_id, "quant": setup.quant, "threads": setup.threads, **machines,
+            "extra buffer types": "on" if use_extra_bufts() else "off",
+            "flash attn": "on" if flash_attn() else "off",
+            "tokens": setup.tokens, "repeats": args.repeats, "prompts": args.prompts,
+            "machine": machine()}
+
+
+def machine() -> str:
+    return f"{platform.node()}, {_cpu_name()}, {os.cpu_count()} cores"
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown cpu"
+
+
+def format_table(header: dict[str, Any], rows: list[Row]) -> str:
+    lines = [" · ".join(f"{k} {v}" for k, v in header.items()), "",
+             "| scenario | metric | value | baseline | ratio | goal |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r.ratio:.3f}" if r.ratio is not None else ""
+        base = f"{r.baseline:.2f}" if r.baseline is not None else ""
+        lines.append(f"| {r.scenario} | {r.metric} | {r.value:.2f} | {base} | {ratio} | {r.goal} |")
+    return "\n".join(lines)
