@@ -10,6 +10,7 @@ import pytest
 from bench import scenarios
 from bench.harness.client import StreamTiming
 from bench.harness.harness import Row
+from bench.harness.report import proposer_totals
 from bench.run import SCENARIOS, add_parser, fill_defaults
 from bench.scenarios import chat
 from bench.scenarios.chat import (
@@ -31,7 +32,6 @@ from bench.scenarios.ngram import (
     lookup_share,
     lookup_table,
     ngram_goal,
-    proposer_totals,
 )
 from mesh.api.responses import Usage
 

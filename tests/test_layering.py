@@ -63,3 +63,11 @@ def test_no_part_imports_one_above_it() -> None:
 def test_the_allowances_are_still_needed() -> None:
     edges = {(i.source, i.target) for i in project_imports(project_modules())}
     assert edges >= ALLOWED, f"ALLOWED lists imports that are gone, remove them: {sorted(ALLOWED - edges)}"
+
+
+def test_no_scenario_imports_another() -> None:
+    """What two scenarios share lives in bench/harness/, so each scenario reads on its own."""
+    crossing = [f"{i.source}:{i.line} imports {i.target}" for i in project_imports(project_modules())
+                if part_of(i.source) == part_of(i.target) == "bench.scenarios"
+                and "bench.scenarios" not in (i.source, i.target)]
+    assert not crossing, "scenarios importing scenarios:\n" + "\n".join(crossing)

@@ -86,3 +86,9 @@ def _event(data: str) -> dict[str, Any]:
     if "error" in raw:
         raise RuntimeError(f"server error mid-stream: {raw['error']['message']}")
     return dict(raw)
+
+
+def mesh_cut(url: str) -> int:
+    """Where meshpipe's split-2 cut the layers: stage 1's first layer, from /health."""
+    stages = httpx.get(f"{url}/health", timeout=10, headers=auth_headers()).json()["stages"]
+    return int(stages[1]["start"])

@@ -43,3 +43,13 @@ def format_table(header: dict[str, Any], rows: list[Row]) -> str:
         base = f"{r.baseline:.2f}" if r.baseline is not None else ""
         lines.append(f"| {r.scenario} | {r.metric} | {r.value:.2f} | {base} | {ratio} | {r.goal} |")
     return "\n".join(lines)
+
+
+def proposer_totals(breakdowns: list[dict[str, dict[str, float]]]) -> dict[str, tuple[float, float]]:
+    """Proposed and accepted per proposer, summed over requests' `by_proposer`."""
+    totals: dict[str, tuple[float, float]] = {}
+    for by in breakdowns:
+        for name, counts in by.items():
+            p, a = totals.get(name, (0.0, 0.0))
+            totals[name] = (p + counts.get("proposed", 0.0), a + counts.get("accepted", 0.0))
+    return totals

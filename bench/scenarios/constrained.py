@@ -25,7 +25,7 @@ import numpy as np
 
 from bench.harness.client import StreamTiming, stream_messages
 from bench.harness.harness import Asked, Outcome, Row, Setup, serve
-from bench.scenarios.ngram import proposer_totals
+from bench.harness.report import proposer_totals
 from mesh.constraints.compile import build
 from mesh.constraints.guide import Guide
 from mesh.constraints.schema import explain, schema_grammar

@@ -25,6 +25,7 @@ import numpy as np
 
 from bench.harness.client import StreamTiming, stream_messages
 from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.report import proposer_totals
 from mesh.model.tokenizer import Tokenizer
 from mesh.speculative.ngram import lookup
 
@@ -177,16 +178,6 @@ def _accept_rows(scenario: str, mode: str, timings: list[StreamTiming]) -> list[
         rows += [Row(scenario, f"{mode}: {name} accept rate", a / p if p else 0.0),
                  Row(scenario, f"{mode}: {name} share of accepted tokens", a / accepted if accepted else 0.0)]
     return rows
-
-
-def proposer_totals(breakdowns: list[dict[str, dict[str, float]]]) -> dict[str, tuple[float, float]]:
-    """Proposed and accepted per proposer, summed over requests' `by_proposer`."""
-    totals: dict[str, tuple[float, float]] = {}
-    for by in breakdowns:
-        for name, counts in by.items():
-            p, a = totals.get(name, (0.0, 0.0))
-            totals[name] = (p + counts.get("proposed", 0.0), a + counts.get("accepted", 0.0))
-    return totals
 
 
 def _workload_rows(scenario: str, tokenizer: Tokenizer, record: LookupRecord) -> list[Row]:

@@ -26,14 +26,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from bench.harness import llama_cpp
-from bench.harness.client import StreamTiming, stream_chat
+from bench.harness.client import StreamTiming, mesh_cut, stream_chat
 from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from bench.harness.llama_cpp import Binaries, ServerSpec
 from bench.harness.pairs import Pair, cost_realistic_pair, package_draft, same_cost_pair
-from mesh.cli.bearer import auth_headers
 
 LLAMA_ONE = "llama-server, 1 node"
 RPC = "llama.cpp RPC split-2"
@@ -150,12 +147,6 @@ def cuts_note(delay: float, plain: int, default: int) -> str:
         return f"{delay:g} ms: meshpipe's split-2 servers both cut at layer {plain}"
     return (f"{delay:g} ms: meshpipe's split-2 cut at layer {plain} without a draft and at layer {default} "
             "with its defaults (each re-cut on its own calibrations at start)")
-
-
-def mesh_cut(url: str) -> int:
-    """Where meshpipe's split-2 cut the layers: stage 1's first layer, from /health."""
-    stages = httpx.get(f"{url}/health", timeout=10, headers=auth_headers()).json()["stages"]
-    return int(stages[1]["start"])
 
 
 def _interleave(setup: Setup, urls: dict[str, str], prompts: list[str], repeats: int, delay: float,

@@ -40,14 +40,13 @@ import httpx
 import psutil
 
 from bench.harness import llama_cpp
-from bench.harness.client import stream_chat
+from bench.harness.client import mesh_cut, stream_chat
 from bench.harness.harness import Outcome, Row, Setup, serve, weight_share
 from bench.harness.llama_cpp import Binaries, ServerSpec
 from bench.harness.local_server import LocalServer, stage_pids, stop
 from bench.harness.machines import Machines
 from bench.harness.report import machine
 from bench.harness.shape_model import SHAPES, Shape, write_shape_gguf
-from bench.scenarios.peers import mesh_cut
 from mesh.cli.bearer import auth_headers
 from mesh.reports.health import Health
 from mesh.reports.proc_memory import peak_rss
