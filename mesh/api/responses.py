@@ -1,4 +1,4 @@
-"""OpenAI response bodies as pydantic models, shared by the server (`run.py`) and the bench client.
+"""OpenAI response bodies as pydantic models, shared by the server (`responder.py`, `shape.py`) and the bench client.
 
 Field order is the JSON key order. A null the API documents stays in the JSON (`finish_reason`,
 `logprobs`, `refusal`); a field OpenAI leaves out when it has nothing to say (`usage` on a
