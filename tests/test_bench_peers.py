@@ -132,7 +132,7 @@ def test_without_the_binaries_the_message_names_the_skipped_rows_and_how_to_buil
 def test_a_directory_missing_a_binary_is_named_with_the_binary(tmp_path):
     (tmp_path / llama_cpp.SERVER).write_text("")
     assert skipped_message(Binaries(tmp_path)).endswith(
-        f"{tmp_path} lacks ggml-rpc-server (build them with deploy/build-llama-cpp.sh, README section Benchmarks)")
+        f"{tmp_path} lacks ggml-rpc-server (build them with deploy/build-llama-cpp.sh, docs/bench.md)")
     (tmp_path / llama_cpp.RPC_SERVER).write_text("")
     assert skipped_message(Binaries(tmp_path)) == ""
 

@@ -44,7 +44,7 @@ from stage.transport import connect
 TOKEN = "heal-test-token"
 PROMPT = "Tell me a long story about a dragon."
 TOKENS = 48  # past every test's kill or stall (chunk 5 to 30), with tokens left to resume
-PAUSE_BOUND_S = 20.0  # the longest silence a client may see while a route is rebuilt (measured: see README)
+PAUSE_BOUND_S = 20.0  # the longest silence a client may see while a route is rebuilt (measured: DESIGN.md §2)
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -357,7 +357,7 @@ def test_chaos_soak_every_request_completes_through_repeated_kills(healed):
           f"{rss_after / 1e6:.0f} MB, last recovery {health.last_recovery}")
     assert recoveries == (SOAK_REQUESTS - 1) // KILL_EVERY_ANSWERS  # one per kill: none merges, none is missed
     assert resumed > 0
-    assert rss_after - rss_before < 160 << 20  # measured +33 to +87 MB over 4-5 rebuilds (README)
+    assert rss_after - rss_before < 160 << 20  # measured +33 to +87 MB over 4-5 rebuilds (DESIGN.md §2)
 
 
 def _stage_daemon(cache: Path, listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen[bytes], str]:

@@ -34,7 +34,8 @@ from mesh.model.source import EMBEDDED_ID
 from packages.requantize import requantize
 
 # Meshes with MLX stages serve every prompt through MLX, which decodes at 6-12 tok/s on a 2-core
-# VM (README's engines table): the soak tier. The K-quant refusal stops at the plan: the mesh tier.
+# VM (DESIGN.md §9, "MLX stages against llama.cpp"): the soak tier. The K-quant refusal stops at
+# the plan: the mesh tier.
 
 PROMPTS = [
     "Tell me a short story about a dragon.",

@@ -123,7 +123,7 @@ def test_a_round_without_a_match_moves_no_adaptive_window():
 
 def test_cost_aware_with_free_proposals_speculates_when_they_are_accepted():
     """Prompt lookup's proposals cost microseconds: with this CPU's costs for one stage (a
-    row 11.6 ms, each more 6.05 ms, README "Numerics") and a copy accepted whole, a long window pays."""
+    row 11.6 ms, each more 6.05 ms, DESIGN.md §9) and a copy accepted whole, a long window pays."""
     w = CostAware(WindowPolicy(policy="cost-aware", initial=4, min=1, max=16))
     for _ in range(60):
         k = w.next_window()

@@ -172,7 +172,7 @@ def no_draft_copy(serve_cache) -> str:
 
 
 def test_strategy_ngram_serves_plain_output_and_usage_says_prompt_lookup_did_it(serve_cache, no_draft_copy):
-    # lossless: SmolLM2 Q4_1 with flash attention is batch-invariant (README, "Numerics")
+    # lossless: SmolLM2 Q4_1 with flash attention is batch-invariant (DESIGN.md §9)
     with mesh_serve(serve_cache, "--strategy", "ngram", "--local-stages", "2") as (url, _):
         assert httpx.get(f"{url}/health").json()["speculative"] == \
             "ngram 3-5 (built-in), adaptive 2 [1,16], frames in flight: auto"

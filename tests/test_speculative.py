@@ -561,8 +561,8 @@ def test_frames_in_flight_sample_what_plain_decoding_samples_with_penalties(smol
 @pytest.mark.parametrize("cuts", [[], [CUT]], ids=["1-stage", "2-stage"])
 def test_prompt_lookup_gives_plain_greedy_output_and_is_accepted_on_copied_text(smollm2_package, smollm2_gguf,
                                                                                stage_cache, cuts):
-    """Lossless because SmolLM2 Q4_1 with flash attention is batch-invariant (README,
-    "Numerics"): a verify window's logits are plain decoding's bit for bit."""
+    """Lossless because SmolLM2 Q4_1 with flash attention is batch-invariant (DESIGN.md
+    §9): a verify window's logits are plain decoding's bit for bit."""
     prompt = chat_prompt(smollm2_gguf, COPY_HEAVY)
 
     async def scenario() -> None:

@@ -6,7 +6,7 @@ server, then starts the next.
 
 Greedy and seeded outputs under a grammar are the same token for token whatever the split
 and whether speculation runs or not: the final stage samples every row under its mask,
-exactly as plain decoding does (SmolLM2 is batch-invariant: README, "Numerics").
+exactly as plain decoding does (SmolLM2 is batch-invariant: DESIGN.md §9).
 """
 
 from __future__ import annotations
