@@ -149,3 +149,5 @@ def test_every_frame_reports_where_its_time_went(two_stage):
     assert ms["pipeline total, all frames"] > 0
     assert parts[f"{kind}: stage 0 rows per decode"] >= 1
     assert parts[f"{kind}: stage 1 rows per decode"] >= 1
+    per_row = ms[f"{kind}: stage 1 compute"] / parts[f"{kind}: stage 1 rows per decode"]
+    assert parts[f"{kind}: stage 1 compute per row (ms)"] == pytest.approx(per_row)

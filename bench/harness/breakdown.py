@@ -70,6 +70,7 @@ def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, f
     out: list[tuple[str, float]] = []
     for kind in sorted(k for k, n in frames.items() if n > 0):
         out += _per_kind(kind, frames[kind], spent, after, before)
+    out += row_ratios(dict(out))
     pipeline = sum(spent.values()) * 1e3 / total
     frame_interval = wall * 1e3 * streams / total  # ms between one stream's frames
     return [*out, ("pipeline total, all frames (ms/frame)", pipeline),
@@ -88,8 +89,24 @@ def _per_kind(kind: str, frames: float, spent: dict[tuple[str, str, str], float]
     out.append((f"{kind}: pipeline (ms/frame)", sum(ms.values())))
     rows = {stage: n - before.batch_rows.get((k, stage), 0.0) for (k, stage), n in after.batch_rows.items()
             if k == kind}
-    return out + [(f"{kind}: stage {stage} rows per decode", rows[stage] / frames) for stage in stages
-                  if stage in rows]
+    out += [(f"{kind}: stage {stage} rows per decode", rows[stage] / frames) for stage in stages if stage in rows]
+    # a decode's compute is stamped on every frame it ran, and so are its rows: per row, the
+    # sums give what one row of this kind cost, however frames were batched together
+    return out + [(f"{kind}: stage {stage} compute per row (ms)", spent[(kind, stage, "compute")] * 1e3 / rows[stage])
+                  for stage in stages if rows.get(stage) and (kind, stage, "compute") in spent]
+
+
+def row_ratios(parts: Mapping[str, float]) -> list[tuple[str, float]]:
+    """A verify row's compute against a plain decode's, per stage, from the served path's
+    own /metrics: the figure `python -m bench.row_cost` measures behind a bare stage core."""
+    out = []
+    for what, verify in parts.items():
+        if what.startswith("verify: stage ") and what.endswith(" compute per row (ms)"):
+            decode = parts.get(what.replace("verify:", "decode:", 1))
+            if decode:
+                stage = what.removeprefix("verify: stage ").split(" ")[0]
+                out.append((f"stage {stage}: verify row / decode row, compute", verify / decode))
+    return out
 
 
 def _stage_order(stage: str) -> int:
