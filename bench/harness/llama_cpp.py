@@ -37,7 +37,7 @@ from stage.cpus import parse_cpus
 from stage.llama_model import flash_attn, use_extra_bufts
 
 SERVER, RPC_SERVER = "llama-server", "ggml-rpc-server"
-BUILD_HINT = "build them with deploy/build-llama-cpp.sh, README section Benchmarks"
+BUILD_HINT = "build them with deploy/build-llama-cpp.sh, docs/bench.md"
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers")
 
 

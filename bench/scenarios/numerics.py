@@ -30,7 +30,7 @@ from stage.engine import Step
 from stage.ggml_lib import ggml
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 
-POSITION = 200  # where the window starts, as in the README's cost table
+POSITION = 200  # where the window starts, as in DESIGN.md §9's cost table
 WINDOW = 9
 TIMED_ROWS = (1, 5, 9)
 

@@ -2,7 +2,7 @@
 and slow links on one host.
 
 They parse like any other flag but are left out of `mesh serve --help`, whose readers run a
-mesh rather than measure one; README's "Benchmarks" section documents them.
+mesh rather than measure one; docs/bench.md documents them.
 """
 
 from __future__ import annotations
