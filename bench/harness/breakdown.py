@@ -67,18 +67,19 @@ def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, f
     if total <= 0 or tokens <= 0:
         return []
     spent = {key: after.seconds[key] - before.seconds.get(key, 0.0) for key in after.seconds}
+    per_row = compute_per_row(spent, after, before)
     out: list[tuple[str, float]] = []
     for kind in sorted(k for k, n in frames.items() if n > 0):
-        out += _per_kind(kind, frames[kind], spent, after, before)
-    out += row_ratios(dict(out))
+        out += _per_kind(kind, frames[kind], spent, per_row, after, before)
+    out += row_ratios(per_row)
     pipeline = sum(spent.values()) * 1e3 / total
     frame_interval = wall * 1e3 * streams / total  # ms between one stream's frames
     return [*out, ("pipeline total, all frames (ms/frame)", pipeline),
             ("outside the pipeline (draft, HTTP, SSE, detokenize) (ms/frame)", max(frame_interval - pipeline, 0.0))]
 
 
-def _per_kind(kind: str, frames: float, spent: dict[tuple[str, str, str], float], after: Counters,
-              before: Counters) -> list[tuple[str, float]]:
+def _per_kind(kind: str, frames: float, spent: dict[tuple[str, str, str], float],
+              per_row: Mapping[tuple[str, str], float], after: Counters, before: Counters) -> list[tuple[str, float]]:
     ms = {(stage, part): seconds * 1e3 / frames for (k, stage, part), seconds in spent.items() if k == kind}
     stages = sorted({stage for stage, _ in ms if stage != WIRE[0]}, key=_stage_order)
     out = [(f"{kind} frames", frames)]
@@ -90,23 +91,29 @@ def _per_kind(kind: str, frames: float, spent: dict[tuple[str, str, str], float]
     rows = {stage: n - before.batch_rows.get((k, stage), 0.0) for (k, stage), n in after.batch_rows.items()
             if k == kind}
     out += [(f"{kind}: stage {stage} rows per decode", rows[stage] / frames) for stage in stages if stage in rows]
-    # a decode's compute is stamped on every frame it ran, and so are its rows: per row, the
-    # sums give what one row of this kind cost, however frames were batched together
-    return out + [(f"{kind}: stage {stage} compute per row (ms)", spent[(kind, stage, "compute")] * 1e3 / rows[stage])
-                  for stage in stages if rows.get(stage) and (kind, stage, "compute") in spent]
+    return out + [(f"{kind}: stage {stage} compute per row (ms)", per_row[(kind, stage)])
+                  for stage in stages if (kind, stage) in per_row]
 
 
-def row_ratios(parts: Mapping[str, float]) -> list[tuple[str, float]]:
+def compute_per_row(spent: Mapping[tuple[str, str, str], float], after: Counters,
+                    before: Counters) -> dict[tuple[str, str], float]:
+    """(kind, stage) -> ms of compute per row of the decodes that ran those frames. A decode's
+    compute is stamped on every frame it ran, and so are its rows: per row, the sums give what
+    one row of this kind cost, however frames were batched together."""
+    per_row = {}
+    for key, n in after.batch_rows.items():
+        rows, compute = n - before.batch_rows.get(key, 0.0), spent.get((*key, "compute"))
+        if rows > 0 and compute is not None:
+            per_row[key] = compute * 1e3 / rows
+    return per_row
+
+
+def row_ratios(per_row: Mapping[tuple[str, str], float]) -> list[tuple[str, float]]:
     """A verify row's compute against a plain decode's, per stage, from the served path's
     own /metrics: the figure `python -m bench.row_cost` measures behind a bare stage core."""
-    out = []
-    for what, verify in parts.items():
-        if what.startswith("verify: stage ") and what.endswith(" compute per row (ms)"):
-            decode = parts.get(what.replace("verify:", "decode:", 1))
-            if decode:
-                stage = what.removeprefix("verify: stage ").split(" ")[0]
-                out.append((f"stage {stage}: verify row / decode row, compute", verify / decode))
-    return out
+    stages = sorted((stage for kind, stage in per_row if kind == "verify"), key=_stage_order)
+    return [(f"stage {stage}: verify row / decode row, compute", per_row[("verify", stage)] / decode)
+            for stage in stages if (decode := per_row.get(("decode", stage)))]
 
 
 def _stage_order(stage: str) -> int:
