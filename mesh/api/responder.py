@@ -184,11 +184,13 @@ class Responder:
 
     async def _finish(self, failed: bool, refused: bool = False) -> None:
         """Always close the backend's generator: that frees the session on every stage."""
-        if self.events is not None:
-            events, self.events = self.events, None
-            await events.aclose()
-            self.account = events.account
-        self.metrics.in_flight.dec()
+        try:
+            if self.events is not None:
+                events, self.events = self.events, None
+                await events.aclose()
+                self.account = events.account
+        finally:  # a cleanup that fails or is cancelled again must not leave the request counted
+            self.metrics.in_flight.dec()
         done = self.account
         if not refused:  # a refused prompt was never processed
             self.metrics.record_prompt(done.prompt_tokens, done.cached_tokens)
