@@ -11,6 +11,7 @@ from bench import scenarios
 from bench.harness.client import StreamTiming
 from bench.harness.harness import Row
 from bench.harness.report import proposer_totals
+from bench.harness.workloads import COPY_FUNCTION, RENAME
 from bench.run import SCENARIOS, add_parser, fill_defaults
 from bench.scenarios import chat
 from bench.scenarios.chat import (
@@ -24,8 +25,6 @@ from bench.scenarios.chat import (
 )
 from bench.scenarios.engines import SKIPPED, Measured, engine_table, first_parting, parting_token, runnable, verdict
 from bench.scenarios.ngram import (
-    COPY_FUNCTION,
-    RENAME,
     WORKLOADS,
     LookupRecord,
     copied_lines,

@@ -26,42 +26,12 @@ import numpy as np
 from bench.harness.client import StreamTiming, stream_messages
 from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from bench.harness.report import proposer_totals
+from bench.harness.workloads import COPY_FUNCTION, COPY_PROMPT, RENAME
 from mesh.model.tokenizer import Tokenizer
 from mesh.speculative.ngram import lookup
 
-# SmolLM2-135M copies this one nearly whole (greedy, about 280 tokens) though it seldom does the
-# rename; a copy is what the workload needs. Functions with rarer lines, it abandons midway.
-COPY_FUNCTION = '''def word_statistics(text, stop_words=None, top=10):
-    """Count the words of a text and return the most common ones with a few totals."""
-    stop_words = set(stop_words or [])
-    counts = {}
-    total_words = 0
-    total_letters = 0
-    longest_word = ""
-    for line in text.splitlines():
-        for word in line.split():
-            word = word.strip(".,;:!?\\"'()[]").lower()
-            if not word or word in stop_words:
-                continue
-            total_words += 1
-            total_letters += len(word)
-            counts[word] = counts.get(word, 0) + 1
-            if len(word) > len(longest_word):
-                longest_word = word
-    common = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:top]
-    average_length = total_letters / total_words if total_words else 0.0
-    return {
-        "total_words": total_words,
-        "unique_words": len(counts),
-        "average_length": round(average_length, 2),
-        "longest_word": longest_word,
-        "most_common": common,
-    }
-'''
-RENAME = ("counts", "frequencies")
 WORKLOADS = {
-    "copy-heavy": f"Rewrite this function with the identifier `{RENAME[0]}` renamed to `{RENAME[1]}`.\n\n"
-                  f"```python\n{COPY_FUNCTION}```",
+    "copy-heavy": COPY_PROMPT,
     # Of the prompts tried, the one SmolLM2 answers longest without repeating itself (a 3-gram
     # lookup predicts 1% of its first 192 tokens, 11% of 256): a looping story is not novel text.
     "novel": "Describe a day in the life of a beekeeper in the mountains, in the first person.",
