@@ -36,6 +36,7 @@ from bench.scenarios import (
     ngram,
     numerics,
     peers,
+    prompt_lookup,
     return_,
     shapes,
     spec,
@@ -56,8 +57,8 @@ MESH_SCENARIOS: dict[str, Callable[[Shared], list[Row]]] = {
 # Each of these starts what it needs: these two before the mesh scenarios, the next ones after.
 BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, "agreement": agreement.run}
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
-    "chat": chat.run, "ngram": ngram.run, "constrained": constrained.run, "engines": engines.run,
-    "peers": peers.run, "sweep": sweep.run}
+    "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
+    "engines": engines.run, "peers": peers.run, "sweep": sweep.run}
 # shapes brings its own model and runs only alone (shapes.run)
 SCENARIOS = (*BEFORE_MESH, *MESH_SCENARIOS, *AFTER_MESH, "shapes")
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
@@ -67,6 +68,9 @@ ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
 PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 pairs x 4 delays: kept short
 SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 14 servers x 4 delays
 SHAPES_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "2"}  # an 8B decodes a few tok/s on one core
+PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what issue 42 measured
+# --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
+ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20"}  # issue 42's two, with --machines too
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +84,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "layers and head, name the target's greedy token), chat (TTFT over 4 turns of a growing "
                         "chat, with the prefix cache and "
                         "without), ngram (prompt lookup against no speculation on copy-heavy and novel text at "
-                        "each --wire-delays), engines (decode rate of llama.cpp, MLX and meshes mixing "
+                        "each --wire-delays), prompt_lookup (the copy-heavy chat case alone: n-gram "
+                        "against no speculation on split-2 at each --wire-delays, 200 tokens and 0,20 ms "
+                        "alone), engines (decode rate of llama.cpp, MLX and meshes mixing "
                         "them, without the draft), constrained (JSON-schema output, a film and a nested "
                         "recipe, on split-2: no speculation, forced tokens, the draft, both, at each "
                         "--wire-delays), peers (meshpipe against "
@@ -91,14 +97,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "shapes (a random-weight Q4_0 model of --shape at full size: package writing, peer "
                         "transfer, stage load, resident memory, and split-2 against llama.cpp's RPC split-2 at "
                         "each --wire-delays; always with --machines, and only alone); "
-                        "numerics, agreement, chat, ngram, engines, constrained, peers and sweep run alone if "
-                        "asked alone")
+                        "numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers and sweep "
+                        "run alone if asked alone")
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
     p.add_argument("--wire-delays", default=None,
                    help="one-way ms on every hop for the spec and return scenarios (default: 0,20; with "
-                        "--machines 0,5,20,50)")
+                        "--machines 0,5,20,50; prompt_lookup alone 0,20 either way)")
     p.add_argument("--machines", action="store_true",
                    help="emulate separate machines: pin each local stage to its own CPU set (--cpu-sets), "
                         "one engine thread per CPU and no CPU lock; the baseline runs on the first set; "
@@ -109,7 +115,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
     p.add_argument("--tokens", type=int, default=None,
                    help=f"tokens decoded per request (default {DEFAULTS['tokens']}; engines alone "
-                        f"{ENGINES_DEFAULTS['tokens']})")
+                        f"{ENGINES_DEFAULTS['tokens']}, prompt_lookup alone {PROMPT_LOOKUP_DEFAULTS['tokens']})")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is quoted")
     p.add_argument("--prompts", type=int, default=None,
                    help=f"how many built-in prompts to use (default {DEFAULTS['prompts']}; engines alone "
@@ -143,7 +149,8 @@ def _run(args: argparse.Namespace) -> int:
     # a key from the user's config can then never lock the bench out of its own servers
     os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
     setup = _setup(args)
-    delays = [float(d) for d in (args.wire_delays or ("0,5,20,50" if setup.machines else "0,20")).split(",")]
+    default = ALONE_DELAYS.get(frozenset(scenarios)) or ("0,5,20,50" if setup.machines else "0,20")
+    delays = [float(d) for d in (args.wire_delays or default).split(",")]
     asked = Asked(setup, args, delays, PROMPTS[: args.prompts], bins)
     outcome = Outcome([])
     for name, scenario in BEFORE_MESH.items():
@@ -171,7 +178,8 @@ def _report(args: argparse.Namespace, header: dict[str, Any], rows: list[Row], t
 def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     """--tokens, --prompts and --stages where not given: the engines scenario's own when it runs alone."""
     alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS,
-             frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS}
+             frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS,
+             frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

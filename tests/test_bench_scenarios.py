@@ -1,4 +1,5 @@
-"""`mesh bench`'s chat, ngram and engines scenarios: their prompts and their row maths, without a server."""
+"""`mesh bench`'s chat, ngram, prompt_lookup and engines scenarios: their prompts and their row maths,
+without a server."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from bench import scenarios
 from bench.harness.client import StreamTiming
 from bench.harness.harness import Row
 from bench.harness.report import proposer_totals
-from bench.harness.workloads import COPY_FUNCTION, RENAME
-from bench.run import SCENARIOS, add_parser, fill_defaults
-from bench.scenarios import chat
+from bench.harness.workloads import COPY_FUNCTION, COPY_PROMPT, RENAME
+from bench.run import ALONE_DELAYS, SCENARIOS, add_parser, fill_defaults
+from bench.scenarios import chat, prompt_lookup
 from bench.scenarios.chat import (
     ChatRecord,
     chat_ctx,
@@ -192,6 +193,46 @@ def test_lookup_rows_compare_every_mode_with_no_speculation():
 def test_lookup_rows_catch_a_reply_speculation_changed():
     rows = lookup_table("ngram 0 ms", 0.0, _lookup_record(ngram_text="different"))
     assert _by(rows, "outputs identical to no speculation (greedy; novel: seeded sampling) (1 = yes)").value == 0.0
+
+
+# -- prompt_lookup ------------------------------------------------------------------------------
+
+def test_prompt_lookup_decodes_the_same_copy_heavy_message_as_ngram():
+    assert WORKLOADS["copy-heavy"] == COPY_PROMPT
+
+
+def _copy_timings(ngram_text: str = "same") -> dict[str, list[StreamTiming]]:
+    ngram = {"speculative": {"windows": 4, "proposed": 20, "accepted": 15, "accept_rate": 0.75, "mean_window": 5.0}}
+    return {"none": [_timing(10.0), _timing(12.0), _timing(11.0)],
+            "ngram": [_timing(25.0, ngram_text, ngram), _timing(20.0, usage=ngram), _timing(30.0, usage=ngram)]}
+
+
+def test_prompt_lookup_rows_hold_ngram_to_twice_no_speculation_and_give_its_accept_rate():
+    rows = prompt_lookup.lookup_rows("prompt_lookup copy-heavy split-2 0 ms", _copy_timings())
+    assert [r.metric for r in rows] == ["no speculation decode tok/s", "n-gram tok/s (vs none)", "n-gram accept rate",
+                                        "outputs identical to no speculation (greedy) (1 = yes)"]
+    ngram = _by(rows, "n-gram tok/s (vs none)")
+    assert (ngram.value, ngram.baseline, ngram.goal) == (pytest.approx(25.0), pytest.approx(11.0), ">= 2.0")
+    assert _by(rows, "n-gram accept rate").value == pytest.approx(0.75)
+    assert _by(rows, "outputs identical to no speculation (greedy) (1 = yes)").value == 1.0
+
+
+def test_prompt_lookup_rows_catch_a_changed_reply_and_a_proposer_that_proposed_nothing():
+    timings = _copy_timings(ngram_text="different")
+    timings["ngram"] = [_timing(t.decode_tps, t.text) for t in timings["ngram"]]  # no usage.speculative
+    rows = prompt_lookup.lookup_rows("prompt_lookup", timings)
+    assert _by(rows, "outputs identical to no speculation (greedy) (1 = yes)").value == 0.0
+    assert _by(rows, "n-gram accept rate (nothing proposed)").value == 0.0
+
+
+def test_prompt_lookup_alone_decodes_what_the_issue_measured_by_default():
+    alone = _bench_args("--scenarios", "prompt_lookup")
+    fill_defaults(alone, {"prompt_lookup"})
+    assert alone.tokens == 200
+    assert ALONE_DELAYS[frozenset({"prompt_lookup"})] == "0,20"
+    given = _bench_args("--scenarios", "prompt_lookup", "--tokens", "24")
+    fill_defaults(given, {"prompt_lookup"})
+    assert given.tokens == 24
 
 
 def test_bench_refuses_an_unknown_scenario_before_loading_anything():
