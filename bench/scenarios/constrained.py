@@ -103,7 +103,11 @@ def constrained_rows(setup: Setup, delays: list[float], repeats: int) -> list[Ro
                                setup.tokens)
             # the last delay's outputs are replayed: greedy, every delay decodes the same ones
             outputs = {name: [t.text for t in timings[name]["none"]] for name in SCHEMAS}
-    return rows + [row for name, texts in outputs.items() for row in _mask_rows(setup, SCHEMAS[name], texts)]
+    # One tokenizer for every schema's mask rows: llguidance's view of a tokenizer is cached by its
+    # id() and points into its vocabulary (mesh/constraints/vocab.py), so a second one made after the
+    # first was freed could reuse that id and be handed a view of freed memory (it segfaulted here).
+    tok = Tokenizer(setup.gguf, setup.model_id)
+    return rows + [row for name, texts in outputs.items() for row in _mask_rows(tok, SCHEMAS[name], texts)]
 
 
 def _measure(setup: Setup, urls: dict[str, str], repeats: int
@@ -156,10 +160,9 @@ def _valid(text: str, schema: dict[str, Any]) -> bool:
     return True
 
 
-def _mask_rows(setup: Setup, schema: Schema, outputs: list[str]) -> list[Row]:
+def _mask_rows(tok: Tokenizer, schema: Schema, outputs: list[str]) -> list[Row]:
     """The mask's cost per token: computed at stage 0 and applied at the final stage, for
     the outputs decoded on `schema`, replayed through a fresh matcher here."""
-    tok = Tokenizer(setup.gguf, setup.model_id)
     constraint = build(tok, schema_grammar(schema.schema, "schema"), "json_schema",
                        lambda e: explain(e, schema.schema, "schema"))
     compute, applying, n = 0.0, 0.0, 0
