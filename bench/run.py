@@ -72,33 +72,30 @@ PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what is
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
 ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20"}  # issue 42's two, with --machines too
 
+# --scenarios' help: each scenario, what it measures
+SCENARIOS_HELP = (
+    "comma-separated: split, spec, concurrency, memory, return (split-3 without the draft at each --wire-delays: "
+    "replies straight from the final stage against relayed up the chain) (the baseline runs with any of these), "
+    "numerics (a window in one pass against row by row), agreement (how often the draft's top-1 and top-2, and the "
+    "target's own first layers and head, name the target's greedy token), chat (TTFT over 4 turns of a growing "
+    "chat, with the prefix cache and without), ngram (prompt lookup against no speculation on copy-heavy and novel "
+    "text at each --wire-delays), prompt_lookup (the copy-heavy chat case alone: n-gram against no speculation on "
+    "split-2 at each --wire-delays, 200 tokens and 0,20 ms alone), engines (decode rate of llama.cpp, MLX and "
+    "meshes mixing them, without the draft), constrained (JSON-schema output, a film and a nested recipe, on "
+    "split-2: no speculation, forced tokens, the draft, both, at each --wire-delays), peers (meshpipe against "
+    "llama-server and llama.cpp's RPC split, with and without speculation, at each --wire-delays, for the package's"
+    " pair and a cost-realistic F32 target; always with --machines), sweep (split-2: the cost-aware window against "
+    "every fixed window and frames in flight, and no draft, at each --wire-delays; always with --machines), shapes "
+    "(a random-weight Q4_0 model of --shape at full size: package writing, peer transfer, stage load, resident "
+    "memory, and split-2 against llama.cpp's RPC split-2 at each --wire-delays; always with --machines, and only "
+    "alone); numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers and sweep run alone if "
+    "asked alone")
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark the mesh against single-node llama.cpp")
     p.add_argument("--model", default=None, help="package dir or GGUF (default: the embedded SmolLM2)")
-    p.add_argument("--scenarios", default="split,spec,concurrency,memory",
-                   help="comma-separated: split, spec, concurrency, memory, return (split-3 without the draft "
-                        "at each --wire-delays: replies straight from the final stage against relayed up the "
-                        "chain) (the baseline runs with any of these), numerics (a window in one pass against "
-                        "row by row), agreement (how often the draft's top-1 and top-2, and the target's own first "
-                        "layers and head, name the target's greedy token), chat (TTFT over 4 turns of a growing "
-                        "chat, with the prefix cache and "
-                        "without), ngram (prompt lookup against no speculation on copy-heavy and novel text at "
-                        "each --wire-delays), prompt_lookup (the copy-heavy chat case alone: n-gram "
-                        "against no speculation on split-2 at each --wire-delays, 200 tokens and 0,20 ms "
-                        "alone), engines (decode rate of llama.cpp, MLX and meshes mixing "
-                        "them, without the draft), constrained (JSON-schema output, a film and a nested "
-                        "recipe, on split-2: no speculation, forced tokens, the draft, both, at each "
-                        "--wire-delays), peers (meshpipe against "
-                        "llama-server and llama.cpp's RPC split, with and without speculation, at each "
-                        "--wire-delays, for the package's pair and a cost-realistic F32 target; always with "
-                        "--machines), sweep (split-2: the cost-aware window against every fixed window and "
-                        "frames in flight, and no draft, at each --wire-delays; always with --machines), "
-                        "shapes (a random-weight Q4_0 model of --shape at full size: package writing, peer "
-                        "transfer, stage load, resident memory, and split-2 against llama.cpp's RPC split-2 at "
-                        "each --wire-delays; always with --machines, and only alone); "
-                        "numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers and sweep "
-                        "run alone if asked alone")
+    p.add_argument("--scenarios", default="split,spec,concurrency,memory", help=SCENARIOS_HELP)
     p.add_argument("--numerics-gguf", action="append", type=Path, default=[],
                    help="another GGUF for the numerics scenario (repeatable); the package's target and "
                         "draft are always measured")
