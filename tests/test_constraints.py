@@ -5,6 +5,7 @@ tool-call parser. The vocabulary is the tiny GGUF's bytes: token b + 3 is byte b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -292,3 +293,22 @@ def test_an_earlier_call_is_written_back_in_the_models_own_format():
     assert written == '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
     assert parse_calls(written, HERMES)[1][0].arguments == '{"a": 1}'  # it reads back as it was sent
     assert json.loads(written_calls(calls, None)) == calls  # no known format: OpenAI's JSON
+
+
+def test_the_grammar_vocabulary_keeps_its_tokenizer_alive(byte_tokenizer):
+    """llguidance's vocabulary points into the tokenizer's: the cache holds the tokenizer, so it
+    is never freed under it, and no later tokenizer can find a freed one's id there (the bench
+    segfaulted in compute_bitmask when a second tokenizer reused a first one's id)."""
+    import gc
+    import weakref
+
+    from mesh.constraints.vocab import grammar_tokenizer
+    from mesh.model.tokenizer import Tokenizer
+
+    first = Tokenizer(Path(byte_tokenizer.llm.model_path), "tiny")
+    built, alive = grammar_tokenizer(first), weakref.ref(first)
+    del first
+    gc.collect()
+    assert alive() is not None
+    assert grammar_tokenizer(alive()) is built
+    assert grammar_tokenizer(Tokenizer(Path(byte_tokenizer.llm.model_path), "tiny")) is not built

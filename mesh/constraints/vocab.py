@@ -17,7 +17,9 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 if TYPE_CHECKING:
     from mesh.model.tokenizer import Tokenizer
 
-_built: dict[int, llguidance.LLTokenizer] = {}
+# by id, with the tokenizer itself: llguidance's object points into its vocabulary, so the
+# tokenizer must outlive it, and a later tokenizer must never find a freed one's id here
+_built: dict[int, tuple[Tokenizer, llguidance.LLTokenizer]] = {}
 _lock = threading.Lock()  # two first requests at once build it once
 
 
@@ -27,12 +29,12 @@ def grammar_tokenizer(tok: Tokenizer) -> llguidance.LLTokenizer:
     Its end tokens are the request's stop tokens (EOS and the turn ends): a grammar that is
     complete allows exactly those."""
     with _lock:
-        found = _built.get(id(tok))
-        if found is None:
+        entry = _built.get(id(tok))
+        if entry is None:
             with warnings.catch_warnings():
                 # llguidance reads each token's attributes through a call llama.cpp has
                 # renamed: one warning per token of the vocabulary says nothing
                 warnings.simplefilter("ignore", DeprecationWarning)
-                found = lltokenizer_from_vocab(tok.vocab, n_vocab=tok.n_vocab, eos_token=sorted(tok.eos_tokens()))
-            _built[id(tok)] = found
-        return found
+                built = lltokenizer_from_vocab(tok.vocab, n_vocab=tok.n_vocab, eos_token=sorted(tok.eos_tokens()))
+            entry = _built[id(tok)] = (tok, built)
+        return entry[1]
