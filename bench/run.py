@@ -32,6 +32,7 @@ from bench.scenarios import (
     concurrency,
     constrained,
     engines,
+    guard,
     memory,
     ngram,
     numerics,
@@ -58,7 +59,7 @@ MESH_SCENARIOS: dict[str, Callable[[Shared], list[Row]]] = {
 BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, "agreement": agreement.run}
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
     "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
-    "engines": engines.run, "peers": peers.run, "sweep": sweep.run}
+    "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run}
 # shapes brings its own model and runs only alone (shapes.run)
 SCENARIOS = (*BEFORE_MESH, *MESH_SCENARIOS, *AFTER_MESH, "shapes")
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
@@ -69,6 +70,7 @@ PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 
 SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 14 servers x 4 delays
 SHAPES_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "2"}  # an 8B decodes a few tok/s on one core
 PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what issue 42 measured
+GUARD_DEFAULTS = {"tokens": 64, "prompts": 1, "stages": "1,2"}  # the guard's own sizes, under 10 minutes
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
 ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20"}  # issue 42's two, with --machines too
 
@@ -88,8 +90,9 @@ SCENARIOS_HELP = (
     "every fixed window and frames in flight, and no draft, at each --wire-delays; always with --machines), shapes "
     "(a random-weight Q4_0 model of --shape at full size: package writing, peer transfer, stage load, resident "
     "memory, and split-2 against llama.cpp's RPC split-2 at each --wire-delays; always with --machines, and only "
-    "alone); numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers and sweep run alone if "
-    "asked alone")
+    "alone), guard (issue 42's ratios in one run, interleaved, against BENCHMARKS.md's guard figures; exits 1 when "
+    "one is more than 15%% worse; always with --machines; run it before a release); numerics, agreement, chat, "
+    "ngram, prompt_lookup, engines, constrained, peers, sweep and guard run alone if asked alone")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -156,11 +159,12 @@ def _run(args: argparse.Namespace) -> int:
         outcome.rows += _mesh_rows(asked, scenarios)
     for name, scenario in AFTER_MESH.items():
         outcome = _joined(outcome, scenario(asked)) if name in scenarios else outcome
-    return _report(args, header(setup, args) | outcome.header, outcome.rows, outcome.tables)
+    code = _report(args, header(setup, args) | outcome.header, outcome.rows, outcome.tables)
+    return 1 if outcome.failed else code
 
 
 def _joined(a: Outcome, b: Outcome) -> Outcome:
-    return Outcome(a.rows + b.rows, a.tables + b.tables, a.header | b.header)
+    return Outcome(a.rows + b.rows, a.tables + b.tables, a.header | b.header, a.failed or b.failed)
 
 
 def _report(args: argparse.Namespace, header: dict[str, Any], rows: list[Row], tables: list[str]) -> int:
@@ -176,15 +180,16 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     """--tokens, --prompts and --stages where not given: the engines scenario's own when it runs alone."""
     alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS,
              frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS,
-             frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS}
+             frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
 
 
 def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
-    """peers and sweep always emulate machines; a --llama-cpp-bin that lacks a binary fails now, not an hour in."""
-    if scenarios & {"peers", "sweep", "shapes"}:
+    """peers, sweep and guard always emulate machines; a --llama-cpp-bin that lacks a binary fails now, not an
+    hour in."""
+    if scenarios & {"peers", "sweep", "shapes", "guard"}:
         args.machines = True
     if not scenarios & {"peers", "shapes"}:
         return None

@@ -76,6 +76,7 @@ class Outcome:
     rows: list[Row]
     tables: list[str] = field(default_factory=list)
     header: dict[str, str] = field(default_factory=dict)
+    failed: bool = False  # the run exits 1 (the guard scenario, when a check fell)
 
 
 class Baseline:

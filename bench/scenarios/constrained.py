@@ -29,6 +29,7 @@ import numpy as np
 from bench.harness.client import StreamTiming, stream_messages
 from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from bench.harness.report import proposer_totals
+from bench.harness.workloads import RECIPE, RECIPE_PROMPT
 from mesh.constraints.compile import build
 from mesh.constraints.guide import Guide
 from mesh.constraints.schema import explain, schema_grammar
@@ -45,19 +46,7 @@ SCHEMA: dict[str, Any] = {
                    "cast": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
                    "available": {"type": "boolean"}}}
 PROMPT = "Describe a film you like as JSON: title, genre, year, rating, cast, available."
-RECIPE: dict[str, Any] = {
-    "type": "object", "additionalProperties": False,
-    "required": ["title", "servings", "difficulty", "vegetarian", "ingredients"],
-    "properties": {"title": {"type": "string", "maxLength": 40},
-                   "servings": {"type": "integer", "minimum": 1, "maximum": 12},
-                   "difficulty": {"enum": ["easy", "medium", "hard"]},
-                   "vegetarian": {"type": "boolean"},
-                   "ingredients": {"type": "array", "maxItems": 4, "items": {
-                       "type": "object", "additionalProperties": False, "required": ["name", "grams"],
-                       "properties": {"name": {"type": "string", "maxLength": 30},
-                                      "grams": {"type": "integer", "minimum": 0}}}}}}
-RECIPE_PROMPT = ("Give a recipe you like as JSON: title, servings, difficulty (easy, medium or hard), "
-                 "vegetarian, and ingredients, each with its name and grams.")
+
 
 
 @dataclass(frozen=True)
