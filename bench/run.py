@@ -33,6 +33,7 @@ from bench.scenarios import (
     constrained,
     engines,
     guard,
+    machines,
     memory,
     ngram,
     numerics,
@@ -54,7 +55,7 @@ from packages.materialize import materialize_stage
 # These share the baseline and one split server per --stages, started once; split runs with any of them.
 MESH_SCENARIOS: dict[str, Callable[[Shared], list[Row]]] = {
     "split": split.rows, "spec": spec.rows, "return": return_.rows, "concurrency": concurrency.rows,
-    "memory": memory.rows}
+    "memory": memory.rows, "machines": machines.rows}
 # Each of these starts what it needs: these two before the mesh scenarios, the next ones after.
 BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, "agreement": agreement.run}
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
@@ -70,6 +71,7 @@ PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 
 SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 14 servers x 4 delays
 SHAPES_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "2"}  # an 8B decodes a few tok/s on one core
 PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what issue 42 measured
+MACHINES_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # split-2 against one node
 GUARD_DEFAULTS = {"tokens": 64, "prompts": 1, "stages": "1,2"}  # the guard's own sizes, under 10 minutes
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
 ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20"}  # issue 42's two, with --machines too
@@ -77,7 +79,9 @@ ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20"}  # issue 42's two, with --
 # --scenarios' help: each scenario, what it measures
 SCENARIOS_HELP = (
     "comma-separated: split, spec, concurrency, memory, return (split-3 without the draft at each --wire-delays: "
-    "replies straight from the final stage against relayed up the chain) (the baseline runs with any of these), "
+    "replies straight from the final stage against relayed up the chain), machines (split-2 against one node without a "
+    "draft, a token's time part by part: engine, codec, queue, wire, outside the pipeline; always with --machines) "
+    "(the baseline runs with any of these), "
     "numerics (a window in one pass against row by row), agreement (how often the draft's top-1 and top-2, and the "
     "target's own first layers and head, name the target's greedy token), chat (TTFT over 4 turns of a growing "
     "chat, with the prefix cache and without), ngram (prompt lookup against no speculation on copy-heavy and novel "
@@ -180,16 +184,17 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     """--tokens, --prompts and --stages where not given: the engines scenario's own when it runs alone."""
     alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS,
              frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS,
-             frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS}
+             frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS,
+             frozenset({"machines"}): MACHINES_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
 
 
 def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
-    """peers, sweep and guard always emulate machines; a --llama-cpp-bin that lacks a binary fails now, not an
+    """peers, sweep, guard and machines always emulate machines; a --llama-cpp-bin that lacks a binary fails now, not an
     hour in."""
-    if scenarios & {"peers", "sweep", "shapes", "guard"}:
+    if scenarios & {"peers", "sweep", "shapes", "guard", "machines"}:
         args.machines = True
     if not scenarios & {"peers", "shapes"}:
         return None

@@ -28,3 +28,21 @@ def test_a_row_costs_the_stage_compute_over_the_rows_its_decodes_ran() -> None:
 
 def test_no_ratio_without_plain_decodes_to_compare() -> None:
     assert row_ratios({("verify", "1"): 4.0}) == []
+
+
+def test_a_tokens_time_is_told_apart_by_part_and_the_rest_is_outside_the_pipeline() -> None:
+    """`mesh bench --scenarios machines`: 10 decode frames, their stamps summed per part over
+    both stages; what the client saw beyond them is the coordinator's own."""
+    from bench.scenarios.machines import token_parts
+
+    seconds = {("decode", "0", "compute"): 0.055, ("decode", "1", "compute"): 0.060,
+               ("decode", "1", "sample"): 0.001, ("decode", "0", "codec"): 0.0002, ("decode", "1", "codec"): 0.0003,
+               ("decode", "1", "queue"): 0.001, ("decode", "links", "wire"): 0.010,
+               ("prefill", "0", "compute"): 0.5}  # another kind: not a token's
+    after = Counters(MappingProxyType({"decode": 10, "prefill": 1}), MappingProxyType(seconds), MappingProxyType({}))
+    parts = token_parts(NONE, after, token_ms=14.0)
+    assert parts["engine"] == pytest.approx(11.6)
+    assert parts["codec"] == pytest.approx(0.05)
+    assert parts["queue"] == pytest.approx(0.1)
+    assert parts["wire"] == pytest.approx(1.0)
+    assert parts["outside the pipeline"] == pytest.approx(14.0 - 12.75)
