@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness import llama_cpp
-from bench.harness.client import StreamTiming
+from bench.harness.client import StreamTiming, cuts_of
 from bench.harness.llama_cpp import (
     Binaries,
     LlamaCppError,
@@ -39,6 +39,7 @@ from bench.scenarios.peers import (
     tables,
 )
 from mesh.api.responses import ControllerUsage, SpeculativeUsage
+from mesh.reports.health import Health, StageHealth
 
 BINS = Binaries(Path("/opt/llama"))
 
@@ -94,6 +95,19 @@ def test_the_rpc_server_is_pinned_to_the_second_machine():
 def test_the_rpc_device_gets_the_layers_after_meshpipes_cut_and_the_output_head():
     # llama.cpp offloads the head first: -ngl 12 of 30 layers is layers 19..29 and the head
     assert offload_for_cut(30, 19) == 12
+
+
+def _health(*ranges: tuple[int | None, int | None]) -> Health:
+    stages = tuple(StageHealth(stage=k, endpoint=f"s{k}", start=a, end=b, state="READY", rss_bytes=None,
+                               mem_available_bytes=None, status_at=0.0) for k, (a, b) in enumerate(ranges))
+    return Health(ok=True, model="m", route="r", stages=stages[::-1], error=None, speculative="off")
+
+
+def test_every_cut_of_meshpipes_split_is_read_from_health_in_stage_order():
+    assert cuts_of(_health((0, 17), (17, 30))) == (17,)
+    assert cuts_of(_health((0, 11), (11, 21), (21, 30))) == (11, 21)
+    with pytest.raises(RuntimeError, match="no layer range"):
+        cuts_of(_health((0, 11), (None, None)))
 
 
 SPLIT_LOG = """load_tensors: offloading output layer to GPU

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness import llama_cpp
-from bench.harness.client import StreamTiming, mesh_cut, stream_chat
+from bench.harness.client import StreamTiming, mesh_cuts, stream_chat
 from bench.harness.harness import Asked, Outcome, Row, Setup, serve
 from bench.harness.llama_cpp import Binaries, ServerSpec
 from bench.harness.pairs import Pair, cost_realistic_pair, package_draft, same_cost_pair
@@ -124,8 +124,8 @@ def _split_units(pair: Pair, bins: Binaries | None, delay: float, tmp: Path,
     with contextlib.ExitStack() as stack:
         units = {MESH_PLAIN: stack.enter_context(serve(setup, tmp, 2, delay_ms=delay)).url,
                  MESH_DEFAULT: stack.enter_context(serve(setup, tmp, 2, draft=True, delay_ms=delay)).url}
-        cut = mesh_cut(units[MESH_PLAIN])
-        notes.append(cuts_note(delay, cut, mesh_cut(units[MESH_DEFAULT])))
+        (cut,) = mesh_cuts(units[MESH_PLAIN])
+        notes.append(cuts_note(delay, cut, mesh_cuts(units[MESH_DEFAULT])[0]))
         if bins:
             offload = llama_cpp.offload_for_cut(setup.manifest.layer_count, cut)
             first, second = setup.machines.for_stages(2)

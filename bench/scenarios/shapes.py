@@ -40,7 +40,7 @@ import httpx
 import psutil
 
 from bench.harness import llama_cpp
-from bench.harness.client import mesh_cut, stream_chat
+from bench.harness.client import mesh_cuts, stream_chat
 from bench.harness.harness import Outcome, Row, Setup, serve, weight_share
 from bench.harness.llama_cpp import Binaries, ServerSpec
 from bench.harness.local_server import LocalServer, stage_pids, stop
@@ -236,7 +236,7 @@ def _decode_rows(setup: Setup, plan: Plan, root: Path) -> list[Row]:
         with contextlib.ExitStack() as stack:
             mesh = stack.enter_context(serve(setup, logs, 2, delay_ms=d, lanes=1))
             urls = {"meshpipe split-2": mesh.url}
-            cut = mesh_cut(mesh.url)
+            (cut,) = mesh_cuts(mesh.url)
             if plan.bins and not skip:
                 urls["llama.cpp RPC split-2"] = _rpc_split(stack, plan.bins, setup, cut, d, logs)
             plan.say(f"{d:g} ms: decoding on {', '.join(urls)} (cut at layer {cut})")
