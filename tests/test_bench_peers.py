@@ -14,8 +14,8 @@ from bench.harness.client import StreamTiming, cuts_of
 from bench.harness.llama_cpp import (
     Binaries,
     LlamaCppError,
+    RpcSplit,
     ServerSpec,
-    offload_for_cut,
     rpc_server_cmd,
     server_cmd,
     split_evidence,
@@ -71,15 +71,34 @@ def test_llama_server_repacks_weights_only_where_meshpipes_engines_do(monkeypatc
     assert ("--no-repack" not in cmd) is repacks
 
 
+ONE = RpcSplit(("127.0.0.1:5000",), (19,), 30)
+TWO = RpcSplit(("127.0.0.1:5000", "127.0.0.1:5001"), (11, 21), 30)
+
+
 def test_the_rpc_split_puts_the_last_layers_on_the_proxied_rpc_device():
-    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0-1", 1024, rpc="127.0.0.1:5000", offload=12), 1)
+    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0-1", 1024, ONE), 1)
+    # llama.cpp offloads the head first: -ngl 12 of 30 layers is layers 19..29 and the head
     assert (_flag(cmd, "--rpc"), _flag(cmd, "-ngl")) == ("127.0.0.1:5000", "12")
     assert _flag(cmd, "-t") == "2"  # two CPUs in the set
-    assert "-md" not in cmd
+    assert not {"-md", "--tensor-split"} & set(cmd)
+
+
+def test_two_rpc_devices_divide_the_offloaded_layers_at_meshpipes_second_cut():
+    cmd = server_cmd(BINS, ServerSpec(Path("t.gguf"), "0", 1024, TWO), 1)
+    # 20 offloaded: layers 11..20 on the first device; 21..29 and the head, 10 shares, on the second
+    assert (_flag(cmd, "--rpc"), _flag(cmd, "-ngl")) == ("127.0.0.1:5000,127.0.0.1:5001", "20")
+    assert _flag(cmd, "--tensor-split") == "10,10"
+    assert TWO.layers == (10, 9)
+
+
+def test_an_rpc_split_needs_a_link_per_cut_and_ascending_cuts_inside_the_model():
+    for links, cuts in ((("a",), (11, 21)), (("a", "b"), (21, 11)), (("a",), (30,)), (("a",), (0,))):
+        with pytest.raises(ValueError, match="one link per cut"):
+            RpcSplit(links, cuts, 30)
 
 
 def test_llama_servers_speculation_is_switched_on_with_the_draft_on_the_first_machine():
-    spec = ServerSpec(Path("t.gguf"), "0", 1024, rpc="127.0.0.1:5000", offload=12, draft=Path("d.gguf"))
+    spec = ServerSpec(Path("t.gguf"), "0", 1024, ONE, draft=Path("d.gguf"))
     cmd = server_cmd(BINS, spec, 1)
     # without --spec-type llama-server loads the draft and never uses it
     assert (_flag(cmd, "-md"), _flag(cmd, "-ngld"), _flag(cmd, "--spec-type")) == ("d.gguf", "0", "draft-simple")
@@ -90,11 +109,6 @@ def test_the_rpc_server_is_pinned_to_the_second_machine():
     cmd = rpc_server_cmd(BINS, "1", 5000)
     assert cmd[:4] == ["taskset", "-c", "1", "/opt/llama/ggml-rpc-server"]
     assert (_flag(cmd, "-p"), _flag(cmd, "-t"), _flag(cmd, "-H")) == ("5000", "1", "127.0.0.1")
-
-
-def test_the_rpc_device_gets_the_layers_after_meshpipes_cut_and_the_output_head():
-    # llama.cpp offloads the head first: -ngl 12 of 30 layers is layers 19..29 and the head
-    assert offload_for_cut(30, 19) == 12
 
 
 def _health(*ranges: tuple[int | None, int | None]) -> Health:
@@ -110,28 +124,73 @@ def test_every_cut_of_meshpipes_split_is_read_from_health_in_stage_order():
         cuts_of(_health((0, 11), (None, None)))
 
 
-SPLIT_LOG = """load_tensors: offloading output layer to GPU
+SPLIT_LOG = """load_tensors: loading model tensors, this can take a while... (load_mode = mmap)
+load_tensors: offloading output layer to GPU
 load_tensors: offloading 11 repeating layers to GPU
 load_tensors: offloaded 12/31 layers to GPU
 load_tensors:   CPU_Mapped model buffer size =    60.32 MiB
-load_tensors: RPC0[127.0.0.1:41233] model buffer size =    24.10 MiB
+load_tensors: RPC0[127.0.0.1:5000] model buffer size =    24.10 MiB
+llama_kv_cache:        CPU KV buffer size =     7.12 MiB
+llama_kv_cache: RPC0[127.0.0.1:5000] KV buffer size =     4.12 MiB
+"""
+# the same server with a draft: the draft's model and KV, all on the CPU, come after
+DRAFT_LOG = """load_tensors: loading model tensors, this can take a while... (load_mode = mmap)
+load_tensors: offloaded 0/31 layers to GPU
+load_tensors:   CPU_Mapped model buffer size =    85.77 MiB
+llama_kv_cache:        CPU KV buffer size =    22.50 MiB
+"""
+# split-3 as llama-server logged it (SmolLM2, 512 tokens: 0.375 MiB of KV per layer); both
+# RPC devices' buffers are named RPC0, after the device's index on its own server
+SPLIT3_LOG = """load_tensors: loading model tensors, this can take a while... (load_mode = mmap)
+load_tensors: offloaded 20/31 layers to GPU
+load_tensors:   CPU_Mapped model buffer size =    92.10 MiB
+load_tensors: RPC0[127.0.0.1:5000] model buffer size =    21.14 MiB
+load_tensors: RPC0[127.0.0.1:5001] model buffer size =    47.72 MiB
+llama_kv_cache:        CPU KV buffer size =     4.12 MiB
+llama_kv_cache: RPC0[127.0.0.1:5000] KV buffer size =     3.75 MiB
+llama_kv_cache: RPC0[127.0.0.1:5001] KV buffer size =     3.38 MiB
 """
 
 
 def test_the_split_is_confirmed_from_the_log():
-    assert split_evidence(SPLIT_LOG, 12) == "offloaded 12/31 layers"
+    said = "offloaded 12/31 layers; 127.0.0.1:5000: 24.10 MiB of weights, 11 layers' KV"
+    assert split_evidence(SPLIT_LOG, ONE) == said
+    assert split_evidence(SPLIT_LOG + DRAFT_LOG, ONE) == said  # the draft's CPU buffers do not count
+
+
+def test_split_3_is_confirmed_device_by_device():
+    assert split_evidence(SPLIT3_LOG, TWO) == (
+        "offloaded 20/31 layers; 127.0.0.1:5000: 21.14 MiB of weights, 10 layers' KV; "
+        "127.0.0.1:5001: 47.72 MiB of weights, 9 layers' KV")
 
 
 def test_a_log_with_another_layer_count_or_none_on_the_rpc_device_fails():
     with pytest.raises(LlamaCppError, match="12/31"):
-        split_evidence(SPLIT_LOG, 11)
+        split_evidence(SPLIT_LOG, RpcSplit(ONE.links, (20,), 30))
     with pytest.raises(LlamaCppError, match="no 'offloaded"):
-        split_evidence("load_tensors: CPU_Mapped model buffer size = 60 MiB", 12)
-    with pytest.raises(LlamaCppError, match="no model weights on the RPC device"):
-        split_evidence(SPLIT_LOG.replace("24.10", "0.00"), 12)
+        split_evidence("load_tensors: CPU_Mapped model buffer size = 60 MiB", ONE)
+    with pytest.raises(LlamaCppError, match=r"no model weights on the RPC device at 127\.0\.0\.1:5000"):
+        split_evidence(SPLIT_LOG.replace("24.10", "0.00"), ONE)
+    with pytest.raises(LlamaCppError, match="no KV buffer sizes"):
+        split_evidence(SPLIT_LOG.split("llama_kv_cache")[0], ONE)
+
+
+def test_a_split_3_with_the_layers_divided_elsewhere_or_a_device_without_weights_fails():
+    # the same offload divided 11/8 (a --tensor-split that did not take): the KV says so
+    moved = SPLIT3_LOG.replace("3.75 MiB", "4.12 MiB").replace("3.38 MiB", "3.00 MiB")
+    with pytest.raises(LlamaCppError, match=r"hold \(11, 8\) layers' KV, not \(10, 9\)"):
+        split_evidence(moved, TWO)
+    with pytest.raises(LlamaCppError, match=r"no model weights on the RPC device at 127\.0\.0\.1:5001"):
+        split_evidence(SPLIT3_LOG.replace("47.72", "0.00"), TWO)
+
+
+def test_a_sliding_window_cache_beside_the_full_one_leaves_the_weights_to_confirm_the_split():
+    iswa = SPLIT_LOG + "llama_kv_cache: RPC0[127.0.0.1:5000] KV buffer size =     1.00 MiB\n"
+    assert split_evidence(iswa, ONE) == "offloaded 12/31 layers; 127.0.0.1:5000: 24.10 MiB of weights"
+
 
 def test_a_tiny_models_fraction_of_a_mib_on_the_rpc_device_counts():
-    assert split_evidence(SPLIT_LOG.replace("24.10", "0.05"), 12) == "offloaded 12/31 layers"
+    assert split_evidence(SPLIT_LOG.replace("24.10", "0.05"), ONE).startswith("offloaded 12/31 layers")
 
 
 # -- what is skipped ------------------------------------------------------------------------------

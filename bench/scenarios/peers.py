@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.harness import llama_cpp
 from bench.harness.client import StreamTiming, mesh_cuts, stream_chat
 from bench.harness.harness import Asked, Outcome, Row, Setup, serve
-from bench.harness.llama_cpp import Binaries, ServerSpec
+from bench.harness.llama_cpp import Binaries, RpcSplit, ServerSpec
 from bench.harness.pairs import Pair, cost_realistic_pair, package_draft, same_cost_pair
 
 LLAMA_ONE = "llama-server, 1 node"
@@ -108,7 +108,7 @@ def _measure_pair(pair: Pair, bins: Binaries | None, prompts: list[str], delays:
         one_node = {MESH_ONE: stack.enter_context(serve(setup, tmp, 1)).url}
         if bins:
             spec = ServerSpec(pair.target, setup.machines.sets[0], setup.ctx)
-            one_node[LLAMA_ONE] = stack.enter_context(llama_cpp.llama_server(bins, spec, tmp))
+            one_node[LLAMA_ONE] = stack.enter_context(llama_cpp.llama_server(bins, spec, tmp)).url
         for d in delays:
             with _split_units(pair, bins, d, tmp, record.notes) as split:
                 _interleave(setup, {**one_node, **split}, prompts, repeats, d, record)
@@ -127,15 +127,16 @@ def _split_units(pair: Pair, bins: Binaries | None, delay: float, tmp: Path,
         (cut,) = mesh_cuts(units[MESH_PLAIN])
         notes.append(cuts_note(delay, cut, mesh_cuts(units[MESH_DEFAULT])[0]))
         if bins:
-            offload = llama_cpp.offload_for_cut(setup.manifest.layer_count, cut)
             first, second = setup.machines.for_stages(2)
             for unit, draft in ((RPC, None), (RPC_SPEC, pair.draft)):
                 link = stack.enter_context(llama_cpp.rpc_link(bins, second, delay, tmp))
-                spec = ServerSpec(pair.target, first, setup.ctx, link, offload, draft)
-                units[unit] = stack.enter_context(llama_cpp.llama_server(bins, spec, tmp))
+                split = RpcSplit((link,), (cut,), setup.manifest.layer_count)
+                started = stack.enter_context(llama_cpp.llama_server(bins, ServerSpec(pair.target, first, setup.ctx,
+                                                                                      split, draft), tmp))
+                units[unit] = started.url
             notes.append(f"{delay:g} ms: llama.cpp RPC split at layer {cut}, as meshpipe's split-2 "
-                         f"(-ngl {offload}: layers {cut}-{setup.manifest.layer_count - 1} and the head "
-                         "on the RPC device, confirmed from its log)")
+                         f"(-ngl {split.offload}: layers {cut}-{setup.manifest.layer_count - 1} and the head "
+                         f"on the RPC device; its log: {started.split})")
         yield units
 
 
