@@ -11,6 +11,7 @@ import pytest
 
 from bench.harness import llama_cpp
 from bench.harness.client import StreamTiming, cuts_of
+from bench.harness.harness import Asked
 from bench.harness.llama_cpp import (
     Binaries,
     LlamaCppError,
@@ -20,23 +21,32 @@ from bench.harness.llama_cpp import (
     server_cmd,
     split_evidence,
 )
+from bench.harness.machines import Machines
 from bench.run import _llama_cpp_bins, add_parser, fill_defaults
+from bench.scenarios import peers
 from bench.scenarios.peers import (
     LLAMA_ONE,
     LLAMA_UNITS,
+    MESH3_DEFAULT,
+    MESH3_PLAIN,
     MESH_DEFAULT,
     MESH_ONE,
     MESH_PLAIN,
     RATIOS,
     RPC,
+    RPC3,
+    RPC3_SPEC,
     RPC_SPEC,
     Record,
     controller_choice,
     cuts_note,
     goal,
     rows_of,
+    rpc_layers,
+    sharing_note,
     skipped_message,
     tables,
+    units_of,
 )
 from mesh.api.responses import ControllerUsage, SpeculativeUsage
 from mesh.reports.health import Health, StageHealth
@@ -196,7 +206,7 @@ def test_a_tiny_models_fraction_of_a_mib_on_the_rpc_device_counts():
 # -- what is skipped ------------------------------------------------------------------------------
 
 def test_without_the_binaries_the_message_names_the_skipped_rows_and_how_to_build_them():
-    message = skipped_message(None)
+    message = skipped_message(None, (1, 2, 3))
     assert all(unit in message for unit in LLAMA_UNITS)
     assert "--llama-cpp-bin" in message
     assert "deploy/build-llama-cpp.sh" in message
@@ -264,7 +274,7 @@ def test_without_llama_cpp_only_meshpipes_ratio_remains_and_the_table_says_skipp
     assert [r.metric for r in rows if r.baseline] == [RATIOS[3][0]]
     table = tables(record, [20.0])
     line = next(line for line in table.splitlines() if line.startswith("| 20 ms") and "36.0" in line)
-    assert line.count("skipped") == len(LLAMA_UNITS)
+    assert line.count("skipped") == 3  # llama-server and the two RPC split-2 servers
 
 
 def test_the_table_has_a_column_per_server_and_per_ratio():
@@ -289,7 +299,7 @@ def test_the_table_says_what_the_defaults_controller_chose_at_each_delay():
     assert controller_choice(_timing({"draft": one})) == "window 2, 1 frame out"
     assert controller_choice(_timing(None)) is None
     record = _record()
-    record.choices[20.0] = Counter({"window 1, 3 frames out": 3, "off": 1})
+    record.choices[(20.0, MESH_DEFAULT)] = Counter({"window 1, 3 frames out": 3, "off": 1})
     assert ("- 20 ms: the defaults' controller ended window 1, 3 frames out in 3, off in 1 of 4 requests"
             in tables(record, [20.0]).splitlines())
 
@@ -298,8 +308,70 @@ def test_the_table_says_where_each_meshpipe_split_cut():
     """The no-draft and the defaults servers re-cut on their own calibrations: a table whose
     ratio compares two cuts says so."""
     record = _record()
-    record.notes += [cuts_note(0.0, 17, 17), cuts_note(20.0, 16, 19)]
+    record.notes[2] = [cuts_note(0.0, (17,), (17,)), cuts_note(20.0, (16,), (19,))]
     lines = tables(record, [20.0]).splitlines()
     assert "- 0 ms: meshpipe's split-2 servers both cut at layer 17" in lines
     assert ("- 20 ms: meshpipe's split-2 cut at layer 16 without a draft and at layer 19 with its defaults "
             "(each re-cut on its own calibrations at start)") in lines
+    assert cuts_note(5.0, (11, 21), (11, 21)) == "5 ms: meshpipe's split-3 servers both cut at layers 11 and 21"
+
+
+# -- split-3 --------------------------------------------------------------------------------------
+
+def _record3(stages: tuple[int, ...] = (1, 2, 3)) -> Record:
+    record = _record()
+    record.stages = stages
+    tps = {RPC3: [10.0], RPC3_SPEC: [9.0], MESH3_PLAIN: [14.0], MESH3_DEFAULT: [21.0]}
+    record.tps |= {(20.0, unit): samples for unit, samples in tps.items()}
+    return record
+
+
+def test_split_3_is_measured_only_when_stages_asks_for_it():
+    assert units_of((1, 2)) == (LLAMA_ONE, RPC, RPC_SPEC, MESH_ONE, MESH_PLAIN, MESH_DEFAULT)
+    assert units_of((3,)) == (RPC3, RPC3_SPEC, MESH3_PLAIN, MESH3_DEFAULT)
+    assert RPC3 == "llama.cpp RPC split-3"
+    assert MESH3_DEFAULT == "meshpipe split-3, defaults (draft)"
+    assert RPC3 not in skipped_message(None)
+    assert RPC3 in skipped_message(None, (1, 2, 3))
+
+
+def test_split_3_has_a_table_of_its_own_with_issue_42s_goals():
+    record = _record3()
+    record.notes[3] = ["split-3: stages 0 and 2 share CPUs 0, ..."]
+    both = tables(record, [20.0])
+    first, third = both[:both.index("\n\npeers, ")], both[both.index("\n\npeers, ") + 2:]
+    assert "split-3" not in first
+    lines = third.splitlines()
+    assert lines[0] == "peers, same-cost pair: Q4_1 target, Q4_0 draft: split-3 decode tok/s"
+    assert lines[2] == f"| one-way delay | {RPC3} | {RPC3_SPEC} | {MESH3_PLAIN} | {MESH3_DEFAULT} |"
+    assert "| 20 ms | 10.0 | 9.0 | 14.0 | 21.0 |" in lines
+    assert "| 20 ms | 1.40 (goal >= 1.25) | 2.33 (goal >= 2.0) | 1.50 |" in lines
+    assert lines[-1] == "- split-3: stages 0 and 2 share CPUs 0, ..."
+    rows = {r.metric: r for r in rows_of(record, [20.0])}
+    assert rows[RATIOS[4][0]].goal == ">= 1.25"
+    assert rows[RATIOS[5][0]].goal == ">= 2.0"
+    assert goal(RATIOS[4][0], 5, costly=True) == ""
+    assert goal(RATIOS[5][0], 20, costly=True) == ">= 2.0"
+    assert goal(RATIOS[6][0], 20, costly=False) == ""
+    assert tables(_record3((3,)), [20.0]) == third.replace("\n- split-3: stages 0 and 2 share CPUs 0, ...", "")
+
+
+def test_the_tables_say_which_stages_share_a_core_in_both_systems_alike():
+    two = Machines(("0", "1"))
+    assert sharing_note(two, 2) == ""
+    assert sharing_note(two, 3) == (
+        "split-3: stages 0 and 2 share CPUs 0, in both systems alike (llama.cpp's llama-server and RPC server 2, "
+        "meshpipe's stages 0 and 2; one thread each, taking turns on the core)")
+    assert sharing_note(Machines(("0", "1", "2")), 3) == ""
+
+
+def test_the_rpc_note_names_each_devices_layers():
+    assert rpc_layers(ONE) == "layers 19-29 and the head on the RPC device"
+    assert rpc_layers(TWO) == "layers 11-20 on RPC device 1, 21-29 and the head on RPC device 2"
+
+
+def test_peers_takes_stages_1_2_and_3_only(monkeypatch):
+    monkeypatch.setattr(peers, "package_draft", lambda setup: Path("d.gguf"))
+    asked = Asked(None, argparse.Namespace(stages="2,4"), [0.0], ["p"])  # type: ignore[arg-type]
+    with pytest.raises(SystemExit, match="1 node, split-2 and split-3"):
+        peers.run(asked)
