@@ -163,15 +163,15 @@ llama_kv_cache: RPC0[127.0.0.1:5001] KV buffer size =     3.38 MiB
 
 
 def test_the_split_is_confirmed_from_the_log():
-    said = "offloaded 12/31 layers; 127.0.0.1:5000: 24.10 MiB of weights, 11 layers' KV"
+    said = "offloaded 12/31 layers; 127.0.0.1:5000: 24.10 MiB of weights, KV for 11 layers"
     assert split_evidence(SPLIT_LOG, ONE) == said
     assert split_evidence(SPLIT_LOG + DRAFT_LOG, ONE) == said  # the draft's CPU buffers do not count
 
 
 def test_split_3_is_confirmed_device_by_device():
     assert split_evidence(SPLIT3_LOG, TWO) == (
-        "offloaded 20/31 layers; 127.0.0.1:5000: 21.14 MiB of weights, 10 layers' KV; "
-        "127.0.0.1:5001: 47.72 MiB of weights, 9 layers' KV")
+        "offloaded 20/31 layers; 127.0.0.1:5000: 21.14 MiB of weights, KV for 10 layers; "
+        "127.0.0.1:5001: 47.72 MiB of weights, KV for 9 layers")
 
 
 def test_a_log_with_another_layer_count_or_none_on_the_rpc_device_fails():
@@ -201,6 +201,12 @@ def test_a_sliding_window_cache_beside_the_full_one_leaves_the_weights_to_confir
 
 def test_a_tiny_models_fraction_of_a_mib_on_the_rpc_device_counts():
     assert split_evidence(SPLIT_LOG.replace("24.10", "0.05"), ONE).startswith("offloaded 12/31 layers")
+
+
+def test_a_device_with_one_layer_says_so_in_the_singular():
+    # layers 19-28 on the first device, 29 and the head on the second
+    one = SPLIT3_LOG.replace("20/31", "12/31").replace("4.12 MiB", "7.12 MiB").replace("3.38 MiB", "0.38 MiB")
+    assert split_evidence(one, RpcSplit(TWO.links, (19, 29), 30)).endswith("KV for 1 layer")
 
 
 # -- what is skipped ------------------------------------------------------------------------------
@@ -368,6 +374,9 @@ def test_the_tables_say_which_stages_share_a_core_in_both_systems_alike():
 def test_the_rpc_note_names_each_devices_layers():
     assert rpc_layers(ONE) == "layers 19-29 and the head on the RPC device"
     assert rpc_layers(TWO) == "layers 11-20 on RPC device 1, 21-29 and the head on RPC device 2"
+    # meshpipe's planner may leave its last stage one layer and the head
+    assert (rpc_layers(RpcSplit(TWO.links, (11, 29), 30))
+            == "layers 11-28 on RPC device 1, 29 and the head on RPC device 2")
 
 
 def test_peers_takes_stages_1_2_and_3_only(monkeypatch):

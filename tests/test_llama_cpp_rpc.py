@@ -42,7 +42,7 @@ def test_the_rpc_split_through_the_delay_proxy_is_confirmed_from_the_log_and_ser
     assert timing.completion_tokens == 4
     log = next(tmp_path.glob("llama-server-*.log")).read_text(errors="replace")
     assert "offloaded 16/31 layers" in log
-    said = rf"offloaded 16/31 layers; {re.escape(link)}: [\d.]+ MiB of weights, 15 layers' KV"
+    said = rf"offloaded 16/31 layers; {re.escape(link)}: [\d.]+ MiB of weights, KV for 15 layers"
     assert re.fullmatch(said, started.split)
 
 
@@ -55,5 +55,5 @@ def test_two_rpc_devices_each_hold_their_stages_layers_and_serve(bins, tmp_path)
         with llama_server(bins, spec, tmp_path) as started:
             timing = stream_chat(started.url, "smollm2", "Name a colour.", 4)
     assert timing.completion_tokens == 4
-    assert re.fullmatch(rf"offloaded 20/31 layers; {re.escape(a)}: [\d.]+ MiB of weights, 10 layers' KV; "
-                        rf"{re.escape(b)}: [\d.]+ MiB of weights, 9 layers' KV", started.split)
+    assert re.fullmatch(rf"offloaded 20/31 layers; {re.escape(a)}: [\d.]+ MiB of weights, KV for 10 layers; "
+                        rf"{re.escape(b)}: [\d.]+ MiB of weights, KV for 9 layers", started.split)

@@ -159,7 +159,7 @@ def split_evidence(log: str, split: RpcSplit) -> str:
     if held is not None:
         if held != split.layers:
             raise LlamaCppError(f"llama-server's RPC devices hold {held} layers' KV, not {split.layers}")
-        said = [f"{text}, {n} layers' KV" for text, n in zip(said, held, strict=True)]
+        said = [f"{text}, KV for {n} layer{'s' if n != 1 else ''}" for text, n in zip(said, held, strict=True)]
     return f"{found.group(0)}; " + "; ".join(said)
 
 

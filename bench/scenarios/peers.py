@@ -212,9 +212,8 @@ def _rpc_units(stack: contextlib.ExitStack, pair: Pair, bins: Binaries, delay: f
 
 def rpc_layers(rpc: RpcSplit) -> str:
     """Which layers each RPC device holds, in words."""
-    last = rpc.layer_count - 1
-    spans = [f"{start}-{start + n - 1}" for start, n in zip(rpc.cuts, rpc.layers, strict=True)]
-    spans[-1] = f"{rpc.cuts[-1]}-{last} and the head"
+    spans = [f"{start}-{start + n - 1}" if n > 1 else f"{start}" for start, n in zip(rpc.cuts, rpc.layers, strict=True)]
+    spans[-1] += " and the head"
     if len(spans) == 1:
         return f"layers {spans[0]} on the RPC device"
     return "layers " + ", ".join(f"{span} on RPC device {k + 1}" for k, span in enumerate(spans))
