@@ -67,7 +67,8 @@ SCENARIOS = (*BEFORE_MESH, *MESH_SCENARIOS, *AFTER_MESH, "shapes")
 # decodes at a few tok/s. Its stages are only what the header describes: it runs 1 and 2.
 DEFAULTS = {"tokens": 128, "prompts": len(PROMPTS), "stages": "1,2,3"}
 ENGINES_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "1,2"}
-PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # 6 servers x 2 pairs x 4 delays: kept short
+# 6 servers x 2 pairs x 4 delays: kept short; --stages 1,2,3 adds split-3's 4 servers
+PEERS_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}
 SWEEP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 14 servers x 4 delays
 SHAPES_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "2"}  # an 8B decodes a few tok/s on one core
 PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what issue 42 measured
@@ -90,7 +91,8 @@ SCENARIOS_HELP = (
     "meshes mixing them, without the draft), constrained (JSON-schema output, a film and a nested recipe, on "
     "split-2: no speculation, forced tokens, the draft, both, at each --wire-delays), peers (meshpipe against "
     "llama-server and llama.cpp's RPC split, with and without speculation, at each --wire-delays, for the package's"
-    " pair and a cost-realistic F32 target; always with --machines), sweep (split-2: the cost-aware window against "
+    " pair and a cost-realistic F32 target; --stages picks 1 node, split-2 and split-3, default 1,2; always with "
+    "--machines), sweep (split-2: the cost-aware window against "
     "every fixed window and frames in flight, and no draft, at each --wire-delays; always with --machines), shapes "
     "(a random-weight Q4_0 model of --shape at full size: package writing, peer transfer, stage load, resident "
     "memory, and split-2 against llama.cpp's RPC split-2 at each --wire-delays; always with --machines, and only "
@@ -115,7 +117,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "spec runs on 2 and 3 stages, concurrency sets split-2 against split-1 on one set")
     p.add_argument("--cpu-sets", nargs="+", default=None, metavar="LIST",
                    help="with --machines: one CPU list per emulated machine (default: one per CPU)")
-    p.add_argument("--stages", default=None, help="split-N scenarios to run (default 1,2,3)")
+    p.add_argument("--stages", default=None,
+                   help="split-N scenarios to run (default 1,2,3; peers alone 1,2, and 3 adds its split-3)")
     p.add_argument("--streams", default="1,4,8", help="concurrent streams for the concurrency scenario")
     p.add_argument("--tokens", type=int, default=None,
                    help=f"tokens decoded per request (default {DEFAULTS['tokens']}; engines alone "

@@ -11,6 +11,7 @@ import httpx
 
 from mesh.api.responses import ChatCompletionChunk, SpeculativeUsage, Usage
 from mesh.cli.bearer import auth_headers
+from mesh.reports.health import Health
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,15 @@ def _event(data: str) -> dict[str, Any]:
     return dict(raw)
 
 
-def mesh_cut(url: str) -> int:
-    """Where meshpipe's split-2 cut the layers: stage 1's first layer, from /health."""
-    stages = httpx.get(f"{url}/health", timeout=10, headers=auth_headers()).json()["stages"]
-    return int(stages[1]["start"])
+def mesh_cuts(url: str) -> tuple[int, ...]:
+    """Where meshpipe's split cut the layers, from /health: every stage's first layer after
+    stage 0's, in stage order (one cut for split-2, two for split-3)."""
+    health = Health.model_validate_json(httpx.get(f"{url}/health", timeout=10, headers=auth_headers()).content)
+    return cuts_of(health)
+
+
+def cuts_of(health: Health) -> tuple[int, ...]:
+    stages = sorted(health.stages, key=lambda s: s.stage)[1:]
+    if not stages or any(s.start is None for s in stages):
+        raise RuntimeError(f"the mesh reports no layer range for a stage after stage 0: route {health.route}")
+    return tuple(int(s.start) for s in stages if s.start is not None)

@@ -1,15 +1,18 @@
 """llama.cpp's own servers for `mesh bench --scenarios peers`: what a user would run instead.
 
-One node is `llama-server`. Two machines are llama.cpp's RPC backend: `ggml-rpc-server` on
-the second machine and `llama-server --rpc HOST:PORT` on the first, their one link through
-the bench's delay proxy (bench/harness/delay_proxy.py). `-ngl K` puts the output head and
-the last K-1 layers on the RPC device (llama.cpp counts the head as the first layer to
-offload) and keeps the embeddings and the other layers with llama-server, so the bench
-gives it the cut meshpipe's split-2 chose: the same layers and the head on each machine as
-meshpipe's stages hold. Its log's "offloaded K/N layers" line and the RPC device's model
-buffer are checked, so a flag that stopped splitting fails the run instead of measuring
-one machine. `--fit off`: llama-server would otherwise adjust what was not set to the
-devices' memory. Speculation is llama-server's
+One node is `llama-server`. Two or three machines are llama.cpp's RPC backend: one
+`ggml-rpc-server` on each machine after the first and `llama-server --rpc HOST:PORT[,...]`
+on the first, each link through its own delay proxy (bench/harness/delay_proxy.py), so every
+token goes out to each RPC device and back to llama-server in turn. `-ngl K` puts the output
+head and the last K-1 layers on the RPC devices (llama.cpp counts the head as the first layer
+to offload) and keeps the embeddings and the other layers with llama-server; with two RPC
+devices `--tensor-split` divides those K between them in proportion, in --rpc order, the
+head counted in the last one's share (src/llama-model.cpp, load_tensors). The bench gives it
+the cuts meshpipe's split chose (`RpcSplit`): the same layers and the head on each machine as
+meshpipe's stages hold. Its log's "offloaded K/N layers" line, each RPC device's model
+buffer and the layers its KV buffer holds are checked, so a flag that stopped splitting
+fails the run instead of measuring one machine. `--fit off`: llama-server would otherwise
+adjust what was not set to the devices' memory. Speculation is llama-server's
 own with the same draft on the first machine: without `--spec-type` it loads the draft
 and never uses it.
 
@@ -23,6 +26,7 @@ deploy/build-llama-cpp.sh.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import socket
 import subprocess
@@ -39,6 +43,7 @@ from stage.llama_model import flash_attn, use_extra_bufts
 SERVER, RPC_SERVER = "llama-server", "ggml-rpc-server"
 BUILD_HINT = "build them with deploy/build-llama-cpp.sh, docs/bench.md"
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers")
+_LOADING = "load_tensors: loading model tensors"  # once per model loaded, the target first
 
 
 class LlamaCppError(RuntimeError):
@@ -62,14 +67,52 @@ class Binaries:
 
 
 @dataclass(frozen=True)
+class RpcSplit:
+    """llama-server's layers on its RPC devices, as meshpipe's stages after stage 0 hold them:
+    device i (the i-th --rpc address) holds [cuts[i], cuts[i+1]), the last one up to
+    layer_count and the output head; the embeddings and the layers before cuts[0] stay with
+    llama-server."""
+
+    links: tuple[str, ...]  # HOST:PORT of each (proxied) ggml-rpc-server, in stage order
+    cuts: tuple[int, ...]  # each later stage's first layer (meshpipe's /health)
+    layer_count: int
+
+    def __post_init__(self) -> None:
+        bounds = (0, *self.cuts, self.layer_count)
+        if len(self.links) != len(self.cuts) or any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(f"an RPC split needs one link per cut and cuts inside (0, {self.layer_count}), "
+                             f"ascending: {self.links} at {self.cuts}")
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The repeating layers each RPC device holds."""
+        ends = (*self.cuts[1:], self.layer_count)
+        return tuple(end - start for start, end in zip(self.cuts, ends, strict=True))
+
+    @property
+    def offload(self) -> int:
+        """-ngl: the output head and every layer from the first cut on."""
+        return self.layer_count - self.cuts[0] + 1
+
+    def flags(self) -> list[str]:
+        """With several devices, `--tensor-split` in whole layers: llama.cpp gives device i the
+        offloaded layers whose index among them falls in its share, the head last, so the
+        last device's share counts the head."""
+        flags = ["--rpc", ",".join(self.links), "-ngl", str(self.offload)]
+        if len(self.links) > 1:
+            shares = (*self.layers[:-1], self.layers[-1] + 1)
+            flags += ["--tensor-split", ",".join(map(str, shares))]
+        return flags
+
+
+@dataclass(frozen=True)
 class ServerSpec:
     """One llama-server: the model, its machine, and the RPC split and draft when it has them."""
 
     target: Path
     cpus: str
     ctx: int
-    rpc: str | None = None  # HOST:PORT of the (proxied) ggml-rpc-server
-    offload: int = 0  # -ngl: the output head and the last offload-1 layers, on the RPC device
+    split: RpcSplit | None = None
     draft: Path | None = None
 
 
@@ -86,7 +129,7 @@ def server_cmd(bins: Binaries, spec: ServerSpec, port: int) -> list[str]:
     if not use_extra_bufts():  # the kernels meshpipe's engines run; AMX's crash llama-server too
         cmd.append("--no-repack")
     # without an RPC device nothing can be offloaded, but the log would still say "offloaded 31/31"
-    cmd += ["--rpc", spec.rpc, "-ngl", str(spec.offload)] if spec.rpc else ["-ngl", "0"]
+    cmd += spec.split.flags() if spec.split else ["-ngl", "0"]
     if spec.draft:
         cmd += ["-md", str(spec.draft), "-ngld", "0", "-td", t, "--spec-type", "draft-simple"]
     return cmd
@@ -96,35 +139,69 @@ def rpc_server_cmd(bins: Binaries, cpus: str, port: int) -> list[str]:
     return ["taskset", "-c", cpus, str(bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", threads(cpus)]
 
 
-def offload_for_cut(layer_count: int, cut: int) -> int:
-    """-ngl for layers [cut, layer_count) and the output head on the RPC device."""
-    return layer_count - cut + 1
+def split_evidence(log: str, split: RpcSplit) -> str:
+    """What llama-server's log says it put on each RPC device; raises unless it offloaded
+    `split.offload` layers, every device holds model weights, and each device's KV buffer
+    holds as many layers as it should (checked where each device has one KV cache, so every
+    layer's cache is alike; with a sliding-window cache beside it the weights must do).
+    Only the target's part of the log counts: a draft loads after it, all on the CPU."""
+    target = _LOADING.join(log.split(_LOADING, 2)[:2])
+    found = _OFFLOADED.search(target)
+    if not found or int(found.group(1)) != split.offload:
+        line = found.group(0) if found else "no 'offloaded K/N layers' line"
+        raise LlamaCppError(f"llama-server did not put {split.offload} layers on the RPC devices: {line}")
+    weights = _buffers(target, "model")
+    for link in split.links:
+        if weights.get(link, [0.0])[0] <= 0:  # a tiny model's layers take a fraction of a MiB
+            raise LlamaCppError(f"llama-server's log shows no model weights on the RPC device at {link}")
+    said = [f"{link}: {weights[link][0]:.2f} MiB of weights" for link in split.links]
+    held = _kv_layers(target, split)
+    if held is not None:
+        if held != split.layers:
+            raise LlamaCppError(f"llama-server's RPC devices hold {held} layers' KV, not {split.layers}")
+        said = [f"{text}, KV for {n} layer{'s' if n != 1 else ''}" for text, n in zip(said, held, strict=True)]
+    return f"{found.group(0)}; " + "; ".join(said)
 
 
-def split_evidence(log: str, offload: int) -> str:
-    """The log's line saying how many layers went to the RPC device; raises unless it is
-    `offload` and the RPC device holds model weights."""
-    found = _OFFLOADED.search(log)
-    if not found or int(found.group(1)) != offload:
-        said = found.group(0) if found else "no 'offloaded K/N layers' line"
-        raise LlamaCppError(f"llama-server did not put {offload} layers on the RPC device: {said}")
-    on_rpc = re.search(r"RPC\S*\s+model buffer size\s*=\s*(\d+(?:\.\d+)?)", log)
-    if not on_rpc or float(on_rpc.group(1)) <= 0:  # a tiny model's layers take a fraction of a MiB
-        raise LlamaCppError("llama-server's log shows no model weights on the RPC device")
-    return found.group(0)
+def _buffers(log: str, kind: str) -> dict[str, list[float]]:
+    """MiB per buffer of one kind ("model", "KV"), by the RPC device's address ("CPU" and
+    the like as named); a device with two caches has two entries."""
+    sizes: dict[str, list[float]] = {}
+    for name, mib in re.findall(rf"(\S+) {kind} buffer size\s*=\s*(\d+(?:\.\d+)?) MiB", log):
+        link = re.fullmatch(r"RPC\d*\[(.+)\]", name)
+        sizes.setdefault(link.group(1) if link else name, []).append(float(mib))
+    return sizes
+
+
+def _kv_layers(log: str, split: RpcSplit) -> tuple[int, ...] | None:
+    """The layers each RPC device's KV buffer holds, from its share of all KV buffers; None
+    where a device has more than one cache (their layers are not alike)."""
+    kv = _buffers(log, "KV")
+    if not kv:
+        raise LlamaCppError("llama-server's log shows no KV buffer sizes to check its split from")
+    if any(len(sizes) > 1 for sizes in kv.values()):
+        return None
+    per_layer = sum(sizes[0] for sizes in kv.values()) / split.layer_count
+    if per_layer <= 0:
+        return None
+    return tuple(round(kv.get(link, [0.0])[0] / per_layer) for link in split.links)
+
+
+@dataclass(frozen=True)
+class Started:
+    url: str
+    split: str = ""  # with an RPC split: what the log says each device holds (split_evidence)
 
 
 @contextlib.contextmanager
-def llama_server(bins: Binaries, spec: ServerSpec, logs: Path, timeout: float = 300) -> Iterator[str]:
-    """Its URL once it answers /health; with an RPC split, only once the split is confirmed."""
+def llama_server(bins: Binaries, spec: ServerSpec, logs: Path, timeout: float = 300) -> Iterator[Started]:
+    """It once it answers /health; with an RPC split, only once the split is confirmed."""
     port = free_port()
     log = logs / f"llama-server-{port}.log"
     with _process(server_cmd(bins, spec, port), log) as proc:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, proc, log, timeout)
-        if spec.rpc:
-            split_evidence(log.read_text(errors="replace"), spec.offload)
-        yield url
+        yield Started(url, split_evidence(log.read_text(errors="replace"), spec.split) if spec.split else "")
 
 
 @contextlib.contextmanager

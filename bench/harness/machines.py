@@ -33,14 +33,14 @@ class Machines:
     def for_stages(self, n: int) -> list[str]:
         return [self.sets[i % len(self.sets)] for i in range(n)]
 
+    def shared(self, n: int) -> list[tuple[str, list[int]]]:
+        """The CPU sets that run more than one stage of a split-n, each with its stages."""
+        groups = [(cpus, list(range(k, n, len(self.sets)))) for k, cpus in enumerate(self.sets)]
+        return [(cpus, stages) for cpus, stages in groups if len(stages) > 1]
+
     def sharing(self, n: int) -> str:
         """Which stages of a split-n share a CPU set ("" when none do)."""
-        notes = []
-        for k, cpus in enumerate(self.sets):
-            stages = list(range(k, n, len(self.sets)))
-            if len(stages) > 1:
-                notes.append(f"stages {', '.join(map(str, stages))} share CPUs {cpus}")
-        return "; ".join(notes)
+        return "; ".join(f"stages {', '.join(map(str, stages))} share CPUs {cpus}" for cpus, stages in self.shared(n))
 
     def describe(self, stages: list[int]) -> str:
         text = " | ".join(f"machine {k}: CPUs {cpus}" for k, cpus in enumerate(self.sets))

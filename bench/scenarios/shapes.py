@@ -40,9 +40,9 @@ import httpx
 import psutil
 
 from bench.harness import llama_cpp
-from bench.harness.client import mesh_cut, stream_chat
+from bench.harness.client import mesh_cuts, stream_chat
 from bench.harness.harness import Outcome, Row, Setup, serve, weight_share
-from bench.harness.llama_cpp import Binaries, ServerSpec
+from bench.harness.llama_cpp import Binaries, RpcSplit, ServerSpec
 from bench.harness.local_server import LocalServer, stage_pids, stop
 from bench.harness.machines import Machines
 from bench.harness.report import machine
@@ -236,7 +236,7 @@ def _decode_rows(setup: Setup, plan: Plan, root: Path) -> list[Row]:
         with contextlib.ExitStack() as stack:
             mesh = stack.enter_context(serve(setup, logs, 2, delay_ms=d, lanes=1))
             urls = {"meshpipe split-2": mesh.url}
-            cut = mesh_cut(mesh.url)
+            (cut,) = mesh_cuts(mesh.url)
             if plan.bins and not skip:
                 urls["llama.cpp RPC split-2"] = _rpc_split(stack, plan.bins, setup, cut, d, logs)
             plan.say(f"{d:g} ms: decoding on {', '.join(urls)} (cut at layer {cut})")
@@ -260,9 +260,8 @@ def _rpc_split(stack: contextlib.ExitStack, bins: Binaries, setup: Setup, cut: i
     assert setup.machines is not None
     first, second = setup.machines.for_stages(2)
     link = stack.enter_context(llama_cpp.rpc_link(bins, second, delay, logs))
-    offload = llama_cpp.offload_for_cut(setup.manifest.layer_count, cut)
-    spec = ServerSpec(setup.gguf, first, setup.ctx, link, offload)
-    return str(stack.enter_context(llama_cpp.llama_server(bins, spec, logs)))
+    spec = ServerSpec(setup.gguf, first, setup.ctx, RpcSplit((link,), (cut,), setup.manifest.layer_count))
+    return stack.enter_context(llama_cpp.llama_server(bins, spec, logs)).url
 
 
 def _interleave(setup: Setup, urls: dict[str, str], repeats: int) -> dict[str, list[float]]:
