@@ -95,8 +95,9 @@ def _speculation_arguments(p: argparse.ArgumentParser) -> None:
                    help="fixed speculative window of N draft tokens")
     p.add_argument("--frames-in-flight", type=int, default=None, metavar="N",
                    help="the most verify frames a session may have in flight while the draft goes on "
-                   "(1: wait for each reply). Default auto: 1 with no stage past stage 0 or under a CPU "
-                   f"lock, else {PRICED_FRAMES_IN_FLIGHT} for a cost-aware window, which keeps fewer where more "
+                   "(1: wait for each reply). Default auto: 1 with no stage past stage 0, "
+                   f"{FRAMES_IN_FLIGHT} under a CPU lock, else {PRICED_FRAMES_IN_FLIGHT} for a cost-aware window, "
+                   "which keeps fewer where more "
                    f"does not pay, and {FRAMES_IN_FLIGHT} for a fixed or adaptive one (DESIGN.md §6)")
     p.add_argument("--windows-in-flight", type=int, dest="frames_in_flight", help=argparse.SUPPRESS)  # its old name
     p.add_argument("--no-draft", action="store_true",
