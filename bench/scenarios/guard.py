@@ -131,7 +131,7 @@ def _servers(setup: Setup, tmp: Path, stack: contextlib.ExitStack) -> dict[str, 
 
 
 def guard_rows(setup: Setup, rounds: int, figures: dict[str, float]) -> tuple[list[Row], list[str]]:
-    """The rows, and the checks that fell."""
+    """The rows (each side's median, and their ratio), and the checks that fell."""
     with tempfile.TemporaryDirectory(prefix="mesh-bench-guard-") as tmp, contextlib.ExitStack() as stack:
         samples = _rounds(setup, _servers(setup, Path(tmp), stack), rounds)
     rows, fell = [], []
@@ -140,8 +140,9 @@ def guard_rows(setup: Setup, rounds: int, figures: dict[str, float]) -> tuple[li
         judged = verdict(check, ratio, figure)
         goal = "" if figure is None else (f"<= {figure * (1 + SLACK):.3g}" if check in LOWER_IS_BETTER
                                           else f">= {figure * (1 - SLACK):.3g}")
+        top, bottom = samples.sides[check]
         rows.append(Row("guard", f"{check} ({judged}; recorded {figure if figure is not None else '-'})",
-                        ratio, goal=goal, samples=samples.sides[check][0]))
+                        statistics.median(top), statistics.median(bottom), goal, top))
         fell += [check] if judged == "FELL" else []
     return rows, fell
 
