@@ -12,6 +12,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,17 @@ def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: f
     if setup.model:
         args += ["--model", setup.model]
     return local_serve(args, tmp)
+
+
+def split2_per_delay(setup: Setup, prefix: str, delays: list[float], modes: dict[str, dict[str, Any]]
+                     ) -> Iterator[tuple[float, dict[str, str]]]:
+    """Each delay in turn with one split-2 server per mode (its serve() keywords), up while the
+    caller measures them: (delay, mode -> URL). One delay at a time is what fits in memory."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for d in delays:
+            with contextlib.ExitStack() as stack:
+                yield d, {mode: stack.enter_context(serve(setup, Path(tmp), 2, delay_ms=d, **kw)).url
+                          for mode, kw in modes.items()}
 
 
 def weight_share(m: Manifest, start: int, end: int) -> int:

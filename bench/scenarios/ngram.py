@@ -13,18 +13,15 @@ does not. Speculation must not change the reply (greedy, and sampled with a seed
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.harness.client import StreamTiming, stream_messages
-from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, split2_per_delay
 from bench.harness.report import proposer_totals
 from bench.harness.workloads import COPY_FUNCTION, COPY_PROMPT, RENAME
 from mesh.model.tokenizer import Tokenizer
@@ -89,15 +86,11 @@ def ngram_rows(setup: Setup, delays: list[float], repeats: int) -> list[Row]:
     """One delay at a time: four servers per delay is what fits beside nothing else."""
     tokenizer = Tokenizer(setup.gguf, setup.model_id)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="mesh-bench-ngram-") as tmp:
-        for d in delays:
-            with contextlib.ExitStack() as stack:
-                urls = {mode: stack.enter_context(serve(setup, Path(tmp), 2, delay_ms=d, **kw)).url
-                        for mode, kw in LOOKUP_MODES.items()}
-                record = _measure(setup, urls, repeats)
-            group = lookup_table(f"ngram split-2 {d:g} ms", d, record)
-            group += _workload_rows(f"ngram split-2 {d:g} ms", tokenizer, record)
-            rows += sorted(group, key=lambda r: r.scenario)  # stable: each workload's rows together, in order
+    for d, urls in split2_per_delay(setup, "mesh-bench-ngram-", delays, LOOKUP_MODES):
+        record = _measure(setup, urls, repeats)
+        group = lookup_table(f"ngram split-2 {d:g} ms", d, record)
+        group += _workload_rows(f"ngram split-2 {d:g} ms", tokenizer, record)
+        rows += sorted(group, key=lambda r: r.scenario)  # stable: each workload's rows together, in order
     return rows
 
 

@@ -11,15 +11,12 @@ rate, and whether speculation left the reply as it was (greedy: it must).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from bench.harness.client import StreamTiming, stream_messages
-from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, split2_per_delay
 from bench.harness.workloads import COPY_PROMPT
 
 # mode -> serve() keywords; "none" first: n-gram is measured against it
@@ -30,13 +27,8 @@ GOAL = ">= 2.0"  # issue 42's, n-gram over no speculation, at every delay
 def prompt_lookup_rows(setup: Setup, delays: list[float], repeats: int) -> list[Row]:
     """One delay at a time, two split-2 servers each."""
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="mesh-bench-prompt-lookup-") as tmp:
-        for d in delays:
-            with contextlib.ExitStack() as stack:
-                urls = {mode: stack.enter_context(serve(setup, Path(tmp), 2, delay_ms=d, **kw)).url
-                        for mode, kw in MODES.items()}
-                timings = _measure(setup, urls, repeats)
-            rows += lookup_rows(f"prompt_lookup copy-heavy split-2 {d:g} ms", timings)
+    for d, urls in split2_per_delay(setup, "mesh-bench-prompt-lookup-", delays, MODES):
+        rows += lookup_rows(f"prompt_lookup copy-heavy split-2 {d:g} ms", _measure(setup, urls, repeats))
     return rows
 
 
