@@ -482,14 +482,14 @@ def _granitehybrid(t: Tiny) -> None:
         t.swiglu(i)
 
 
-def _qwen35(t: Tiny) -> None:
-    """Gated delta-net layers, with gated attention (q twice as wide: query and gate) where
-    (il + 1) % full_attention_interval == 0 (qwen35.cpp): 2 key heads, 4 value heads of 16."""
+def _gated_delta_hybrid(t: Tiny, ffn: Callable[[int], None], fused_beta_alpha: bool) -> None:
+    """Gated delta-net layers, with gated attention (attn_q twice as wide: query and gate) where
+    (il + 1) % full_attention_interval == 0 (qwen35.cpp, qwen3next.cpp): 2 key heads and 4 value
+    heads of 16; beta and alpha one tensor (ssm_ba) in qwen3next, two in qwen35."""
     state, k_heads, v_heads, conv = 16, 2, 4, 4
     key_dim, value_dim = state * k_heads, state * v_heads
     _ssm_keys(t, inner=value_dim, state=state, groups=k_heads, heads=v_heads, conv=conv)
     t.key("full_attention_interval", 4)
-    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
     _head(t)
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
@@ -502,11 +502,32 @@ def _qwen35(t: Tiny) -> None:
             t.add(f"blk.{i}.ssm_conv1d.weight", t.w(2 * key_dim + value_dim, conv))
             t.add(f"blk.{i}.ssm_dt.bias", t.w(v_heads, scale=0.05))
             t.add(f"blk.{i}.ssm_a", -np.exp(t.w(v_heads)))
-            t.add(f"blk.{i}.ssm_beta.weight", t.w(v_heads, t.width))
-            t.add(f"blk.{i}.ssm_alpha.weight", t.w(v_heads, t.width))
+            if fused_beta_alpha:
+                t.add(f"blk.{i}.ssm_ba.weight", t.w(2 * v_heads, t.width))
+            else:
+                t.add(f"blk.{i}.ssm_beta.weight", t.w(v_heads, t.width))
+                t.add(f"blk.{i}.ssm_alpha.weight", t.w(v_heads, t.width))
             t.norm(f"blk.{i}.ssm_norm.weight", state)
             t.add(f"blk.{i}.ssm_out.weight", t.w(t.width, value_dim))
-        t.swiglu(i)
+        ffn(i)
+
+
+def _qwen35(t: Tiny) -> None:
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)  # required by qwen35.cpp
+    _gated_delta_hybrid(t, t.swiglu, fused_beta_alpha=False)
+
+
+def _qwen3next(t: Tiny) -> None:
+    """Every layer MoE with a gated shared expert."""
+    _moe_keys(t)
+    t.key("expert_shared_feed_forward_length", 32)
+
+    def ffn(i: int) -> None:
+        t.experts(i)
+        t.norm(f"blk.{i}.ffn_gate_inp_shexp.weight")
+        _shared_experts(t, i, 32)
+
+    _gated_delta_hybrid(t, ffn, fused_beta_alpha=True)
 
 
 # Recurrent and hybrid architectures llama.cpp loads and decodes: refused for a split, not yet
@@ -516,6 +537,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {
     "lfm2": _lfm2,
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
+    "qwen3next": _qwen3next,
 }
 
 
