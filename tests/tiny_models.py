@@ -530,6 +530,26 @@ def _qwen3next(t: Tiny) -> None:
     _gated_delta_hybrid(t, ffn, fused_beta_alpha=True)
 
 
+def _nemotron_h(t: Tiny) -> None:
+    """Each layer one of a Mamba-2 mixer (0 KV heads and 0 FFN), attention (0 FFN) or a squared-ReLU
+    up/down FFN (nemotron-h.cpp), here mixer, FFN, mixer, attention, repeated; a norm before each."""
+    kinds = "MFMA" * (t.layers // 4) + "MFMA"[: t.layers % 4]
+    _mamba2_keys(t)
+    t.key("attention.layer_norm_epsilon", 1e-5)  # required (for the MTP head's final norm)
+    t.set("attention.head_count_kv", [t.kv_heads if k == "A" else 0 for k in kinds])
+    t.set("feed_forward_length", [t.ff if k == "F" else 0 for k in kinds])
+    _head(t)
+    for i, kind in enumerate(kinds):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        if kind == "M":
+            _mamba2_mixer(t, i)
+        elif kind == "A":
+            t.attention(i)
+        else:
+            t.add(f"blk.{i}.ffn_up.weight", t.w(t.ff, t.width))
+            t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+
 # Recurrent and hybrid architectures llama.cpp loads and decodes: refused for a split, not yet
 # admitted (issue 43), so apart from WRITERS, which the split tests run over.
 RECURRENT: dict[str, Callable[[Tiny], None]] = {
@@ -538,6 +558,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
     "qwen3next": _qwen3next,
+    "nemotron_h": _nemotron_h,
 }
 
 
