@@ -550,6 +550,19 @@ def _nemotron_h(t: Tiny) -> None:
             t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
 
 
+def _falcon_h1(t: Tiny) -> None:
+    """A Mamba-2 mixer beside attention in every layer, then a SwiGLU FFN whose norm has no
+    `.weight` suffix (falcon-h1.cpp)."""
+    _mamba2_keys(t)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _mamba2_mixer(t, i)
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm")
+        t.swiglu(i)
+
+
 # Recurrent and hybrid architectures llama.cpp loads and decodes: refused for a split, not yet
 # admitted (issue 43), so apart from WRITERS, which the split tests run over.
 RECURRENT: dict[str, Callable[[Tiny], None]] = {
@@ -559,6 +572,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {
     "qwen35": _qwen35,
     "qwen3next": _qwen3next,
     "nemotron_h": _nemotron_h,
+    "falcon-h1": _falcon_h1,
 }
 
 
