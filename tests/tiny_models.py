@@ -7,6 +7,9 @@ models of several families carry them, so a stage that keeps the whole array fai
 The vocabulary is SPM with byte tokens, so `mesh serve` can tokenize any text.
 Gotchas: a `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`;
 gemma's token embeddings are multiplied by √width, so they are drawn small.
+The recurrent and hybrid families (`RECURRENT`, issue 43) take their state's shapes from the
+`ssm.*` keys, which must agree with the tensors; lfm2, granitehybrid and nemotron_h tell a
+recurrent layer by 0 in the per-layer `attention.head_count_kv`.
 """
 
 from __future__ import annotations
