@@ -33,6 +33,10 @@ class Counters:
     seconds: Mapping[tuple[str, str, str], float]  # (kind, stage, part) -> s
     batch_rows: Mapping[tuple[str, str], float]  # (kind, stage) -> rows
 
+    def since(self, before: Counters) -> dict[tuple[str, str, str], float]:
+        """Seconds spent by (kind, stage, part) between `before` and these counters."""
+        return {key: s - before.seconds.get(key, 0.0) for key, s in self.seconds.items()}
+
 
 def scrape(url: str) -> Counters:
     frames: dict[str, float] = {}
@@ -66,7 +70,7 @@ def measure(url: str, streams: int, run: Callable[[], int]) -> list[tuple[str, f
     total = sum(frames.values())
     if total <= 0 or tokens <= 0:
         return []
-    spent = {key: after.seconds[key] - before.seconds.get(key, 0.0) for key in after.seconds}
+    spent = after.since(before)
     per_row = compute_per_row(spent, after, before)
     out: list[tuple[str, float]] = []
     for kind in sorted(k for k, n in frames.items() if n > 0):

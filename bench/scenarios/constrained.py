@@ -13,21 +13,18 @@ does the same work on the same tokens).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import numpy as np
 
 from bench.harness.client import StreamTiming, stream_messages
-from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, Setup, split2_per_delay
 from bench.harness.report import proposer_totals
 from bench.harness.workloads import RECIPE, RECIPE_PROMPT
 from mesh.constraints.compile import build
@@ -71,31 +68,25 @@ class Schema:
 SCHEMAS = {s.name: s for s in (Schema("film", SCHEMA, PROMPT, ">= 1.5"),
                                Schema("recipe", RECIPE, RECIPE_PROMPT, ">= 1.8"))}  # 1.8: issue 42's
 Timings = dict[str, list[StreamTiming]]  # mode -> every request's timing, over all repeats
-# mode -> (serve() keywords, extra mesh serve flags); "none" first: the others are measured against it
-MODES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
-    "none": ({}, ("--no-forced-drafts",)), "forced": ({}, ()),
-    "draft": ({"draft": True}, ("--no-forced-drafts",)), "draft+forced": ({"draft": True}, ())}
+# mode -> serve() keywords; "none" first: the others are measured against it
+NO_FORCED = ("--no-forced-drafts",)
+MODES: dict[str, dict[str, Any]] = {
+    "none": {"extra": NO_FORCED}, "forced": {}, "draft": {"draft": True, "extra": NO_FORCED},
+    "draft+forced": {"draft": True}}
 
 
 def constrained_rows(setup: Setup, delays: list[float], repeats: int) -> list[Row]:
     """One delay at a time, four split-2 servers each, serving every schema."""
     rows: list[Row] = []
     outputs: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory(prefix="mesh-bench-constrained-") as tmp:
-        for d in delays:
-            with contextlib.ExitStack() as stack:
-                urls = {mode: stack.enter_context(serve(setup, Path(tmp), 2, delay_ms=d, extra=flags, **kw)).url
-                        for mode, (kw, flags) in MODES.items()}
-                timings, free = _measure(setup, urls, repeats)
-            for name, schema in SCHEMAS.items():
-                rows += _table(f"constrained {name} split-2 {d:g} ms", d, schema, timings[name], free[name],
-                               setup.tokens)
-            # the last delay's outputs are replayed: greedy, every delay decodes the same ones
-            outputs = {name: [t.text for t in timings[name]["none"]] for name in SCHEMAS}
-    # One tokenizer for every schema's mask rows: llguidance's view of a tokenizer is cached by its
-    # id() and points into its vocabulary (mesh/constraints/vocab.py), so a second one made after the
-    # first was freed could reuse that id and be handed a view of freed memory (it segfaulted here).
-    tok = Tokenizer(setup.gguf, setup.model_id)
+    for d, urls in split2_per_delay(setup, "mesh-bench-constrained-", delays, MODES):
+        timings, free = _measure(setup, urls, repeats)
+        for name, schema in SCHEMAS.items():
+            rows += _table(f"constrained {name} split-2 {d:g} ms", d, schema, timings[name], free[name],
+                           setup.tokens)
+        # the last delay's outputs are replayed: greedy, every delay decodes the same ones
+        outputs = {name: [t.text for t in timings[name]["none"]] for name in SCHEMAS}
+    tok = Tokenizer(setup.gguf, setup.model_id)  # one for every schema's mask rows: loading one reads the vocabulary
     return rows + [row for name, texts in outputs.items() for row in _mask_rows(tok, SCHEMAS[name], texts)]
 
 

@@ -26,7 +26,6 @@ import re
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +49,7 @@ RECIPE_FORMAT = {"response_format": {"type": "json_schema",
                                      "json_schema": {"name": "recipe", "schema": RECIPE, "strict": True}}}
 
 
-@dataclass
-class Samples:
-    """Each check's two sides, one sample a round: (numerator, denominator) lists."""
-
-    sides: dict[str, tuple[list[float], list[float]]]
-
-    def ratio(self, check: str) -> float:
-        top, bottom = self.sides[check]
-        return statistics.median(top) / statistics.median(bottom)
+Sides = dict[str, tuple[list[float], list[float]]]  # check -> (numerator, denominator) samples, one a round
 
 
 def recorded(text: str) -> dict[str, float]:
@@ -82,9 +73,16 @@ def verdict(check: str, ratio: float, figure: float | None) -> str:
     return "FELL" if worse else "ok"
 
 
-def _rounds(setup: Setup, urls: dict[str, str], rounds: int) -> Samples:
+def _bound(check: str, figure: float | None) -> str:
+    """The goal column: how far the ratio may go before the check falls."""
+    if figure is None:
+        return ""
+    return f"<= {figure * (1 + SLACK):.3g}" if check in LOWER_IS_BETTER else f">= {figure * (1 - SLACK):.3g}"
+
+
+def _rounds(setup: Setup, urls: dict[str, str], rounds: int) -> Sides:
     """Every check once a round, the order rotating; the verify row's counters around it all."""
-    sides: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in (LOOKUP, SPLIT, CONSTRAINED)}
+    sides: Sides = {c: ([], []) for c in (LOOKUP, SPLIT, CONSTRAINED)}
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
     copy = [{"role": "user", "content": COPY_PROMPT}]
     recipe = [{"role": "user", "content": RECIPE_PROMPT}]
@@ -107,14 +105,13 @@ def _rounds(setup: Setup, urls: dict[str, str], rounds: int) -> Samples:
     verify = _per_row(urls["verify"], before["verify"], "verify")
     decode = _per_row(urls["split-2"], before["split-2"], "decode")
     sides[VERIFY] = ([verify], [decode])
-    return Samples(sides)
+    return sides
 
 
 def _per_row(url: str, before: Counters, kind: str) -> float:
     """ms of the final stage's compute per row of `kind` frames since `before`."""
     after = scrape(url)
-    spent = {key: after.seconds[key] - before.seconds.get(key, 0.0) for key in after.seconds}
-    rows = {stage: ms for (k, stage), ms in compute_per_row(spent, after, before).items() if k == kind}
+    rows = {stage: ms for (k, stage), ms in compute_per_row(after.since(before), after, before).items() if k == kind}
     if not rows:
         raise RuntimeError(f"guard: {url} ran no {kind} frames")
     return rows[max(rows, key=lambda s: int(s) if s.isdigit() else -1)]
@@ -133,16 +130,13 @@ def _servers(setup: Setup, tmp: Path, stack: contextlib.ExitStack) -> dict[str, 
 def guard_rows(setup: Setup, rounds: int, figures: dict[str, float]) -> tuple[list[Row], list[str]]:
     """The rows (each side's median, and their ratio), and the checks that fell."""
     with tempfile.TemporaryDirectory(prefix="mesh-bench-guard-") as tmp, contextlib.ExitStack() as stack:
-        samples = _rounds(setup, _servers(setup, Path(tmp), stack), rounds)
+        sides = _rounds(setup, _servers(setup, Path(tmp), stack), rounds)
     rows, fell = [], []
-    for check in samples.sides:
-        ratio, figure = samples.ratio(check), figures.get(check)
-        judged = verdict(check, ratio, figure)
-        goal = "" if figure is None else (f"<= {figure * (1 + SLACK):.3g}" if check in LOWER_IS_BETTER
-                                          else f">= {figure * (1 - SLACK):.3g}")
-        top, bottom = samples.sides[check]
+    for check, (top, bottom) in sides.items():
+        num, den, figure = statistics.median(top), statistics.median(bottom), figures.get(check)
+        judged = verdict(check, num / den, figure)
         rows.append(Row("guard", f"{check} ({judged}; recorded {figure if figure is not None else '-'})",
-                        statistics.median(top), statistics.median(bottom), goal, top))
+                        num, den, _bound(check, figure), top))
         fell += [check] if judged == "FELL" else []
     return rows, fell
 

@@ -62,11 +62,10 @@ def token_parts(before: Counters, after: Counters, token_ms: float) -> dict[str,
     if frames <= 0:
         raise RuntimeError("machines: the server ran no decode frames")
     spent: dict[str, float] = dict.fromkeys(PARTS[:-1], 0.0)
-    for key, seconds in after.seconds.items():
-        kind, stage, part = key
+    for (kind, stage, part), seconds in after.since(before).items():
         if kind != "decode":
             continue
-        ms = (seconds - before.seconds.get(key, 0.0)) * 1e3 / frames
+        ms = seconds * 1e3 / frames
         name = "wire" if (stage, part) == WIRE else "engine" if part in ("compute", "sample") else part
         spent[name] += ms
     return {**spent, "total": token_ms, "outside the pipeline": token_ms - sum(spent.values())}
