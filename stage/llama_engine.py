@@ -14,6 +14,7 @@ from llama_cpp import llama_cpp as L
 
 from common.errors import EngineError
 from packages.architectures import hidden_input_scale
+from stage.checkpoints import LaneRing, Restore
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
 from stage.llama_model import INVARIANT_ROWS, architecture, flash_attn_type, load_model
@@ -62,6 +63,9 @@ class LlamaRangeEngine:
         self.pos_sections = 1 if cfg.first else _pos_per_embd(self.model)
         self.batch = L.llama_batch_init(cfg.batch * self.pos_sections, 0 if cfg.first else self.width, cfg.lanes)
         self._pos = [0] * cfg.lanes
+        # a lane's recurrent state rolls back by checkpoint, where attention KV is trimmed
+        recurrent = L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model)
+        self.rings = [LaneRing(cfg.checkpoints) for _ in range(cfg.lanes)] if recurrent else None
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
     def _new_context(self, eval_callback: Any, user: ctypes.c_void_p | None) -> ctypes.c_void_p:
@@ -90,22 +94,83 @@ class LlamaRangeEngine:
 
     def trim(self, lane: int, position: int) -> None:
         self._check_lane(lane)
-        if position < self._pos[lane]:
-            L.llama_memory_seq_rm(self.mem, lane, max(position, 0), -1)
-            self._pos[lane] = max(position, 0)
+        position = max(position, 0)
+        if self.rings is not None:
+            restore = self.rings[lane].rollback(position)
+            if restore is not None:
+                self._restore(lane, restore)
+            self._pos[lane] = self.rings[lane].position
+        elif position < self._pos[lane]:
+            L.llama_memory_seq_rm(self.mem, lane, position, -1)
+            self._pos[lane] = position
+
+    def reachable(self, lane: int, position: int) -> bool:
+        """Whether the lane can roll back to `position`: always, unless recurrent state has
+        no checkpoint at or before it (stage.checkpoints)."""
+        return self.rings is None or self.rings[self._check_lane(lane)].reachable(position)
 
     def step(self, steps: list[Step]) -> list[np.ndarray]:
         """One decode per row count: a verify window of k drafts is one pass of k+1 rows."""
-        for s in steps:
-            self._prepare(s)
         outputs: list[list[np.ndarray]] = [[] for _ in steps]
-        for call in _pack(steps, self.cfg.batch):
-            self._decode(steps, call, outputs)
-        return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
+        try:
+            fed = [self._prepare(s) for s in steps]
+            for call in _pack(fed, self.cfg.batch):
+                self._decode(fed, call, outputs)
+        except BaseException:
+            self._settle(steps, ok=False)
+            raise
+        out = [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
+        if self.rings is None:
+            return out
+        self._settle(steps, ok=True)
+        # the replayed rows' outputs are not the step's (a final stage without all_logits
+        # returns the last row alone)
+        return [o[len(o) - s.n :] if not self.final or s.all_logits else o for o, s in zip(out, steps, strict=True)]
 
-    def _prepare(self, s: Step) -> None:
+    def _settle(self, steps: list[Step], ok: bool) -> None:
+        """Tell each lane's ring how its decode ended: its rows are in, or its state is unknown."""
+        for s in steps if self.rings is not None else ():
+            if 0 <= s.lane < self.lanes:
+                ring = self.rings[s.lane]
+                if ok:
+                    ring.done(_rows(s))
+                else:
+                    ring.failed()
+                self._pos[s.lane] = ring.position
+
+    def _prepare(self, s: Step) -> Step:
+        """Check the step and roll its lane back to its start; the step to decode, which on
+        recurrent layers replays the rows pending since a restore in front of its own."""
         check_step(self, s, self._pos[self._check_lane(s.lane)])
         self.trim(s.lane, s.start)
+        if self.rings is None:
+            return s
+        ring = self.rings[s.lane]
+        start, rows, checkpoint = ring.begin(s.start, _rows(s))
+        if checkpoint:
+            ring.save(self._state(s.lane))
+        self._pos[s.lane] = start
+        if self.first:
+            return Step(s.lane, start, tokens=rows, all_logits=s.all_logits)
+        return Step(s.lane, start, hidden=rows, all_logits=s.all_logits)
+
+    def _state(self, lane: int) -> bytes:
+        """The lane's recurrent state alone: on a hybrid the attention KV is trimmed, not saved."""
+        size = L.llama_state_seq_get_size_ext(self.ctx, lane, _PARTIAL)
+        buf = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data_ext(self.ctx, buf, size, lane, _PARTIAL) != size:
+            raise EngineError(f"lane {lane}: llama.cpp could not save its recurrent state")
+        return bytes(buf)
+
+    def _restore(self, lane: int, restore: Restore) -> None:
+        if not restore.state:
+            L.llama_memory_seq_rm(self.mem, lane, -1, -1)
+            return
+        buf = (ctypes.c_uint8 * len(restore.state)).from_buffer_copy(restore.state)
+        if L.llama_state_seq_set_data_ext(self.ctx, buf, len(restore.state), lane, _PARTIAL) == 0:
+            raise EngineError(f"lane {lane}: llama.cpp could not restore its recurrent state")
+        # the recurrent part now ends before `position`, so only attention KV is dropped
+        L.llama_memory_seq_rm(self.mem, lane, restore.position, -1)
 
     def _decode(self, steps: Sequence[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
         b = self.batch
@@ -180,6 +245,15 @@ class LlamaRangeEngine:
             self.ctx = None  # type: ignore[assignment]
             if self.cpu_lock:
                 self.cpu_lock.close()
+
+
+_PARTIAL = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part of a hybrid's memory
+
+
+def _rows(s: Step) -> np.ndarray:
+    data = s.tokens if s.tokens is not None else s.hidden
+    assert data is not None
+    return data
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,122 @@
+"""Roll a lane's recurrent state back to a position (DESIGN.md §3 step 5, issue 43).
+
+An attention layer's KV is trimmed back to a position; a recurrent layer's state (Mamba-2,
+gated delta-net, short convolutions) has been overwritten by every row since, and cannot be.
+So an engine whose range holds recurrent layers keeps, per lane, a `LaneRing`: a checkpoint
+of the recurrent state before each step, and the input rows fed since the oldest one.
+
+Rolling back to p restores the newest checkpoint at or before p; the rows from there to p
+are then replayed, not at once but in front of the lane's next step. The replay costs rows
+in a decode that runs anyway, never a decode or a round trip of its own, and since every
+stage keeps its own input rows, each stage replays locally. "Roll back to position p" stays
+one message (a frame's start, or a trim): a trim on attention layers, a restore and a
+replay on recurrent ones.
+
+The ring is bounded: `depth` checkpoints per lane. Stage 0 keeps at most its frames in
+flight unanswered, so a rejection reaches back at most that many steps; a rollback past the
+oldest checkpoint, other than to 0, is refused (`CannotRollBackError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.errors import EngineError
+
+
+class CannotRollBackError(EngineError):
+    """The lane's recurrent state holds no checkpoint at or before the position asked for."""
+
+
+@dataclass(frozen=True)
+class Restore:
+    """What the engine does to its state before the lane's next decode: load `state` (empty:
+    clear the lane), then drop attention KV from `position` on."""
+
+    position: int
+    state: bytes
+
+
+@dataclass
+class LaneRing:
+    """One lane's checkpoints and input rows. Positions: `held` is where the engine's state
+    is; `position` (≥ held) where the lane logically is, the rows between to be replayed."""
+
+    depth: int
+    saved: list[tuple[int, bytes]] = field(default_factory=list)  # (position, state), oldest first
+    rows: np.ndarray | None = None  # input rows from `base` to `position`
+    base: int = 0
+    held: int = 0
+    stale: bool = False  # a decode failed: the state is unknown until a checkpoint is loaded
+
+    @property
+    def position(self) -> int:
+        return self.base + (0 if self.rows is None else len(self.rows))
+
+    @property
+    def pending(self) -> int:
+        """Rows to replay before the next step's own."""
+        return self.position - self.held
+
+    def reachable(self, position: int) -> bool:
+        """Whether a rollback to `position` can be honoured."""
+        return position == 0 or (position >= self.held and not self.stale) or \
+            any(p <= position for p, _ in self.saved)
+
+    def rollback(self, position: int) -> Restore | None:
+        """Go back to `position` (no-op at or past the lane's); returns what the engine must load."""
+        if position >= self.position and not self.stale:
+            return None
+        if position >= self.held and not self.stale:
+            self._cut(position)  # only rows not replayed yet are dropped
+            return None
+        if position == 0:
+            self.saved, self.rows, self.base, self.held, self.stale = [], None, 0, 0, False
+            return Restore(0, b"")
+        keep = [(p, s) for p, s in self.saved if p <= position]
+        if not keep:
+            oldest = self.saved[0][0] if self.saved else self.held
+            raise CannotRollBackError(f"recurrent state cannot roll back to {position}: its oldest "
+                                      f"checkpoint is at {oldest}")
+        self.saved, self.held, self.stale = keep, keep[-1][0], False
+        self._cut(position)
+        return Restore(*keep[-1])
+
+    def begin(self, start: int, rows: np.ndarray) -> tuple[int, np.ndarray, bool]:
+        """A step of `rows` at `start` (the lane's position, rolled back already): (the position
+        the decode starts at, its rows, pending ones first, whether to checkpoint before it)."""
+        assert start == self.position, (start, self.position)
+        assert not self.stale, "a stale lane is rolled back (a checkpoint loaded) before a step"
+        checkpoint = not self.saved or self.saved[-1][0] != self.held
+        if self.rows is None or not self.pending:
+            return self.held, rows, checkpoint
+        feed = np.concatenate([self.rows[self.held - self.base :], rows])
+        return self.held, feed, checkpoint
+
+    def save(self, state: bytes) -> None:
+        """The state at `held`, taken before a step: the oldest is dropped past `depth`."""
+        self.saved.append((self.held, state))
+        if len(self.saved) > self.depth:
+            del self.saved[0]
+            drop = self.saved[0][0] - self.base
+            if self.rows is not None:
+                self.rows = self.rows[drop:]
+            self.base = self.saved[0][0]
+
+    def done(self, rows: np.ndarray) -> None:
+        """A step's decode succeeded: its rows are in the state."""
+        if self.rows is None or not len(self.rows):
+            self.rows, self.base = rows.copy(), self.position
+        else:
+            self.rows = np.concatenate([self.rows, rows])
+        self.held = self.position
+
+    def failed(self) -> None:
+        """A step's decode failed part way: only a checkpoint can say what the state is."""
+        self.stale = True
+
+    def _cut(self, position: int) -> None:
+        if self.rows is not None:
+            self.rows = self.rows[: max(position - self.base, 0)]
