@@ -129,9 +129,10 @@ class LlamaRangeEngine:
 
     def _settle(self, steps: list[Step], ok: bool) -> None:
         """Tell each lane's ring how its decode ended: its rows are in, or its state is unknown."""
-        for s in steps if self.rings is not None else ():
-            if 0 <= s.lane < self.lanes:
-                ring = self.rings[s.lane]
+        rings = self.rings or []
+        for s in steps:
+            if 0 <= s.lane < len(rings):
+                ring = rings[s.lane]
                 if ok:
                     ring.done(_rows(s))
                 else:
