@@ -50,7 +50,7 @@ from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
-from packages.architectures import package_verdict
+from packages.architectures import keeps_state, package_verdict
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
@@ -251,7 +251,7 @@ class Coordinator:
                 raise
         self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies,
                                  micro_batches=s.groups(1 + len(route.stages)), on_break=self.healer.route_broken,
-                                 prefix_cache=s.prefix_cache)
+                                 prefix_cache=s.prefix_cache, recurrent=keeps_state(self.manifest.architecture))
         self.pipeline.start()
 
     async def stop(self) -> None:

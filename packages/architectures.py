@@ -115,6 +115,11 @@ def kind_of(architecture: str) -> str:
     return KINDS.get(architecture, UNKNOWN)
 
 
+def keeps_state(architecture: str) -> bool:
+    """Whether some layers keep recurrent state, which rolls back by checkpoint, not by trim."""
+    return kind_of(architecture) in (HYBRID, RECURRENT)
+
+
 def require_servable(architecture: str) -> None:
     """Refuse what meshpipe cannot serve even on one node, with the reason."""
     kind = kind_of(architecture)

@@ -25,6 +25,10 @@ import numpy as np
 
 from common.errors import EngineError
 
+# Checkpoints per lane: the most frames a session may keep in flight on a model with recurrent
+# state is one fewer (mesh/serving/pipeline.py), within PRICED_FRAMES_IN_FLIGHT's default of 5.
+DEPTH = 6
+
 
 class CannotRollBackError(EngineError):
     """The lane's recurrent state holds no checkpoint at or before the position asked for."""

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from common.errors import EngineError
+from stage.checkpoints import DEPTH
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,9 @@ class EngineConfig:
     threads: int = 2
     cpu_lock: Path | None = None  # take turns on the cores with engines in other processes
     flash_attn: bool | None = None  # None: stage.llama_model's choice for every process
-    # Recurrent state kept per lane to roll back to (stage.checkpoints): a rejection reaches
-    # back at most the frames a session keeps in flight (mesh.speculative.plan), plus the one
-    # it was sent at. Memory: this many copies of a lane's recurrent state.
-    checkpoints: int = 6
+    # Copies of a lane's recurrent state kept to roll back to (stage.checkpoints): a rejection
+    # reaches back at most the frames a session keeps in flight.
+    checkpoints: int = DEPTH
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from mesh.reports.hop_timing import HopTotals
 from mesh.serving.prefix_cache import PrefixCache
 from mesh.serving.reply_deadline import ReplyDeadline
 from proto import meshpipe_pb2 as pb
+from stage.checkpoints import DEPTH
 from stage.core import StageCore, Work
 from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, compute_frame, sampled_of
@@ -108,9 +109,15 @@ class Pipeline:
     def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
                  chunk: int = 128, hops: HopTotals | None = None, replies: Link | None = None,
                  micro_batches: int = 1, on_break: Callable[[str], None] | None = None,
-                 prefix_cache: bool = True) -> None:
+                 prefix_cache: bool = True, recurrent: bool | None = None) -> None:
+        """`recurrent`: some stage's layers keep recurrent state (default: stage 0's do), which
+        rolls back only to a checkpoint (stage/checkpoints.py): the prefix cache is then exact,
+        and a session keeps at most `most_in_flight` frames out, within the checkpoints kept."""
         self.core = StageCore(engine, 0, wire_dtype, micro_batches)
-        self.cache = PrefixCache() if prefix_cache else None
+        if recurrent is None:
+            recurrent = getattr(engine, "rings", None) is not None
+        self.cache = PrefixCache(exact=recurrent) if prefix_cache else None
+        self.most_in_flight = DEPTH - 1 if recurrent else None
         self.link = link
         self.reply_link = replies  # to the final stage, past the middle ones (direct return)
         self.chunk = chunk

@@ -7,6 +7,10 @@ that lane to the match when the first frame arrives (a frame's start position is
 authoritative), so only the rest of the prompt is prefilled. A chat client's next turn
 resends the conversation, which is then mostly cached.
 
+A model with recurrent layers (Mamba-2, gated delta-net, short convolutions) holds a lane's
+state at one position only, the lane's own: there the cache is `exact`, and a lane matches a
+prompt only when the prompt extends everything it holds (a chat's next turn), else not at all.
+
 The cache lives with a route's pipeline: a rebuilt route starts empty, since its stages'
 KV is new.
 """
@@ -20,7 +24,8 @@ import numpy as np
 
 
 class PrefixCache:
-    def __init__(self) -> None:
+    def __init__(self, exact: bool = False) -> None:
+        self.exact = exact  # recurrent state: all the lane holds, or nothing
         self.held: dict[int, tuple[int, ...]] = {}  # free lane -> the tokens its KV holds everywhere
         self.used: dict[int, int] = {}  # lane -> when a request last ended on it
         self.clock = itertools.count()
@@ -37,6 +42,8 @@ class PrefixCache:
         if n <= 0:
             return 0
         differ = np.flatnonzero(np.asarray(held[:n]) != np.asarray(prompt[:n]))
+        if self.exact:
+            return n if n == len(held) and not len(differ) else 0
         return int(differ[0]) if len(differ) else n
 
     def take(self, lane: int) -> None:

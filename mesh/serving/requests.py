@@ -201,6 +201,7 @@ class Requests:
         failed = False
         try:
             in_flight = frames_in_flight(self.host.spec, pipeline.link is not None, self.settings.cpu_lock)
+            in_flight = min(in_flight, pipeline.most_in_flight or in_flight)
             draft = self.host.proposer if self.host.spec is not None else None
             async for sampled in generate(pipeline, lease, live, self.host.ctx_per_session, draft, self._window(),
                                           in_flight, forced=self._forced(live.state.req)):

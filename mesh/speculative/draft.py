@@ -88,6 +88,10 @@ class Draft:
     async def _propose(self, lane: int, sequence: list[int], k: int, guide: Guide | None) -> list[int]:
         view = self._view(lane, sequence)
         start = min(common_prefix(self.held[lane], view), len(view) - 1)
+        if not self.engine.reachable(lane, start):
+            # a hybrid draft's recurrent state keeps DEPTH checkpoints, a step apart: a
+            # rollback past them starts the lane over (what it proposes changes, not the output)
+            start = 0
         held, feed = view[:start], view[start:]
         out: list[int] = []
         timed: list[float] = []
