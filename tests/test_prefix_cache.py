@@ -46,6 +46,18 @@ def test_the_longest_match_wins_and_at_least_one_prompt_token_is_left_to_prefill
     assert cache.match(0, [8]) == 0
 
 
+def test_an_exact_cache_matches_only_a_prompt_that_extends_all_the_lane_holds():
+    """Recurrent state is held at the lane's own position only (stage/checkpoints.py)."""
+    cache = PrefixCache(exact=True)
+    cache.keep(0, [1, 2, 3, 4])
+    assert cache.match(0, [1, 2, 3, 4, 5, 6]) == 4  # a chat's next turn: everything reused
+    assert cache.match(0, [1, 2, 3, 9, 5, 6]) == 0  # parts at 3: a trim to 3 cannot be restored
+    assert cache.match(0, [1, 2, 3, 4]) == 0  # the last prompt token must be fed again
+    trimming = PrefixCache()
+    trimming.keep(0, [1, 2, 3, 4])
+    assert trimming.match(0, [1, 2, 3, 9, 5, 6]) == 3  # attention KV is trimmed to the match
+
+
 def test_without_a_match_the_least_recently_used_lane_is_evicted():
     cache = PrefixCache()
     cache.keep(2, [5, 5])

@@ -1,0 +1,110 @@
+"""A range engine over recurrent and hybrid layers rolls back by checkpoint (stage/checkpoints.py).
+
+Tiny random-weight models (tests/tiny_models.py) in Q4_0, whose k-row decode equals k
+single-row decodes on recurrent layers too, so every comparison is exact: a lane that verifies
+windows and rolls back on every rejection gives plain decoding's tokens, its replayed rows
+ride in the next step's decode, and a rollback past the checkpoints is refused by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_models import write_tiny
+
+from mesh.serving.pipeline import Pipeline
+from mesh.speculative.draft import Draft
+from packages.requantize import requantize
+from stage.checkpoints import DEPTH, CannotRollBackError
+from stage.engine import EngineConfig, Step
+from stage.llama_engine import LlamaRangeEngine
+
+PROMPT = np.array([1, *range(40, 60), 7, 7, 9], dtype=np.int32)
+N = 16
+
+
+@pytest.fixture(scope="module", params=["qwen35", "mamba2"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaRangeEngine]:
+    root = tmp_path_factory.mktemp(request.param)
+    gguf = requantize(write_tiny(root / "f32.gguf", request.param), root / "q4_0.gguf", "Q4_0")
+    e = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=2, ctx_per_lane=128, threads=1))
+    yield e
+    e.close()
+
+
+def _plain(e: LlamaRangeEngine, lane: int) -> list[int]:
+    e.trim(lane, 0)
+    logits = e.step([Step(lane, 0, tokens=PROMPT)])[0]
+    out = []
+    for _ in range(N):
+        out.append(int(logits[-1].argmax()))
+        logits = e.step([Step(lane, len(PROMPT) + len(out) - 1, tokens=np.array(out[-1:], dtype=np.int32))])[0]
+    return out
+
+
+def test_windows_rejected_at_every_row_give_plain_decodings_tokens(engine: LlamaRangeEngine) -> None:
+    plain = _plain(engine, 0)
+    engine.trim(1, 0)
+    got = [int(engine.step([Step(1, 0, tokens=PROMPT)])[0][-1].argmax())]
+    rng = np.random.default_rng(0)
+    rejected = 0
+    while len(got) < N:
+        # drafts right for a random number of rows, then wrong: every row gets rejected sometime
+        right = int(rng.integers(0, 3))
+        drafts = [*plain[len(got) : len(got) + right], 1]
+        start = len(PROMPT) + len(got) - 1
+        rows = engine.step([Step(1, start, tokens=np.array([got[-1], *drafts], dtype=np.int32), all_logits=True)])[0]
+        assert len(rows) == len(drafts) + 1  # the replayed rows' logits are not the step's
+        for draft, row in zip([*drafts, None], rows, strict=True):
+            got.append(int(row.argmax()))
+            if draft != got[-1]:
+                rejected += draft is not None
+                break
+    assert got[:N] == plain
+    assert rejected >= 4
+
+
+def test_a_rollback_replays_in_the_next_decode_and_is_refused_past_the_checkpoints(engine: LlamaRangeEngine) -> None:
+    engine.trim(0, 0)
+    engine.step([Step(0, 0, tokens=PROMPT)])
+    engine.step([Step(0, len(PROMPT), tokens=np.array([5, 6, 7, 8], dtype=np.int32))])
+    engine.trim(0, len(PROMPT) + 2)
+    ring = engine.rings[0] if engine.rings is not None else None
+    assert ring is not None
+    assert (ring.held, ring.pending) == (len(PROMPT), 2)  # restored before the frame: two rows to replay
+    assert engine.position(0) == len(PROMPT) + 2
+    for i in range(DEPTH + 1):  # the first replays and takes no checkpoint: its start has one
+        engine.step([Step(0, engine.position(0), tokens=np.array([9 + i], dtype=np.int32))])
+    assert ring.pending == 0
+    with pytest.raises(CannotRollBackError, match="oldest checkpoint"):
+        engine.trim(0, len(PROMPT) + 1)
+    assert not engine.reachable(0, len(PROMPT) + 1)
+    assert engine.reachable(0, 0)
+
+
+def test_the_pipeline_keeps_frames_in_flight_within_the_checkpoints(engine: LlamaRangeEngine) -> None:
+    assert Pipeline(engine, None).most_in_flight == DEPTH - 1
+    assert Pipeline(engine, None, recurrent=False).most_in_flight is None
+    assert Pipeline(engine, None).cache.exact  # type: ignore[union-attr]
+
+
+def test_a_hybrid_draft_starts_a_lane_over_where_its_checkpoints_do_not_reach(tmp_path: Path) -> None:
+    gguf = requantize(write_tiny(tmp_path / "f32.gguf", "qwen35"), tmp_path / "q4_0.gguf", "Q4_0")
+    first, second = [int(t) for t in PROMPT], [int(t) for t in PROMPT[:6]] + [3, 4, 5]
+
+    async def proposals(sequences: list[list[int]]) -> list[int]:
+        draft = Draft(gguf, lanes=1, ctx_per_lane=128, threads=1)
+        draft.start()
+        try:
+            for sequence in sequences:
+                out = await draft.propose(0, sequence, DEPTH + 2)  # a step each: past the checkpoints
+            return out
+        finally:
+            await draft.stop()
+
+    # parting at position 6, long before its oldest checkpoint: the lane is fed again from 0
+    assert asyncio.run(proposals([first, second])) == asyncio.run(proposals([second]))
