@@ -3,7 +3,8 @@
 An attention layer's KV is trimmed back to a position; a recurrent layer's state (Mamba-2,
 gated delta-net, short convolutions) has been overwritten by every row since, and cannot be.
 So an engine whose range holds recurrent layers keeps, per lane, a `LaneRing`: a checkpoint
-of the recurrent state before each step, and the input rows fed since the oldest one.
+of the recurrent state before each step of several rows (a single row never needs its own: a
+rollback lands past a frame's first row), and the input rows fed since the oldest one.
 
 Rolling back to p restores the newest checkpoint at or before p; the rows from there to p
 are then replayed, not at once but in front of the lane's next step. The replay costs rows
@@ -30,6 +31,9 @@ from common.errors import EngineError
 DEPTH = 6
 
 
+State = bytes | memoryview  # a lane's recurrent state as llama.cpp serialises it (empty: none)
+
+
 class CannotRollBackError(EngineError):
     """The lane's recurrent state holds no checkpoint at or before the position asked for."""
 
@@ -40,7 +44,7 @@ class Restore:
     clear the lane), then drop attention KV from `position` on."""
 
     position: int
-    state: bytes
+    state: State
 
 
 @dataclass
@@ -49,7 +53,7 @@ class LaneRing:
     is; `position` (≥ held) where the lane logically is, the rows between to be replayed."""
 
     depth: int
-    saved: list[tuple[int, bytes]] = field(default_factory=list)  # (position, state), oldest first
+    saved: list[tuple[int, State]] = field(default_factory=list)  # (position, state), oldest first
     rows: np.ndarray | None = None  # input rows from `base` to `position`
     base: int = 0
     held: int = 0
@@ -93,13 +97,16 @@ class LaneRing:
         the decode starts at, its rows, pending ones first, whether to checkpoint before it)."""
         assert start == self.position, (start, self.position)
         assert not self.stale, "a stale lane is rolled back (a checkpoint loaded) before a step"
-        checkpoint = not self.saved or self.saved[-1][0] != self.held
+        newest = self.saved[-1][0] if self.saved else None
+        # a step of one row is rolled back into only from a later frame, whose own checkpoint
+        # serves; one is still taken every `depth` rows, to bound a replay
+        checkpoint = newest is None or (newest != self.held and (len(rows) > 1 or self.held - newest >= self.depth))
         if self.rows is None or not self.pending:
             return self.held, rows, checkpoint
         feed = np.concatenate([self.rows[self.held - self.base :], rows])
         return self.held, feed, checkpoint
 
-    def save(self, state: bytes) -> None:
+    def save(self, state: State) -> None:
         """The state at `held`, taken before a step: the oldest is dropped past `depth`."""
         self.saved.append((self.held, state))
         if len(self.saved) > self.depth:

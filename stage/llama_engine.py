@@ -155,20 +155,21 @@ class LlamaRangeEngine:
             return Step(s.lane, start, tokens=rows, all_logits=s.all_logits)
         return Step(s.lane, start, hidden=rows, all_logits=s.all_logits)
 
-    def _state(self, lane: int) -> bytes:
+    def _state(self, lane: int) -> memoryview:
         """The lane's recurrent state alone: on a hybrid the attention KV is trimmed, not saved."""
         size = L.llama_state_seq_get_size_ext(self.ctx, lane, _PARTIAL)
         buf = (ctypes.c_uint8 * size)()
         if L.llama_state_seq_get_data_ext(self.ctx, buf, size, lane, _PARTIAL) != size:
             raise EngineError(f"lane {lane}: llama.cpp could not save its recurrent state")
-        return bytes(buf)
+        return memoryview(buf).cast("B")  # the buffer itself: a copy of a 20 MB state costs a decode's tenth
 
     def _restore(self, lane: int, restore: Restore) -> None:
         if not restore.state:
             L.llama_memory_seq_rm(self.mem, lane, -1, -1)
             return
-        buf = (ctypes.c_uint8 * len(restore.state)).from_buffer_copy(restore.state)
-        if L.llama_state_seq_set_data_ext(self.ctx, buf, len(restore.state), lane, _PARTIAL) == 0:
+        size = len(restore.state)
+        buf = (ctypes.c_uint8 * size).from_buffer(restore.state)
+        if L.llama_state_seq_set_data_ext(self.ctx, buf, size, lane, _PARTIAL) == 0:
             raise EngineError(f"lane {lane}: llama.cpp could not restore its recurrent state")
         # the recurrent part now ends before `position`, so only attention KV is dropped
         L.llama_memory_seq_rm(self.mem, lane, restore.position, -1)

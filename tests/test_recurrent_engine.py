@@ -78,12 +78,24 @@ def test_a_rollback_replays_in_the_next_decode_and_is_refused_past_the_checkpoin
     assert (ring.held, ring.pending) == (len(PROMPT), 2)  # restored before the frame: two rows to replay
     assert engine.position(0) == len(PROMPT) + 2
     for i in range(DEPTH + 1):  # the first replays and takes no checkpoint: its start has one
-        engine.step([Step(0, engine.position(0), tokens=np.array([9 + i], dtype=np.int32))])
+        engine.step([Step(0, engine.position(0), tokens=np.array([9 + i, 9], dtype=np.int32))])
     assert ring.pending == 0
     with pytest.raises(CannotRollBackError, match="oldest checkpoint"):
         engine.trim(0, len(PROMPT) + 1)
     assert not engine.reachable(0, len(PROMPT) + 1)
     assert engine.reachable(0, 0)
+
+
+def test_single_rows_take_a_checkpoint_only_every_depth_rows(engine: LlamaRangeEngine) -> None:
+    """A rollback lands past a frame's first row: a one-row frame's checkpoint would go unused."""
+    engine.trim(0, 0)
+    engine.step([Step(0, 0, tokens=PROMPT)])
+    for token in range(3 * DEPTH):
+        engine.step([Step(0, engine.position(0), tokens=np.array([token], dtype=np.int32))])
+    ring = engine.rings[0] if engine.rings is not None else None
+    assert ring is not None
+    assert [p for p, _ in ring.saved] == [0, *(len(PROMPT) + i * DEPTH for i in range(3))]  # 0: before the prompt
+    assert ring.base == ring.saved[0][0]  # rows are kept from the oldest checkpoint on
 
 
 def test_the_pipeline_keeps_frames_in_flight_within_the_checkpoints(engine: LlamaRangeEngine) -> None:

@@ -1,0 +1,145 @@
+"""A random-weight Q4_0 `qwen35` GGUF of a real hybrid's shape, for `mesh bench --scenarios hybrid`.
+
+Qwen3.5's layer pattern: gated delta-net layers (a recurrent state per lane), with gated
+attention on every `interval`-th layer, each followed by a SwiGLU FFN. The default shape is
+about 1.1B parameters (24 layers, width 1536, the Qwen vocabulary of 151,936), whose
+recurrent state is about 19 MB a lane, so a checkpoint costs what it would on a real model
+of that size.
+
+Matrices are random Q4_0 blocks (bench/harness/shape_model.py `q4_0_bytes`); what llama.cpp
+keeps in F32 (norms, the convolution, the decay and time-step vectors) is written in F32 with
+values that keep the state bounded: the decay `ssm_a` negative, norms ones. The vocabulary is
+shape_model's minimal SentencePiece one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from bench.harness.shape_model import Q4_0_BLOCK, Q4_0_BYTES, q4_0_bytes
+
+_F32 = 0  # a tensor entry's kind: F32 values of `shape`; else Q4_0 rows x cols
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    name: str
+    layers: int
+    width: int
+    ffn: int
+    heads: int  # gated attention: query heads (attn_q holds the query and its gate)
+    kv_heads: int
+    head_dim: int
+    k_heads: int  # delta-net key heads; value heads are `v_heads`, both of `state` dims
+    v_heads: int
+    state: int
+    vocab: int
+    interval: int = 4  # attention where (il + 1) % interval == 0
+    conv: int = 4
+
+    def recurrent_layers(self) -> int:
+        return sum(1 for i in range(self.layers) if (i + 1) % self.interval)
+
+    def state_bytes(self) -> int:
+        """A lane's recurrent state, as llama.cpp keeps it (F32): delta-net matrix and conv window."""
+        key, value = self.k_heads * self.state, self.v_heads * self.state
+        per_layer = self.v_heads * self.state * self.state + (self.conv - 1) * (2 * key + value)
+        return 4 * per_layer * self.recurrent_layers()
+
+
+QWEN35_1B = HybridShape("qwen3.5-like-1b", layers=24, width=1536, ffn=4096, heads=12, kv_heads=2, head_dim=128,
+                        k_heads=16, v_heads=16, state=128, vocab=151936)
+TINY_HYBRID = HybridShape("tiny-hybrid", layers=8, width=64, ffn=128, heads=4, kv_heads=2, head_dim=32,
+                          k_heads=2, v_heads=4, state=32, vocab=512)
+HYBRID_SHAPES = {s.name: s for s in (QWEN35_1B, TINY_HYBRID)}
+
+
+def _tensors(s: HybridShape) -> list[tuple[str, tuple[int, ...], int]]:
+    """(name, shape, kind) of every tensor: F32 `shape`, or Q4_0 (rows, cols) when kind is 1."""
+    q4, f32 = 1, _F32
+    key, value = s.k_heads * s.state, s.v_heads * s.state
+    out: list[tuple[str, tuple[int, ...], int]] = [("token_embd.weight", (s.vocab, s.width), q4)]
+    for i in range(s.layers):
+        b = f"blk.{i}."
+        out += [(b + "attn_norm.weight", (s.width,), f32), (b + "post_attention_norm.weight", (s.width,), f32)]
+        if (i + 1) % s.interval == 0:
+            q = s.heads * s.head_dim
+            kv = s.kv_heads * s.head_dim
+            out += [(b + "attn_q.weight", (2 * q, s.width), q4), (b + "attn_k.weight", (kv, s.width), q4),
+                    (b + "attn_v.weight", (kv, s.width), q4),
+                    (b + "attn_output.weight", (s.width, q), q4),
+                    (b + "attn_q_norm.weight", (s.head_dim,), f32), (b + "attn_k_norm.weight", (s.head_dim,), f32)]
+        else:
+            out += [(b + "attn_qkv.weight", (2 * key + value, s.width), q4),
+                    (b + "attn_gate.weight", (value, s.width), q4),
+                    (b + "ssm_conv1d.weight", (2 * key + value, s.conv), f32), (b + "ssm_dt.bias", (s.v_heads,), f32),
+                    (b + "ssm_a", (s.v_heads,), f32), (b + "ssm_beta.weight", (s.v_heads, s.width), f32),
+                    (b + "ssm_alpha.weight", (s.v_heads, s.width), f32), (b + "ssm_norm.weight", (s.state,), f32),
+                    (b + "ssm_out.weight", (s.width, value), q4)]
+        out += [(b + "ffn_gate.weight", (s.ffn, s.width), q4), (b + "ffn_up.weight", (s.ffn, s.width), q4),
+                (b + "ffn_down.weight", (s.width, s.ffn), q4)]
+    return [*out, ("output_norm.weight", (s.width,), f32), ("output.weight", (s.vocab, s.width), q4)]
+
+
+def _f32(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if name.endswith("norm.weight"):
+        return np.ones(shape, np.float32)
+    if name.endswith("ssm_a"):
+        return -np.exp(rng.standard_normal(shape)).astype(np.float32)  # A < 0: the state decays
+    scale = 1 / np.sqrt(shape[-1]) if len(shape) > 1 else 0.05
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def write_hybrid_gguf(path: Path, shape: HybridShape, seed: int = 0) -> Path:
+    """`shape` as a random-weight qwen35 GGUF at `path`, one tensor in memory at a time."""
+    rng = np.random.default_rng(seed)
+    writer = GGUFWriter(path, "qwen35")
+    _metadata(writer, shape)
+    tensors = _tensors(shape)
+    for name, dims, kind in tensors:
+        if kind == _F32:
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
+        else:
+            rows, cols = dims
+            size = rows * cols // Q4_0_BLOCK * Q4_0_BYTES
+            writer.add_tensor_info(name, (rows, cols // Q4_0_BLOCK * Q4_0_BYTES), np.dtype(np.uint8), size,
+                                   raw_dtype=GGMLQuantizationType.Q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, dims, kind in tensors:
+        writer.write_tensor_data(_f32(name, dims, rng) if kind == _F32 else q4_0_bytes(dims[0], dims[1], rng))
+    writer.close()
+    return path
+
+
+def _metadata(w: GGUFWriter, s: HybridShape) -> None:
+    arch = "qwen35"
+    w.add_name(f"random {s.name} Q4_0")
+    for key, value in (("context_length", 8192), ("embedding_length", s.width), ("block_count", s.layers),
+                       ("feed_forward_length", s.ffn), ("attention.head_count", s.heads),
+                       ("attention.head_count_kv", s.kv_heads), ("attention.key_length", s.head_dim),
+                       ("attention.value_length", s.head_dim), ("rope.dimension_count", s.head_dim // 2),
+                       ("ssm.conv_kernel", s.conv), ("ssm.inner_size", s.v_heads * s.state),
+                       ("ssm.state_size", s.state), ("ssm.group_count", s.k_heads),
+                       ("ssm.time_step_rank", s.v_heads), ("full_attention_interval", s.interval)):
+        w.add_key_value(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add_key_value(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, GGUFValueType.FLOAT32)
+    w.add_key_value(f"{arch}.rope.freq_base", 10_000_000.0, GGUFValueType.FLOAT32)
+    quarter = s.head_dim // 16  # M-RoPE sections, half the rotated dims: time, height, width
+    w.add_key_value(f"{arch}.rope.dimension_sections", [2 * quarter, quarter, quarter, 0], GGUFValueType.ARRAY,
+                    sub_type=GGUFValueType.INT32)
+    w.add_file_type(2)  # MOSTLY_Q4_0
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)]]
+    tokens += [f"<t{i}>" for i in range(len(tokens), s.vocab)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * s.vocab)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (s.vocab - 3 - 256))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
