@@ -9,6 +9,11 @@ KV: each layer keeps, per position, keys and values as wide as its `attn_k` and 
 outputs. llama.cpp allocates f16 for every lane's whole context at Load. MLX keeps them in
 its activations' dtype, f32, and grows a lane's buffer as it fills (stage/mlx_models/cache.py),
 so its worst case is what is counted: every lane full. Measured against RSS in DESIGN.md §3.
+
+Recurrent state: a Mamba-2, gated delta-net or short-convolution layer keeps, per lane, a
+convolution window ((kernel - 1) x channels) and a state matrix (`ssm.state_size` x its
+inner width), F32, whatever the context; the engine keeps DEPTH checkpoints of it per lane
+besides (stage/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from mesh.routing.planner import StageRange
 from packages.gguf_files import open_gguf
 from packages.manifest import Manifest
+from stage.checkpoints import DEPTH
 from stage.engine_choice import Engine
 from stage.mlx_tensors import MLX_GGUF_TYPES, mlx_unreadable
 
@@ -33,6 +39,7 @@ OVERHEAD = {"llama": 32 << 20, "mlx": 64 << 20}
 class PackageSizes:  # what the fit checks read once from a package
     layer_weights: tuple[int, ...]  # tensor bytes of each layer
     layer_kv: tuple[int, ...]  # key + value elements each layer keeps per position
+    layer_state: tuple[int, ...]  # recurrent-state elements (F32) each layer keeps per lane
     layer_types: tuple[tuple[tuple[str, str], ...], ...]  # (tensor, GGUF type) of each layer
     embeddings: int  # the token embeddings: stage 0's, and a tied head's
     head: int  # the final norm and output matrix; the embeddings are added when tied
@@ -44,25 +51,29 @@ class Footprint:
     weights: int
     kv: int
     overhead: int
+    state: int = 0  # recurrent state, live and checkpointed
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.overhead
+        return self.weights + self.kv + self.overhead + self.state
 
 
 def package_sizes(package_dir: Path, manifest: Manifest) -> PackageSizes:
     """Read from the package's tensor headers; raises PackageError when one cannot be read."""
-    kv, types = [], []
+    kv, types, state = [], [], []
+    d_state = _state_size(package_dir, manifest)
     for layer in manifest.layers:
         tensors = open_gguf(package_dir / layer.path).tensors
         widths = {t.name.rsplit(".", 2)[-2]: int(t.shape[-1]) for t in tensors}
         kv.append(widths.get("attn_k", 0) + widths.get("attn_v", 0))
         types.append(tuple((t.name, t.tensor_type.name) for t in tensors))
+        state.append(sum(_state_elements(t.name, [int(n) for n in t.shape], d_state) for t in tensors))
     shared = manifest.shared
     output = shared.get("output")
     tied = output is None or not any(t.name == "output.weight"
                                      for t in open_gguf(package_dir / output.path).tensors)
     return PackageSizes(layer_weights=tuple(a.tensor_bytes for a in manifest.layers), layer_kv=tuple(kv),
+                        layer_state=tuple(state),
                         layer_types=tuple(types),
                         embeddings=shared["embeddings"].tensor_bytes if "embeddings" in shared else 0,
                         head=output.tensor_bytes if output else 0, tied=tied)
@@ -74,7 +85,26 @@ def footprint(sizes: PackageSizes, rng: StageRange, engine: Engine, lanes: int, 
     weights += sizes.embeddings if rng.start == 0 else 0
     weights += (sizes.head + (sizes.embeddings if sizes.tied else 0)) if final else 0
     kv = lanes * ctx * KV_BYTES[engine] * sum(sizes.layer_kv[rng.start:rng.end])
-    return Footprint(weights, kv, OVERHEAD[engine])
+    state = lanes * (1 + DEPTH) * 4 * sum(sizes.layer_state[rng.start:rng.end])
+    return Footprint(weights, kv, OVERHEAD[engine], state)
+
+
+def _state_size(package_dir: Path, manifest: Manifest) -> int:
+    """The model's `ssm.state_size` (0 without one), from the package's metadata."""
+    meta = manifest.shared.get("metadata")
+    if meta is None:
+        return 0
+    field = open_gguf(package_dir / meta.path).fields.get(f"{manifest.architecture}.ssm.state_size")
+    return int(field.contents()) if field is not None else 0
+
+
+def _state_elements(name: str, shape: list[int], d_state: int) -> int:
+    """What a layer's tensor says of its recurrent state per lane (GGUF shapes: input dim first)."""
+    if name.endswith(("ssm_conv1d.weight", "shortconv.conv.weight")):
+        return (shape[0] - 1) * shape[1]  # the convolution's window of past inputs
+    if name.endswith("ssm_out.weight"):
+        return d_state * shape[0]  # the state matrix, d_state x the mixer's inner width
+    return 0
 
 
 @dataclass(frozen=True)
@@ -97,7 +127,8 @@ def misfits(sizes: PackageSizes, needs: Sequence[StageNeed], lanes: int, ctx: in
         if total <= free:
             continue
         parts = ", ".join(f"{n.name} [{n.rng.start},{n.rng.end}) on {n.engine}: {_mib(p.weights)} weights "
-                          f"+ {_mib(p.kv)} KV + {_mib(p.overhead)} engine" for n, p in zip(here, prints, strict=True))
+                          f"+ {_mib(p.kv)} KV{_state_part(p)} + {_mib(p.overhead)} engine"
+                          for n, p in zip(here, prints, strict=True))
         problems.append(f"{parts} need {_mib(total)} at {lanes} lanes of {ctx} tokens and the machine has "
                         f"{_mib(free)} free (lower --lanes or --ctx-size, or add a stage)")
     return problems
@@ -111,6 +142,10 @@ def _unreadable(sizes: PackageSizes, need: StageNeed) -> str | None:
             return (f"{need.name} runs MLX, which cannot read tensor {bad[0]} of type {bad[1]} in layer "
                     f"{layer} (it reads {', '.join(MLX_GGUF_TYPES)}); run that stage with --engine llama")
     return None
+
+
+def _state_part(p: Footprint) -> str:
+    return f" + {_mib(p.state)} recurrent state ({1 + DEPTH} copies a lane)" if p.state else ""
 
 
 def _mib(n: int) -> str:
