@@ -33,6 +33,7 @@ from bench.scenarios import (
     constrained,
     engines,
     guard,
+    hybrid,
     machines,
     memory,
     ngram,
@@ -60,7 +61,7 @@ MESH_SCENARIOS: dict[str, Callable[[Shared], list[Row]]] = {
 BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, "agreement": agreement.run}
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
     "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
-    "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run}
+    "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run, "hybrid": hybrid.run}
 # shapes brings its own model and runs only alone (shapes.run)
 SCENARIOS = (*BEFORE_MESH, *MESH_SCENARIOS, *AFTER_MESH, "shapes")
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
@@ -74,8 +75,9 @@ SHAPES_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "2"}  # an 8B decodes a
 PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what issue 42 measured
 MACHINES_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # split-2 against one node
 GUARD_DEFAULTS = {"tokens": 64, "prompts": 1, "stages": "1,2"}  # the guard's own sizes, under 10 minutes
+HYBRID_DEFAULTS = {"tokens": 48, "prompts": 2, "stages": "2"}  # a 1.1B hybrid decodes tens of tok/s
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
-ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20"}  # issue 42's two, with --machines too
+ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20", frozenset({"hybrid"}): "0,20"}  # the issues' two delays
 
 # --scenarios' help: each scenario, what it measures
 SCENARIOS_HELP = (
@@ -97,7 +99,9 @@ SCENARIOS_HELP = (
     "(a random-weight Q4_0 model of --shape at full size: package writing, peer transfer, stage load, resident "
     "memory, and split-2 against llama.cpp's RPC split-2 at each --wire-delays; always with --machines, and only "
     "alone), guard (issue 42's ratios in one run, interleaved, against BENCHMARKS.md's guard figures; exits 1 when "
-    "one is more than 15%% worse; always with --machines; run it before a release); numerics, agreement, chat, "
+    "one is more than 15%% worse; always with --machines; run it before a release), hybrid (a random Qwen3.5-like 1.1B "
+    "hybrid: what a rollback's checkpoint costs, and split-2 with a self-draft and a requantized draft against none "
+    "at 0,20 ms; always with --machines, and only alone); numerics, agreement, chat, "
     "ngram, prompt_lookup, engines, constrained, peers, sweep and guard run alone if asked alone")
 
 
@@ -152,6 +156,10 @@ def _run(args: argparse.Namespace) -> int:
     bins = _llama_cpp_bins(args, scenarios)
     if "shapes" in scenarios:
         return _shapes(args, scenarios, bins)
+    if "hybrid" in scenarios:
+        if scenarios != {"hybrid"}:
+            raise SystemExit("mesh bench: hybrid runs alone (it writes and serves its own model)")
+        args.model = str(hybrid.model_path(args.cache_dir or cache_dir()))
     # every server the bench starts inherits it, and every request the bench sends carries it:
     # a key from the user's config can then never lock the bench out of its own servers
     os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
@@ -188,16 +196,16 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS,
              frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS,
              frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS,
-             frozenset({"machines"}): MACHINES_DEFAULTS}
+             frozenset({"machines"}): MACHINES_DEFAULTS, frozenset({"hybrid"}): HYBRID_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
 
 
 def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
-    """peers, sweep, guard and machines always emulate machines; a --llama-cpp-bin that lacks a binary fails now, not an
-    hour in."""
-    if scenarios & {"peers", "sweep", "shapes", "guard", "machines"}:
+    """peers, sweep, guard, machines and hybrid always emulate machines; a --llama-cpp-bin that
+    lacks a binary fails now, not an hour in."""
+    if scenarios & {"peers", "sweep", "shapes", "guard", "machines", "hybrid"}:
         args.machines = True
     if not scenarios & {"peers", "shapes"}:
         return None

@@ -98,7 +98,7 @@ class LlamaRangeEngine:
         if self.rings is not None:
             restore = self.rings[lane].rollback(position)
             if restore is not None:
-                self._restore(lane, restore)
+                self.restore_state(lane, restore)
             self._pos[lane] = self.rings[lane].position
         elif position < self._pos[lane]:
             L.llama_memory_seq_rm(self.mem, lane, position, -1)
@@ -149,13 +149,13 @@ class LlamaRangeEngine:
         ring = self.rings[s.lane]
         start, rows, checkpoint = ring.begin(s.start, _rows(s))
         if checkpoint:
-            ring.save(self._state(s.lane))
+            ring.save(self.save_state(s.lane))
         self._pos[s.lane] = start
         if self.first:
             return Step(s.lane, start, tokens=rows, all_logits=s.all_logits)
         return Step(s.lane, start, hidden=rows, all_logits=s.all_logits)
 
-    def _state(self, lane: int) -> memoryview:
+    def save_state(self, lane: int) -> memoryview:
         """The lane's recurrent state alone: on a hybrid the attention KV is trimmed, not saved."""
         size = L.llama_state_seq_get_size_ext(self.ctx, lane, _PARTIAL)
         buf = (ctypes.c_uint8 * size)()
@@ -163,7 +163,7 @@ class LlamaRangeEngine:
             raise EngineError(f"lane {lane}: llama.cpp could not save its recurrent state")
         return memoryview(buf).cast("B")  # the buffer itself: a copy of a 20 MB state costs a decode's tenth
 
-    def _restore(self, lane: int, restore: Restore) -> None:
+    def restore_state(self, lane: int, restore: Restore) -> None:
         if not restore.state:
             L.llama_memory_seq_rm(self.mem, lane, -1, -1)
             return
