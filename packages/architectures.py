@@ -233,13 +233,13 @@ def table() -> list[tuple[str, str]]:
     """Every architecture of the vendored llama.cpp, with what meshpipe does with it."""
     rows = []
     for arch in sorted(a for a, kind in KINDS.items() if kind != UNKNOWN):
+        needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
         if arch in RULES:
             rows.append((arch, f"split: {describe_rule(arch).split(': ', 1)[1]}"))
         elif kind_of(arch) == TEXT:
-            needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
             rows.append((arch, f"one node: {UNPROVEN.split(':')[0]}{needs}"))
         else:
-            rows.append((arch, f"refused: {_NOT_TEXT[kind_of(arch)]}"))
+            rows.append((arch, f"refused: {_NOT_TEXT[kind_of(arch)]}{needs}"))
     return rows
 
 
