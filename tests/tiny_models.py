@@ -471,10 +471,14 @@ def _lfm2(t: Tiny) -> None:
 
 
 def _granitehybrid(t: Tiny) -> None:
-    """Mamba-2 mixers with attention on every 4th layer, each with a dense FFN (granite-hybrid.cpp)."""
+    """Mamba-2 mixers with attention on every 4th layer, each with a dense FFN, and Granite's scales
+    (granite-hybrid.cpp): the embedding scale, which build_inp_embd applies to hidden-state input too."""
+    t.key("logit_scale", 8.0)
+    t.key("embedding_scale", 12.0)
+    t.key("residual_scale", 0.22)
     _mamba2_keys(t)
     _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
-    _head(t)
+    _head(t, embd_scale=0.05)
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
         if (i + 1) % 4 == 0:
