@@ -54,11 +54,27 @@ class CutRule:
     token_input_only: Mapping[str, Any] = field(default_factory=dict)
     # The graph multiplies whatever it is fed by √n_embd: later stages feed h / √n_embd.
     scales_any_input: bool = False
+    # A hybrid whose every layer is either attention or recurrent: how load_arch_hparams tells the
+    # recurrent ones (KV_HEADS or INTERVAL). llm_graph_input_mem_hybrid::set_input (llama-graph.cpp)
+    # fills the inputs of both memories, and a stage without one kind of layer never gives that
+    # kind's inputs a buffer: GGML_ASSERT(buffer) aborts the process. Cuts fall where a recurrent
+    # layer follows an attention layer, so any choice of them leaves both kinds in every stage.
+    recurrent_layers: str = ""
     why: str = ""
+
+
+# 0 in the per-layer `attention.head_count_kv` (lfm2.cpp, granite-hybrid.cpp)
+KV_HEADS = "kv_heads"
+# the per-layer `attention.recurrent_layers`, else `(il + 1) % full_attention_interval != 0`
+# (default 4) from the stage's own index (qwen35.cpp, qwen3next.cpp)
+INTERVAL = "interval"
 
 
 _INDEX_FREE = "the graph reads nothing from the layer index"
 _LEAD = ("leading_dense_block_count",)
+_ONE_KIND = "a stage of one kind aborts in llm_graph_input_mem_hybrid::set_input (llama-graph.cpp)"
+_GATED_DELTA = ("hybrid: gated delta-net layers where (il + 1) % full_attention_interval != 0 by the stage's own "
+                "index ({}), so cuts fall on its multiples; " + _ONE_KIND)
 RULES: dict[str, CutRule] = {
     "llama": CutRule(why=f"{_INDEX_FREE} (llama.cpp)"),
     "mistral3": CutRule(why=f"{_INDEX_FREE}; attention temperature follows the position (mistral3.cpp)"),
@@ -91,13 +107,24 @@ RULES: dict[str, CutRule] = {
     "llama4": CutRule(period=4, swa_pattern=(4, False), period_keys=("interleave_moe_layer_step",),
                       why="chunked attention load_swa_pattern(ml, 4); no RoPE and MoE by "
                           "(il + 1) % step (llama4.cpp)"),
+    # Recurrent and hybrid families: a layer's state shapes come from the ssm.* keys, the same in
+    # every stage, and each stage's memory holds its own layers' conv and SSM states.
+    "mamba2": CutRule(why=f"recurrent: a Mamba-2 mixer in every layer; {_INDEX_FREE} (mamba.cpp, mamba2.cpp)"),
+    "falcon-h1": CutRule(why="hybrid: attention and a Mamba-2 mixer side by side in every layer, so every stage "
+                             f"holds both; {_INDEX_FREE} (falcon-h1.cpp)"),
+    "lfm2": CutRule(recurrent_layers=KV_HEADS,
+                    why=f"hybrid: short-convolution layers where head_count_kv is 0 (lfm2.cpp); {_ONE_KIND}"),
+    "granitehybrid": CutRule(recurrent_layers=KV_HEADS, token_input_only={"embedding_scale": 0.0},
+                             why="hybrid: Mamba-2 layers where head_count_kv is 0 (granite-hybrid.cpp); "
+                                 f"{_ONE_KIND}; build_inp_embd applies f_embedding_scale to embd input too"),
+    "qwen35": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35.cpp")),
+    "qwen3next": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen3next.cpp")),
 }
 
 # Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).
 _NOT_TEXT = {
-    HYBRID: "hybrid attention and recurrent layers: their state cannot roll back to a position yet "
-            "(the next issue)",
-    RECURRENT: "recurrent layers: their state cannot roll back to a position yet (the next issue)",
+    HYBRID: "hybrid attention and recurrent layers: not yet proven to split or to roll back to a position",
+    RECURRENT: "recurrent layers: not yet proven to split or to roll back to a position",
     ENCODER: "an encoder (embeddings or reranking), not a text generator",
     ENCODER_DECODER: "an encoder-decoder model; meshpipe serves decoder-only models",
     VISION: "a vision tower, not a text generator",
@@ -160,6 +187,13 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         # layer before the cut slides. (Without the array, cuts fall on multiples of the
         # pattern, whose first layer slides.)
         cuts = [c for c in cuts if sliding[c] and any(sliding[:c])]
+    if RULES[architecture].recurrent_layers:
+        # A stage that starts with a recurrent layer and ends with an attention layer holds both
+        # kinds whatever the other cuts (stage_refusal checks the first and last stages). Where
+        # the stage's own index tells the kinds (INTERVAL without the per-layer array), these are
+        # the interval's multiples, which keep the pattern's phase too.
+        recurrent = recurrent_layers(architecture, meta, layer_count)
+        cuts = [c for c in cuts if recurrent[c] and not recurrent[c - 1]]
     # the first and last stages of a split in two; a stage between cuts is checked when it is
     # materialized (stage_metadata)
     return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
@@ -168,7 +202,7 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
 
 def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, end: int) -> str | None:
     """Why layers [start, end) of a package (its metadata) cannot be one stage, or None: what
-    llama.cpp decides from a stage's own layer count that no key can override."""
+    llama.cpp decides from a stage's own layers that no key can override."""
     if architecture == "deepseek2" and int(metadata.get("deepseek2.attention.q_lora_rank") or 0) > 0 \
             and deepseek2_is_lite(end - start, metadata):
         # llama_model_deepseek2::load_arch_hparams skips q_lora_rank for a "Lite" layer count
@@ -176,7 +210,30 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
         # model with a q LoRA does not have.
         return (f"llama.cpp reads a {end - start}-layer deepseek2 as Lite and ignores its "
                 "q_lora_rank (deepseek2.cpp load_arch_hparams)")
+    rule = RULES.get(architecture)
+    if rule is not None and rule.recurrent_layers:
+        kinds = set(recurrent_layers(architecture, metadata, end)[start:end])
+        if len(kinds) == 1:
+            return (f"its layers are all {'recurrent' if True in kinds else 'attention'}, and "
+                    "llm_graph_input_mem_hybrid::set_input aborts unless a stage holds both kinds (llama-graph.cpp)")
     return None
+
+
+def recurrent_layers(architecture: str, metadata: Mapping[str, Any], layer_count: int) -> list[bool]:
+    """Which of the first `layer_count` layers of a hybrid (RULES[...].recurrent_layers) are
+    recurrent, as llama.cpp's load_arch_hparams marks them for the whole model."""
+    prefix = f"{architecture}."
+    if RULES[architecture].recurrent_layers == INTERVAL:
+        listed = metadata.get(f"{prefix}attention.recurrent_layers")
+        if isinstance(listed, list):
+            return [bool(r) for r in listed[:layer_count]]
+        step = int(metadata.get(f"{prefix}full_attention_interval") or 4)  # llama.cpp's default
+        return [(il + 1) % step != 0 for il in range(layer_count)]
+    # n_head_kv defaults to n_head; with neither known every layer counts as recurrent, which
+    # allows no cut
+    kv = metadata.get(f"{prefix}attention.head_count_kv", metadata.get(f"{prefix}attention.head_count"))
+    heads = kv[:layer_count] if isinstance(kv, list) else [kv] * layer_count
+    return [int(n or 0) == 0 for n in heads]
 
 
 def deepseek2_vocab(metadata: Mapping[str, Any]) -> int:
@@ -214,6 +271,8 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
     where = "any layer" if n == 1 else f"every {n}th layer"
     if RULES[architecture].swa_pattern is not None and isinstance((metadata or {}).get(swa_key(architecture)), list):
         where = f"{where} that starts with a sliding-window layer"
+    if RULES[architecture].recurrent_layers:
+        where = "a recurrent layer that follows an attention layer"
     return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
 
 
@@ -238,13 +297,13 @@ def table() -> list[tuple[str, str]]:
     """Every architecture of the vendored llama.cpp, with what meshpipe does with it."""
     rows = []
     for arch in sorted(a for a, kind in KINDS.items() if kind != UNKNOWN):
+        needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
         if arch in RULES:
             rows.append((arch, f"split: {describe_rule(arch).split(': ', 1)[1]}"))
         elif kind_of(arch) == TEXT:
-            needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
             rows.append((arch, f"one node: {UNPROVEN.split(':')[0]}{needs}"))
         else:
-            rows.append((arch, f"refused: {_NOT_TEXT[kind_of(arch)]}"))
+            rows.append((arch, f"refused: {_NOT_TEXT[kind_of(arch)]}{needs}"))
     return rows
 
 

@@ -3,7 +3,8 @@
 For each architecture in `packages.architectures.RULES`, a tiny random-weight GGUF
 (tests/tiny_models.py) is packaged, and:
 - split-2 at every allowed cut, and a split-3, give the unsplit model's greedy tokens;
-- each rule is needed: packaged and cut without it, some cut parts from the unsplit output,
+- each rule is needed: packaged and cut without it, some cut parts from the unsplit output
+  (lfm2's: a stage of one kind of layer aborts, tests/test_tiny_recurrent.py, mesh tier),
   and a stage that keeps the whole per-layer arrays does not load;
 - speculation with a draft of the same weights at another quantization (so some windows are
   rejected) gives the tokens of plain decoding, through the coordinator's request path.
@@ -92,16 +93,26 @@ def _without_rule(arch: str) -> Iterator[None]:
         RULES[arch] = saved
 
 
-@pytest.mark.parametrize("arch", [a for a in PROVEN if RULES[a] != CutRule(why=RULES[a].why)])
+# lfm2's rule only keeps an attention and a recurrent layer in every stage: without it, a stage
+# of one kind aborts the process, which no test in it outlives (test_tiny_recurrent shows the
+# abort in a process of its own).
+_ABORTS_WITHOUT_RULE = {"lfm2"}
+
+
+@pytest.mark.parametrize("arch", [a for a in PROVEN if RULES[a] != CutRule(why=RULES[a].why)
+                                  and a not in _ABORTS_WITHOUT_RULE])
 def test_each_rule_is_needed(arch: str, tiny: dict[str, Path], tmp_path: Path) -> None:
     """Packaged and cut at every layer without its rule, some split parts from the model."""
     gguf = tiny[arch]
     expected = reference_greedy(gguf, PROMPT, N)
+    ruled, _ = load_manifest(_package(gguf, tmp_path / "ruled"))
     with _without_rule(arch):
         package = _package(gguf, tmp_path / "pkg")
-        # lazily, up to the first cut that parts: some later ones abort in llama.cpp (a llama4
-        # stage without a no-RoPE layer builds an attention-scale input no node reads)
-        outputs = (_outcome(package, [c], tmp_path / "cache") for c in range(1, 8))
+        # lazily, up to the first cut that parts, and the cuts the rule allows first: some others
+        # abort in llama.cpp (a llama4 stage without a no-RoPE layer builds an attention-scale input
+        # no node reads; a granitehybrid stage of one kind of layer leaves an input without a buffer)
+        cuts = [*ruled.allowed_cuts, *(c for c in range(1, 8) if c not in ruled.allowed_cuts)]
+        outputs = (_outcome(package, [c], tmp_path / "cache") for c in cuts)
         assert any(out != expected for out in outputs), f"{arch}: every cut matched without the rule"
 
 
@@ -129,7 +140,7 @@ def test_an_unproven_architecture_is_packaged_to_serve_on_one_node(tmp_path: Pat
     assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
 
 
-@pytest.mark.parametrize(("arch", "reason"), [("mamba", "recurrent"), ("qwen35", "hybrid"), ("bert", "encoder"),
+@pytest.mark.parametrize(("arch", "reason"), [("mamba", "recurrent"), ("jamba", "hybrid"), ("bert", "encoder"),
                                               ("clip", "vision"), ("llada", "diffusion"), ("t5", "encoder-decoder")])
 def test_what_generates_no_text_or_cannot_roll_back_is_refused_with_its_reason(arch: str, reason: str) -> None:
     with pytest.raises(PackageError, match=f"cannot serve architecture '{arch}': .*{reason}"):
@@ -190,6 +201,29 @@ def test_no_stage_is_left_without_a_sliding_window_layer() -> None:
     assert allowed_cuts("olmo2", 8, {architectures.swa_key("olmo2"): [True, True, True, False] * 2}) == [1, 2, 4, 5, 6]
     assert allowed_cuts("gemma2", 8, {key: [False, True, False, True, True, True, True, True]}) == [3, 4, 5, 6, 7]
     assert allowed_cuts("gemma2", 8) == [2, 4, 6]  # no array: the pattern's period
+
+
+def test_no_hybrid_stage_is_left_with_one_kind_of_layer() -> None:
+    """llm_graph_input_mem_hybrid::set_input aborts on a stage without an attention or a recurrent
+    layer: cuts fall where a recurrent layer follows an attention layer, the last stage keeping one."""
+    kv = "lfm2.attention.head_count_kv"
+    assert allowed_cuts("lfm2", 12, {kv: [0, 0, 2] * 4}) == [3, 6, 9]
+    assert allowed_cuts("lfm2", 8, {kv: [0, 0, 2] * 3}) == [3]  # [6,8) would hold no attention layer
+    lfm2_1_2b = [8 if il in (2, 5, 8, 10, 12, 14) else 0 for il in range(16)]  # LFM2-1.2B's layers
+    assert allowed_cuts("lfm2", 16, {kv: lfm2_1_2b}) == [3, 6, 9, 11, 13]
+    assert allowed_cuts("lfm2", 12) == []  # no head_count_kv known: no cut
+    # qwen35 marks recurrent layers by the index: cuts keep the interval's phase (4 by default)
+    assert allowed_cuts("qwen35", 12) == [4, 8]
+    assert allowed_cuts("qwen35", 12, {"qwen35.full_attention_interval": 3}) == [3, 6, 9]
+    listed = [True, True, False, True, False, True, True, False]
+    assert allowed_cuts("qwen35", 8, {"qwen35.attention.recurrent_layers": listed}) == [3, 5]
+    assert allowed_cuts("falcon-h1", 8) == allowed_cuts("mamba2", 8) == list(range(1, 8))
+    values = [KeyValue("lfm2.block_count", 12, GGUFValueType.UINT32, None),
+              KeyValue(kv, [0, 0, 2] * 4, GGUFValueType.ARRAY, GGUFValueType.UINT32)]
+    with pytest.raises(PackageError, match=r"lfm2 layers \[3,5\) cannot be a stage: its layers are all recurrent"):
+        stage_metadata.stage_metadata("lfm2", values, 3, 5)
+    with pytest.raises(PackageError, match="all attention"):
+        stage_metadata.stage_metadata("lfm2", values, 2, 3)
 
 
 @pytest.mark.parametrize(("arch", "layers"), [("gemma2", 46), ("gemma3", 62)])

@@ -1,30 +1,47 @@
-"""Tiny recurrent and hybrid GGUFs load and decode whole, and stay refused for a split (issue 43).
+"""Tiny recurrent and hybrid GGUFs: what llama.cpp makes of them, and what meshpipe does (issue 43).
 
-Groundwork for admitting them: each family in `tiny_models.RECURRENT` is opened by
-llama-cpp-python, decoded greedily twice from fresh contexts (a recurrent state that leaked or
-was left uninitialized would part the two), and `packages.architectures` still names its
-recurrent layers as the reason it may not be split.
+Each recurrent or hybrid family of `tiny_models` (those of `WRITERS` that are not plain text, and
+`RECURRENT`, refused) is opened by llama-cpp-python and decoded greedily twice from fresh
+contexts (a recurrent state that leaked or was left uninitialized would part the two), and
+llama.cpp's own recurrent and hybrid flags agree with `packages.architecture_kinds.KINDS`. The
+families in `packages.architectures.RULES` are admitted, with their kind in what they report;
+tests/test_architectures.py proves their splits. The rest stay refused with the reason. In the
+mesh tier, a hybrid stage without one kind of layer is shown to abort the process: the reason
+their cuts leave both kinds in every stage.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import pytest
 from chain import reference_greedy
-from tiny_models import RECURRENT, write_tiny
+from tiny_models import RECURRENT, WRITERS, write_tiny
 
 from packages import architectures
-from packages.architecture_kinds import HYBRID
+from packages.architecture_kinds import HYBRID, TEXT
 from packages.architecture_kinds import RECURRENT as RECURRENT_KIND
+from packages.gguf_files import metadata_of, open_gguf
+from packages.stage_metadata import package_metadata
 from stage.llama_model import open_llama
 
 PROMPT = [1, 72, 101, 108, 108, 111, 44, 32]
-KIND = dict.fromkeys(RECURRENT, HYBRID) | {"mamba2": RECURRENT_KIND}  # all but mamba2 mix in attention
+FAMILIES = sorted([a for a in WRITERS if architectures.kind_of(a) != TEXT] + list(RECURRENT))
+ADMITTED = [a for a in FAMILIES if a in architectures.RULES]
 
 
-@pytest.mark.parametrize("arch", sorted(RECURRENT))
+def test_the_families_are_these() -> None:
+    assert FAMILIES == ["falcon-h1", "granitehybrid", "lfm2", "mamba2", "nemotron_h", "qwen35", "qwen3next"]
+    assert sorted(RECURRENT) == ["nemotron_h"]  # the only one not admitted
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_loads_and_decodes_the_same_twice(arch: str, tmp_path: Path) -> None:
     gguf = write_tiny(tmp_path / f"{arch}.gguf", arch)
     first = reference_greedy(gguf, PROMPT, 6)  # each call a fresh model and context
@@ -34,17 +51,70 @@ def test_loads_and_decodes_the_same_twice(arch: str, tmp_path: Path) -> None:
     assert reference_greedy(gguf, PROMPT, 6) == first
 
 
-@pytest.mark.parametrize("arch", sorted(RECURRENT))
-def test_llama_cpp_takes_it_for_what_meshpipe_refuses(arch: str, tmp_path: Path) -> None:
-    """The tiny model reaches llama.cpp's recurrent memory, not an attention-only stand-in."""
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_llama_cpp_takes_it_for_the_kind_meshpipe_knows(arch: str, tmp_path: Path) -> None:
+    """The tiny model reaches llama.cpp's recurrent or hybrid memory, not an attention-only stand-in."""
     llm = open_llama(write_tiny(tmp_path / f"{arch}.gguf", arch), n_ctx=64, n_threads=1)
     model = llm._model.model  # held through llm: the model is freed with it
-    assert llama_cpp.llama_model_is_recurrent(model) == (KIND[arch] == RECURRENT_KIND)
-    assert llama_cpp.llama_model_is_hybrid(model) == (KIND[arch] == HYBRID)
+    kind = architectures.kind_of(arch)
+    assert kind in (HYBRID, RECURRENT_KIND)
+    assert llama_cpp.llama_model_is_recurrent(model) == (kind == RECURRENT_KIND)
+    assert llama_cpp.llama_model_is_hybrid(model) == (kind == HYBRID)
 
 
-@pytest.mark.parametrize("arch", sorted(RECURRENT))
-def test_is_refused_for_a_split_for_its_recurrent_layers(arch: str) -> None:
-    assert architectures.kind_of(arch) == KIND[arch]
-    assert "recurrent layers" in (architectures.split_refusal(arch) or "")
-    assert architectures.allowed_cuts(arch, 8) == []
+@pytest.mark.parametrize("arch", ADMITTED)
+def test_is_admitted_with_its_kind_reported(arch: str, tmp_path: Path) -> None:
+    architectures.require_servable(arch)
+    assert architectures.split_refusal(arch) is None
+    kind = architectures.kind_of(arch)
+    assert f"{arch}: may be split at" in architectures.describe_rule(arch)
+    assert f"; {kind}: " in architectures.describe_rule(arch)
+    assert dict(architectures.table())[arch].startswith("split: ")
+    values = _tiny_values(arch, tmp_path)
+    assert architectures.allowed_cuts(arch, int(values[f"{arch}.block_count"]), values)
+
+
+def test_nemotron_h_is_refused_for_its_layer_output_name() -> None:
+    """nemotron-h.cpp names a layer's output nemotron_h_block_out: no stage could hand its last
+    layer's output on through the hidden tap, which reads l_out."""
+    assert "nemotron_h" not in architectures.RULES
+    assert "hybrid" in (architectures.split_refusal("nemotron_h") or "")
+    assert architectures.allowed_cuts("nemotron_h", 8) == []
+    assert "nemotron_h_block_out" in dict(architectures.table())["nemotron_h"]
+
+
+# Packaged with every cut allowed (no rule), a split at CUT decodes: the process should abort.
+_ONE_KIND_STAGE = """
+import sys
+from pathlib import Path
+from chain import build_chain, greedy
+from packages.architectures import RULES, CutRule
+from packages.writer import write_package
+from tiny_models import write_tiny
+arch, cut, root = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+RULES[arch] = CutRule()
+write_package(write_tiny(root / "m.gguf", arch), root / "pkg", progress=lambda _: None)
+greedy(build_chain(root / "pkg", [cut], root / "cache", lanes=1, ctx=64), [1, 72, 101], 2)
+print("decoded")
+"""
+
+
+@pytest.mark.mesh
+@pytest.mark.parametrize(("arch", "cut"), [("lfm2", 2), ("granitehybrid", 11)])
+def test_a_hybrid_stage_of_one_kind_of_layer_aborts(arch: str, cut: int, tmp_path: Path) -> None:
+    """lfm2 [0,2) holds only short-convolution layers, granitehybrid [11,12) only attention:
+    llm_graph_input_mem_hybrid::set_input fills the inputs of both memories, and the kind the
+    graph lacks has no buffer (GGML_ASSERT(buffer)). Why `CutRule.recurrent_layers` exists."""
+    assert cut not in architectures.allowed_cuts(arch, 12, _tiny_values(arch, tmp_path))
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "tests"), str(repo)]), "GGML_NO_BACKTRACE": "1"}
+    done = subprocess.run([sys.executable, "-c", _ONE_KIND_STAGE, arch, str(cut), str(tmp_path)],
+                          env=env, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert "decoded" not in done.stdout
+    assert done.returncode == -signal.SIGABRT, done.stderr[-3000:]
+    assert "GGML_ASSERT(buffer) failed" in done.stderr
+
+
+def _tiny_values(arch: str, root: Path) -> dict[str, Any]:
+    metadata, _ = package_metadata(arch, metadata_of(open_gguf(write_tiny(root / "check.gguf", arch))))
+    return {kv.key: kv.value for kv in metadata}

@@ -7,9 +7,10 @@ models of several families carry them, so a stage that keeps the whole array fai
 The vocabulary is SPM with byte tokens, so `mesh serve` can tokenize any text.
 Gotchas: a `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`;
 gemma's token embeddings are multiplied by √width, so they are drawn small.
-The recurrent and hybrid families (`RECURRENT`, issue 43) take their state's shapes from the
+The recurrent and hybrid families (issue 43: mamba2, lfm2, granitehybrid, qwen35, qwen3next,
+falcon-h1 in `WRITERS`, nemotron_h in `RECURRENT`, refused) take their state's shapes from the
 `ssm.*` keys, which must agree with the tensors; lfm2, granitehybrid and nemotron_h tell a
-recurrent layer by 0 in the per-layer `attention.head_count_kv`.
+recurrent layer by 0 in the per-layer `attention.head_count_kv`, qwen35 and qwen3next by the index.
 """
 
 from __future__ import annotations
@@ -370,42 +371,7 @@ def _glm4moe(t: Tiny) -> None:
         _lead_dense_then_moe(t, i, lead)
 
 
-WRITERS: dict[str, Callable[[Tiny], None]] = {
-    "llama": _llama,
-    "qwen3": _qwen3,
-    "gemma3": _gemma3,
-    "qwen2": _qwen2,
-    "gemma2": _gemma2,
-    "phi3": _phi3,
-    "olmo2": _olmo2,
-    "granite": _granite,
-    "smollm3": _llama,  # llama-shaped; no RoPE on every 4th layer, from the index (smollm3.cpp)
-    "mistral3": _mistral3,
-    "qwen3moe": _qwen3moe,
-    "gpt-oss": _gpt_oss,
-    "deepseek2": _deepseek2,
-    "llama4": _llama4,
-    "glm4moe": _glm4moe,
-}
-
-# A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
-NAMES = {"phi3": "tiny-phi-three"}
-
-
-def _seed_oss(t: Tiny) -> None:
-    _head(t)
-    for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
-        t.attention(i)
-        t.norm(f"blk.{i}.post_attention_norm.weight")
-        t.swiglu(i)
-
-
-# Text architectures llama.cpp runs that are not proven to split: served on one node.
-UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
-
-
-# --- recurrent and hybrid families (issue 43): not admitted yet ---
+# --- recurrent and hybrid families (issue 43) ---
 
 
 def _ssm_keys(t: Tiny, inner: int, state: int, groups: int, heads: int, conv: int = 4) -> None:
@@ -471,10 +437,14 @@ def _lfm2(t: Tiny) -> None:
 
 
 def _granitehybrid(t: Tiny) -> None:
-    """Mamba-2 mixers with attention on every 4th layer, each with a dense FFN (granite-hybrid.cpp)."""
+    """Mamba-2 mixers with attention on every 4th layer, each with a dense FFN, and Granite's scales
+    (granite-hybrid.cpp): the embedding scale, which build_inp_embd applies to hidden-state input too."""
+    t.key("logit_scale", 8.0)
+    t.key("embedding_scale", 12.0)
+    t.key("residual_scale", 0.22)
     _mamba2_keys(t)
     _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
-    _head(t)
+    _head(t, embd_scale=0.05)
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
         if (i + 1) % 4 == 0:
@@ -566,21 +536,56 @@ def _falcon_h1(t: Tiny) -> None:
         t.swiglu(i)
 
 
-# Recurrent and hybrid architectures llama.cpp loads and decodes: refused for a split, not yet
-# admitted (issue 43), so apart from WRITERS, which the split tests run over.
-RECURRENT: dict[str, Callable[[Tiny], None]] = {
+WRITERS: dict[str, Callable[[Tiny], None]] = {
+    "llama": _llama,
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+    "qwen2": _qwen2,
+    "gemma2": _gemma2,
+    "phi3": _phi3,
+    "olmo2": _olmo2,
+    "granite": _granite,
+    "smollm3": _llama,  # llama-shaped; no RoPE on every 4th layer, from the index (smollm3.cpp)
+    "mistral3": _mistral3,
+    "qwen3moe": _qwen3moe,
+    "gpt-oss": _gpt_oss,
+    "deepseek2": _deepseek2,
+    "llama4": _llama4,
+    "glm4moe": _glm4moe,
     "mamba2": _mamba2,
     "lfm2": _lfm2,
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
     "qwen3next": _qwen3next,
-    "nemotron_h": _nemotron_h,
     "falcon-h1": _falcon_h1,
 }
 
+# A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
+NAMES = {"phi3": "tiny-phi-three"}
 
-# Where cuts fall on every 4th layer, 8 layers allow one cut: 12 allow a split in three.
-LAYERS_OF = {"llama4": 12}
+
+def _seed_oss(t: Tiny) -> None:
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.swiglu(i)
+
+
+# Text architectures llama.cpp runs that are not proven to split: served on one node.
+UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
+
+# A hybrid llama.cpp loads and decodes whole that meshpipe refuses: nemotron-h.cpp names a layer's
+# output nemotron_h_block_out, so a stage's hidden tap (l_out) cannot read it
+# (packages/architecture_kinds.py INDEX_RULES).
+RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
+
+
+# 8 layers allow one cut where cuts fall on every 4th layer (llama4, and the hybrids with attention
+# on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
+# layer: 12 allow a split in three.
+LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next"), 12)
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
