@@ -7,9 +7,11 @@ of the recurrent state before each step of several rows (a single row never need
 rollback lands past a frame's first row), and the input rows fed since the oldest one.
 
 Rolling back to p restores the newest checkpoint at or before p; the rows from there to p
-are then replayed, not at once but in front of the lane's next step. The replay costs rows
-in a decode that runs anyway, never a decode or a round trip of its own, and since every
-stage keeps its own input rows, each stage replays locally. "Roll back to position p" stays
+are then replayed when the lane's next step runs, in a decode of their own just before it
+(batched with other lanes' replays): never a round trip, and since every stage keeps its own
+input rows, each stage replays locally. Riding in the step's own decode would leave the step's
+start without a checkpoint, so under repeated rejections each replay would reach back to the
+same old one and grow by a frame's accepted rows every frame. "Roll back to position p" stays
 one message (a frame's start, or a trim): a trim on attention layers, a restore and a
 replay on recurrent ones.
 
@@ -92,19 +94,25 @@ class LaneRing:
         self._cut(position)
         return Restore(*keep[-1])
 
-    def begin(self, start: int, rows: np.ndarray) -> tuple[int, np.ndarray, bool]:
-        """A step of `rows` at `start` (the lane's position, rolled back already): (the position
-        the decode starts at, its rows, pending ones first, whether to checkpoint before it)."""
-        assert start == self.position, (start, self.position)
+    def replay(self) -> tuple[int, np.ndarray] | None:
+        """The rows pending since a restore, and where they start: decoded before the next
+        step's own, so that step begins where a checkpoint can be taken."""
+        if self.rows is None or not self.pending:
+            return None
+        return self.held, self.rows[self.held - self.base :]
+
+    def replayed(self) -> None:
+        """The pending rows are in the state."""
+        self.held = self.position
+
+    def wants_checkpoint(self, rows: int) -> bool:
+        """Whether a step of `rows` at the lane's position takes a checkpoint first."""
         assert not self.stale, "a stale lane is rolled back (a checkpoint loaded) before a step"
+        assert not self.pending, "pending rows are replayed before a step"
         newest = self.saved[-1][0] if self.saved else None
         # a step of one row is rolled back into only from a later frame, whose own checkpoint
         # serves; one is still taken every `depth` rows, to bound a replay
-        checkpoint = newest is None or (newest != self.held and (len(rows) > 1 or self.held - newest >= self.depth))
-        if self.rows is None or not self.pending:
-            return self.held, rows, checkpoint
-        feed = np.concatenate([self.rows[self.held - self.base :], rows])
-        return self.held, feed, checkpoint
+        return newest is None or (newest != self.held and (rows > 1 or self.held - newest >= self.depth))
 
     def save(self, state: State) -> None:
         """The state at `held`, taken before a step: the oldest is dropped past `depth`."""

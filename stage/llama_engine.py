@@ -113,19 +113,43 @@ class LlamaRangeEngine:
         """One decode per row count: a verify window of k drafts is one pass of k+1 rows."""
         outputs: list[list[np.ndarray]] = [[] for _ in steps]
         try:
-            fed = [self._prepare(s) for s in steps]
-            for call in _pack(fed, self.cfg.batch):
-                self._decode(fed, call, outputs)
+            for s in steps:
+                self._prepare(s)
+            if self.rings is not None:
+                self._replay(steps)
+                self._checkpoint(steps)
+            for call in _pack(steps, self.cfg.batch):
+                self._decode(steps, call, outputs)
         except BaseException:
             self._settle(steps, ok=False)
             raise
-        out = [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
-        if self.rings is None:
-            return out
         self._settle(steps, ok=True)
-        # the replayed rows' outputs are not the step's (a final stage without all_logits
-        # returns the last row alone)
-        return [o[len(o) - s.n :] if not self.final or s.all_logits else o for o, s in zip(out, steps, strict=True)]
+        return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
+
+    def _prepare(self, s: Step) -> None:
+        check_step(self, s, self._pos[self._check_lane(s.lane)])
+        self.trim(s.lane, s.start)
+
+    def _replay(self, steps: list[Step]) -> None:
+        """Decode the rows a restore left pending on the steps' lanes (stage.checkpoints), their
+        outputs dropped: each in a graph of at most graph_rows, computed as the rows first were."""
+        assert self.rings is not None
+        replays = []
+        for s in steps:
+            if (pending := self.rings[s.lane].replay()) is not None:
+                start, rows = pending
+                self._pos[s.lane] = start
+                replays.append(Step(s.lane, start, tokens=rows) if self.first else Step(s.lane, start, hidden=rows))
+        for call in _pack(replays, self.graph_rows):
+            self._decode(replays, call, [[] for _ in replays])
+        for r in replays:
+            self.rings[r.lane].replayed()
+
+    def _checkpoint(self, steps: list[Step]) -> None:
+        assert self.rings is not None
+        for s in steps:
+            if self.rings[s.lane].wants_checkpoint(s.n):
+                self.rings[s.lane].save(self.save_state(s.lane))
 
     def _settle(self, steps: list[Step], ok: bool) -> None:
         """Tell each lane's ring how its decode ended: its rows are in, or its state is unknown."""
@@ -138,22 +162,6 @@ class LlamaRangeEngine:
                 else:
                     ring.failed()
                 self._pos[s.lane] = ring.position
-
-    def _prepare(self, s: Step) -> Step:
-        """Check the step and roll its lane back to its start; the step to decode, which on
-        recurrent layers replays the rows pending since a restore in front of its own."""
-        check_step(self, s, self._pos[self._check_lane(s.lane)])
-        self.trim(s.lane, s.start)
-        if self.rings is None:
-            return s
-        ring = self.rings[s.lane]
-        start, rows, checkpoint = ring.begin(s.start, _rows(s))
-        if checkpoint:
-            ring.save(self.save_state(s.lane))
-        self._pos[s.lane] = start
-        if self.first:
-            return Step(s.lane, start, tokens=rows, all_logits=s.all_logits)
-        return Step(s.lane, start, hidden=rows, all_logits=s.all_logits)
 
     def save_state(self, lane: int) -> memoryview:
         """The lane's recurrent state alone: on a hybrid the attention KV is trimmed, not saved."""

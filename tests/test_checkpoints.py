@@ -36,11 +36,15 @@ class Lane:
 
     def step(self, rows: list[int]) -> None:
         start = len(self.history)
-        begin, feed, checkpoint = self.ring.begin(start, np.asarray(rows, dtype=np.int64))
-        if checkpoint:
+        if (pending := self.ring.replay()) is not None:  # decoded first, as the engine does
+            at, replayed = pending
+            assert at == len(self.state)
+            self.state += replayed.tolist()
+            self.ring.replayed()
+        if self.ring.wants_checkpoint(len(rows)):
             self.ring.save(np.asarray(self.state, dtype=np.int64).tobytes())
-        assert begin == len(self.state)  # the decode continues from the state's position
-        self.state += feed.tolist()
+        assert start == len(self.state)  # the step's rows follow the state's position
+        self.state += rows
         self.ring.done(np.asarray(rows, dtype=np.int64))
         self.history += rows
         self.starts.append(start)
@@ -89,15 +93,20 @@ def test_random_histories_never_restore_other_than_the_committed_state(script: l
         lane.check()
 
 
-def test_a_rollback_replays_the_accepted_rows_in_front_of_the_next_step() -> None:
+def test_a_rollback_replays_the_accepted_rows_and_the_next_frame_gets_its_own_checkpoint() -> None:
     lane = Lane()
     lane.step([1, 2, 3])  # a prefill
     lane.step([4, 5, 6, 7])  # a verify frame of 4 rows: its row 1 is rejected
     lane.rollback(5)
     assert lane.ring.held == 3
     assert lane.ring.pending == 2
-    begin, feed, checkpoint = lane.ring.begin(5, np.asarray([9], dtype=np.int64))
-    assert (begin, feed.tolist(), checkpoint) == (3, [4, 5, 9], False)  # no extra decode, no new copy
+    at, rows = lane.ring.replay() or (None, None)
+    assert (at, rows.tolist() if rows is not None else None) == (3, [4, 5])
+    for first in (9, 10, 11):  # rejected at row 1 every time: each replay stays one row long
+        lane.step([first, 8, 8, 8])
+        lane.rollback(len(lane.history) - 3)  # the row fed first stands, its drafts do not
+        assert lane.ring.pending == 1
+    assert [p for p, _ in lane.ring.saved] == [5, 6, 7]  # each frame's own, the newest DEPTH
 
 
 def test_a_rollback_past_the_oldest_checkpoint_is_refused_with_where_it_is() -> None:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chain import build_chain, close
 from tiny_models import write_tiny
 
 from mesh.serving.pipeline import Pipeline
 from mesh.speculative.draft import Draft
 from packages.requantize import requantize
+from packages.writer import write_package
 from stage.checkpoints import DEPTH, CannotRollBackError
 from stage.engine import EngineConfig, Step
 from stage.llama_engine import LlamaRangeEngine
@@ -68,7 +70,7 @@ def test_windows_rejected_at_every_row_give_plain_decodings_tokens(engine: Llama
     assert rejected >= 4
 
 
-def test_a_rollback_replays_in_the_next_decode_and_is_refused_past_the_checkpoints(engine: LlamaRangeEngine) -> None:
+def test_a_rollback_replays_before_the_next_step_and_is_refused_past_the_checkpoints(engine: LlamaRangeEngine) -> None:
     engine.trim(0, 0)
     engine.step([Step(0, 0, tokens=PROMPT)])
     engine.step([Step(0, len(PROMPT), tokens=np.array([5, 6, 7, 8], dtype=np.int32))])
@@ -77,9 +79,10 @@ def test_a_rollback_replays_in_the_next_decode_and_is_refused_past_the_checkpoin
     assert ring is not None
     assert (ring.held, ring.pending) == (len(PROMPT), 2)  # restored before the frame: two rows to replay
     assert engine.position(0) == len(PROMPT) + 2
-    for i in range(DEPTH + 1):  # the first replays and takes no checkpoint: its start has one
+    for i in range(DEPTH):  # frames of two rows: each takes its checkpoint
         engine.step([Step(0, engine.position(0), tokens=np.array([9 + i, 9], dtype=np.int32))])
     assert ring.pending == 0
+    assert ring.saved[0][0] == len(PROMPT) + 2  # the replay ended where the first frame's checkpoint was taken
     with pytest.raises(CannotRollBackError, match="oldest checkpoint"):
         engine.trim(0, len(PROMPT) + 1)
     assert not engine.reachable(0, len(PROMPT) + 1)
@@ -120,3 +123,35 @@ def test_a_hybrid_draft_starts_a_lane_over_where_its_checkpoints_do_not_reach(tm
 
     # parting at position 6, long before its oldest checkpoint: the lane is fed again from 0
     assert asyncio.run(proposals([first, second])) == asyncio.run(proposals([second]))
+
+
+def test_lanes_rejected_every_frame_batched_at_a_split_equal_each_alone(tmp_path: Path) -> None:
+    """Four lanes whose every verify frame keeps only its first row, decoded batched at each
+    stage of a split-3, equal each lane decoded alone. (When the replay rode in the next frame's
+    decode, no frame start got a checkpoint: the replay grew by a row a frame, and the batch
+    outgrew one graph, whose hidden rows then came back out of order.)"""
+    gguf = requantize(write_tiny(tmp_path / "f32.gguf", "qwen35", layers=12), tmp_path / "q4_0.gguf", "Q4_0")
+    package = tmp_path / "pkg"
+    write_package(gguf, package, progress=lambda _: None)
+    batched, alone = (build_chain(package, [4, 8], tmp_path / name, lanes=4, ctx=128) for name in ("a", "b"))
+    rng = np.random.default_rng(0)
+    starts = [0] * 4
+    try:
+        for frame in range(24):
+            steps = [Step(lane, starts[lane], tokens=rng.integers(3, 200, 4 if frame else 9).astype(np.int32),
+                          all_logits=True) for lane in range(4)]
+            assert [o.tolist() for o in _through(batched, steps, together=True)] == \
+                [o.tolist() for o in _through(alone, steps, together=False)]
+            starts = [s.start + (1 if frame else 9) for s in steps]  # the next frame starts after row 0
+    finally:
+        close(batched)
+        close(alone)
+
+
+def _through(chain: list, steps: list[Step], together: bool) -> list[np.ndarray]:
+    for engine in chain:
+        outs = engine.step(steps) if together else [engine.step([s])[0] for s in steps]
+        if engine.final:
+            return outs
+        steps = [Step(s.lane, s.start, hidden=o, all_logits=s.all_logits) for s, o in zip(steps, outs, strict=True)]
+    raise AssertionError("a chain ends with a final stage")
