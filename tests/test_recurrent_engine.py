@@ -9,14 +9,18 @@ ride in the next step's decode, and a rollback past the checkpoints is refused b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from chain import build_chain, close
+from inproc_requests import serving
 from tiny_models import write_tiny
 
+from common.sampling import Sampled, SamplingParams
+from mesh.backend import GenerationRequest
 from mesh.serving.pipeline import Pipeline
 from mesh.speculative.draft import Draft
 from packages.requantize import requantize
@@ -155,3 +159,30 @@ def _through(chain: list, steps: list[Step], together: bool) -> list[np.ndarray]
             return outs
         steps = [Step(s.lane, s.start, hidden=o, all_logits=s.all_logits) for s, o in zip(steps, outs, strict=True)]
     raise AssertionError("a chain ends with a final stage")
+
+
+def test_a_hybrid_lane_is_reused_only_by_a_prompt_that_extends_all_it_holds(tmp_path: Path) -> None:
+    """The prefix cache is exact on recurrent state: a chat's next turn reuses the whole lane,
+    an edited prompt nothing, and both give what a server without the cache gives."""
+    root = tmp_path / "models"
+    root.mkdir()
+    gguf = write_tiny(root / "f32.gguf", "qwen35")
+    target, draft = requantize(gguf, root / "q4_0.gguf", "Q4_0"), requantize(gguf, root / "q8_0.gguf", "Q8_0")
+    first = [int(t) for t in PROMPT]
+
+    async def run(prefix_cache: bool, prompts: list[list[int]]) -> list[tuple[list[int], int]]:
+        out = []
+        async with serving(target, tmp_path / "cache", draft=True, prefix_cache=prefix_cache, draft_gguf=draft,
+                           in_flight=3) as served:
+            for prompt in prompts:
+                gen = served.requests.generate(GenerationRequest(prompt, 8, SamplingParams(), ignore_eos=True))
+                async with contextlib.aclosing(gen) as events:
+                    tokens = [e.token async for e in events if isinstance(e, Sampled)]
+                out.append((tokens, gen.account.cached_tokens))
+        return out
+
+    (answer, _), = asyncio.run(run(False, [first]))
+    turn, edited = [*first, *answer, 5, 6], [*first[:4], 9, *first[5:]]
+    cached = asyncio.run(run(True, [first, turn, edited]))
+    assert [c for _, c in cached] == [0, len(first) + len(answer) - 1, 0]  # the last token sampled was never fed
+    assert [t for t, _ in cached] == [t for t, _ in asyncio.run(run(False, [first, turn, edited]))]
