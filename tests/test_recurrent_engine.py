@@ -21,8 +21,11 @@ from tiny_models import write_tiny
 
 from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
+from mesh.routing.planner import StageRange
+from mesh.routing.stage_fit import StageNeed, footprint, misfits, package_sizes
 from mesh.serving.pipeline import Pipeline
 from mesh.speculative.draft import Draft
+from packages.manifest import load_manifest
 from packages.requantize import requantize
 from packages.writer import write_package
 from stage.checkpoints import DEPTH, CannotRollBackError
@@ -186,3 +189,21 @@ def test_a_hybrid_lane_is_reused_only_by_a_prompt_that_extends_all_it_holds(tmp_
     cached = asyncio.run(run(True, [first, turn, edited]))
     assert [c for _, c in cached] == [0, len(first) + len(answer) - 1, 0]  # the last token sampled was never fed
     assert [t for t, _ in cached] == [t for t, _ in asyncio.run(run(False, [first, turn, edited]))]
+
+
+def test_the_fit_check_counts_each_stages_recurrent_state_and_its_checkpoints(tmp_path: Path) -> None:
+    gguf = requantize(write_tiny(tmp_path / "f32.gguf", "qwen35", layers=12), tmp_path / "q4_0.gguf", "Q4_0")
+    package = tmp_path / "pkg"
+    write_package(gguf, package, progress=lambda _: None)
+    sizes = package_sizes(package, load_manifest(package)[0])
+    assert [bool(n) for n in sizes.layer_state] == [(i + 1) % 4 != 0 for i in range(12)]  # attention every 4th
+    engine = build_chain(package, [], tmp_path / "cache", lanes=1, ctx=64)[0]
+    try:
+        engine.step([Step(0, 0, tokens=PROMPT)])
+        measured = len(engine.save_state(0))  # llama.cpp's own: the F32 state and a small header
+    finally:
+        engine.close()
+    counted = footprint(sizes, StageRange(0, 12), "llama", lanes=2, ctx=64).state
+    assert 0 <= 2 * (1 + DEPTH) * measured - counted < 2 * (1 + DEPTH) * 256
+    short = [StageNeed("stage 0", StageRange(0, 12), "llama", counted, "a")]
+    assert f"recurrent state ({1 + DEPTH} copies a lane)" in misfits(sizes, short, lanes=2, ctx=64)[0]
