@@ -28,6 +28,7 @@ from mesh.speculative.draft import Draft
 from packages.manifest import load_manifest
 from packages.requantize import requantize
 from packages.writer import write_package
+from stage import llama_engine
 from stage.checkpoints import DEPTH, CannotRollBackError
 from stage.engine import EngineConfig, Step
 from stage.llama_engine import LlamaRangeEngine
@@ -207,3 +208,23 @@ def test_the_fit_check_counts_each_stages_recurrent_state_and_its_checkpoints(tm
     assert 0 <= 2 * (1 + DEPTH) * measured - counted < 2 * (1 + DEPTH) * 256
     short = [StageNeed("stage 0", StageRange(0, 12), "llama", counted, "a")]
     assert f"recurrent state ({1 + DEPTH} copies a lane)" in misfits(sizes, short, lanes=2, ctx=64)[0]
+
+
+def test_the_replay_runs_inside_the_step_that_follows_a_rollback(engine: LlamaRangeEngine,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """So the step's measured time, which the hop timings and the cost-aware window read, carries
+    what the rejection cost: a restore and a decode of the accepted rows."""
+    engine.trim(0, 0)
+    engine.step([Step(0, 0, tokens=PROMPT)])
+    engine.step([Step(0, len(PROMPT), tokens=np.array([5, 6, 7, 8], dtype=np.int32))])
+    engine.trim(0, len(PROMPT) + 2)  # rows 0 and 1 of the frame accepted
+    decodes: list[int] = []
+    real = llama_engine.L.llama_decode
+
+    def counted(ctx: object, batch: llama_engine.L.llama_batch) -> int:
+        decodes.append(batch.n_tokens)
+        return real(ctx, batch)
+
+    monkeypatch.setattr(llama_engine.L, "llama_decode", counted)
+    engine.step([Step(0, len(PROMPT) + 2, tokens=np.array([9, 9, 9], dtype=np.int32))])
+    assert decodes == [2, 3]  # the replayed rows, then the step's own
