@@ -14,11 +14,11 @@ from llama_cpp import llama_cpp as L
 
 from common.errors import EngineError
 from packages.architectures import hidden_input_scale
-from stage.checkpoints import LaneRing, Restore
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
 from stage.llama_model import INVARIANT_ROWS, architecture, flash_attn_type, load_model
 from stage.native_tap import open_tap
+from stage.recurrent_lanes import RecurrentLanes
 
 _silence = L.llama_log_callback(lambda level, text, user: None)
 _backend_ready = False
@@ -65,7 +65,7 @@ class LlamaRangeEngine:
         self._pos = [0] * cfg.lanes
         # a lane's recurrent state rolls back by checkpoint, where attention KV is trimmed
         recurrent = L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model)
-        self.rings = [LaneRing(cfg.checkpoints) for _ in range(cfg.lanes)] if recurrent else None
+        self.recurrent = RecurrentLanes(self.ctx, self.mem, cfg.lanes, cfg.checkpoints) if recurrent else None
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
     def _new_context(self, eval_callback: Any, user: ctypes.c_void_p | None) -> ctypes.c_void_p:
@@ -95,11 +95,8 @@ class LlamaRangeEngine:
     def trim(self, lane: int, position: int) -> None:
         self._check_lane(lane)
         position = max(position, 0)
-        if self.rings is not None:
-            restore = self.rings[lane].rollback(position)
-            if restore is not None:
-                self.restore_state(lane, restore)
-            self._pos[lane] = self.rings[lane].position
+        if self.recurrent is not None:
+            self._pos[lane] = self.recurrent.rollback(lane, position)
         elif position < self._pos[lane]:
             L.llama_memory_seq_rm(self.mem, lane, position, -1)
             self._pos[lane] = position
@@ -107,17 +104,18 @@ class LlamaRangeEngine:
     def reachable(self, lane: int, position: int) -> bool:
         """Whether the lane can roll back to `position`: always, unless recurrent state has
         no checkpoint at or before it (stage.checkpoints)."""
-        return self.rings is None or self.rings[self._check_lane(lane)].reachable(position)
+        return self.recurrent is None or self.recurrent.reachable(self._check_lane(lane), position)
 
     def step(self, steps: list[Step]) -> list[np.ndarray]:
         """One decode per row count: a verify window of k drafts is one pass of k+1 rows."""
         outputs: list[list[np.ndarray]] = [[] for _ in steps]
         try:
             for s in steps:
-                self._prepare(s)
-            if self.rings is not None:
-                self._replay(steps)
-                self._checkpoint(steps)
+                check_step(self, s, self._pos[self._check_lane(s.lane)])
+                self.trim(s.lane, s.start)
+            if self.recurrent is not None:
+                self._replay(steps, self.recurrent)
+                self.recurrent.checkpoint(steps)
             for call in _pack(steps, self.cfg.batch):
                 self._decode(steps, call, outputs)
         except BaseException:
@@ -126,61 +124,22 @@ class LlamaRangeEngine:
         self._settle(steps, ok=True)
         return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
 
-    def _prepare(self, s: Step) -> None:
-        check_step(self, s, self._pos[self._check_lane(s.lane)])
-        self.trim(s.lane, s.start)
-
-    def _replay(self, steps: list[Step]) -> None:
-        """Decode the rows a restore left pending on the steps' lanes (stage.checkpoints), their
-        outputs dropped: each in a graph of at most graph_rows, computed as the rows first were."""
-        assert self.rings is not None
-        replays = []
-        for s in steps:
-            if (pending := self.rings[s.lane].replay()) is not None:
-                start, rows = pending
-                self._pos[s.lane] = start
-                replays.append(Step(s.lane, start, tokens=rows) if self.first else Step(s.lane, start, hidden=rows))
+    def _replay(self, steps: list[Step], recurrent: RecurrentLanes) -> None:
+        """Decode the rows a restore left pending on the steps' lanes, their outputs dropped,
+        just before the steps: each graph at most graph_rows, computed as the rows first were."""
+        replays = recurrent.replays(steps, self.first)
+        for r in replays:
+            self._pos[r.lane] = r.start
         for call in _pack(replays, self.graph_rows):
             self._decode(replays, call, [[] for _ in replays])
-        for r in replays:
-            self.rings[r.lane].replayed()
-
-    def _checkpoint(self, steps: list[Step]) -> None:
-        assert self.rings is not None
-        for s in steps:
-            if self.rings[s.lane].wants_checkpoint(s.n):
-                self.rings[s.lane].save(self.save_state(s.lane))
+        recurrent.replayed(replays)
 
     def _settle(self, steps: list[Step], ok: bool) -> None:
-        """Tell each lane's ring how its decode ended: its rows are in, or its state is unknown."""
-        rings = self.rings or []
-        for s in steps:
-            if 0 <= s.lane < len(rings):
-                ring = rings[s.lane]
-                if ok:
-                    ring.done(_rows(s))
-                else:
-                    ring.failed()
-                self._pos[s.lane] = ring.position
-
-    def save_state(self, lane: int) -> memoryview:
-        """The lane's recurrent state alone: on a hybrid the attention KV is trimmed, not saved."""
-        size = L.llama_state_seq_get_size_ext(self.ctx, lane, _PARTIAL)
-        buf = (ctypes.c_uint8 * size)()
-        if L.llama_state_seq_get_data_ext(self.ctx, buf, size, lane, _PARTIAL) != size:
-            raise EngineError(f"lane {lane}: llama.cpp could not save its recurrent state")
-        return memoryview(buf).cast("B")  # the buffer itself: a copy of a 20 MB state costs a decode's tenth
-
-    def restore_state(self, lane: int, restore: Restore) -> None:
-        if not restore.state:
-            L.llama_memory_seq_rm(self.mem, lane, -1, -1)
-            return
-        size = len(restore.state)
-        buf = (ctypes.c_uint8 * size).from_buffer(restore.state)
-        if L.llama_state_seq_set_data_ext(self.ctx, buf, size, lane, _PARTIAL) == 0:
-            raise EngineError(f"lane {lane}: llama.cpp could not restore its recurrent state")
-        # the recurrent part now ends before `position`, so only attention KV is dropped
-        L.llama_memory_seq_rm(self.mem, lane, restore.position, -1)
+        if self.recurrent is not None:
+            self.recurrent.settle(steps, ok)
+            for s in steps:
+                if 0 <= s.lane < self.lanes:
+                    self._pos[s.lane] = self.recurrent.position(s.lane)
 
     def _decode(self, steps: Sequence[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
         b = self.batch
@@ -255,15 +214,6 @@ class LlamaRangeEngine:
             self.ctx = None  # type: ignore[assignment]
             if self.cpu_lock:
                 self.cpu_lock.close()
-
-
-_PARTIAL = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part of a hybrid's memory
-
-
-def _rows(s: Step) -> np.ndarray:
-    data = s.tokens if s.tokens is not None else s.hidden
-    assert data is not None
-    return data
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_model_is_a_hybrid_whose_state_is_what_the_shape_says(tiny: Path) -> None:
     engine = LlamaRangeEngine(tiny, EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=64, threads=1))
     try:
-        assert engine.rings is not None  # llama.cpp takes it for a hybrid
+        assert engine.recurrent is not None  # llama.cpp takes it for a hybrid
         logits = engine.step([Step(0, 0, tokens=np.arange(1, 9, dtype=np.int32))])[0]
         assert np.isfinite(logits).all()
-        header = len(engine.save_state(0)) - TINY_HYBRID.state_bytes()
+        header = len(engine.recurrent.save(0)) - TINY_HYBRID.state_bytes()
         assert 0 < header < 256  # llama.cpp's cell count, position and sizes besides the F32 state
     finally:
         engine.close()

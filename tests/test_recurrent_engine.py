@@ -83,7 +83,7 @@ def test_a_rollback_replays_before_the_next_step_and_is_refused_past_the_checkpo
     engine.step([Step(0, 0, tokens=PROMPT)])
     engine.step([Step(0, len(PROMPT), tokens=np.array([5, 6, 7, 8], dtype=np.int32))])
     engine.trim(0, len(PROMPT) + 2)
-    ring = engine.rings[0] if engine.rings is not None else None
+    ring = engine.recurrent.rings[0] if engine.recurrent is not None else None
     assert ring is not None
     assert (ring.held, ring.pending) == (len(PROMPT), 2)  # restored before the frame: two rows to replay
     assert engine.position(0) == len(PROMPT) + 2
@@ -103,7 +103,7 @@ def test_single_rows_take_a_checkpoint_only_every_depth_rows(engine: LlamaRangeE
     engine.step([Step(0, 0, tokens=PROMPT)])
     for token in range(3 * DEPTH):
         engine.step([Step(0, engine.position(0), tokens=np.array([token], dtype=np.int32))])
-    ring = engine.rings[0] if engine.rings is not None else None
+    ring = engine.recurrent.rings[0] if engine.recurrent is not None else None
     assert ring is not None
     assert [p for p, _ in ring.saved] == [0, *(len(PROMPT) + i * DEPTH for i in range(3))]  # 0: before the prompt
     assert ring.base == ring.saved[0][0]  # rows are kept from the oldest checkpoint on
@@ -201,7 +201,8 @@ def test_the_fit_check_counts_each_stages_recurrent_state_and_its_checkpoints(tm
     engine = build_chain(package, [], tmp_path / "cache", lanes=1, ctx=64)[0]
     try:
         engine.step([Step(0, 0, tokens=PROMPT)])
-        measured = len(engine.save_state(0))  # llama.cpp's own: the F32 state and a small header
+        assert engine.recurrent is not None
+        measured = len(engine.recurrent.save(0))  # llama.cpp's own: the F32 state and a small header
     finally:
         engine.close()
     counted = footprint(sizes, StageRange(0, 12), "llama", lanes=2, ctx=64).state

@@ -115,7 +115,7 @@ class Pipeline:
         and a session keeps at most `most_in_flight` frames out, within the checkpoints kept."""
         self.core = StageCore(engine, 0, wire_dtype, micro_batches)
         if recurrent is None:
-            recurrent = getattr(engine, "rings", None) is not None
+            recurrent = getattr(engine, "recurrent", None) is not None
         self.cache = PrefixCache(exact=recurrent) if prefix_cache else None
         self.most_in_flight = DEPTH - 1 if recurrent else None
         self.link = link
