@@ -1,8 +1,9 @@
 """A hybrid model served across real processes, speculating: lanes roll back by checkpoint (issue 43).
 
 A tiny random-weight `qwen35` (gated delta-net layers, attention every 4th; 12 layers, so a
-split in three is allowed) in Q4_0, whose k-row decode equals k single-row decodes on every
-kind of layer (DESIGN.md §3, "Recurrent state"), served by real `mesh serve` processes with
+split in three is allowed) and a pure recurrent `mamba2`, each in Q4_0, whose k-row decode
+equals k single-row decodes on every kind of layer (DESIGN.md §3, "Recurrent state"), served
+by real `mesh serve` processes with
 their `mesh stage` children and the real openai client. Every output is compared with the
 same model on one node without a draft:
 
@@ -33,18 +34,17 @@ from packages.requantize import requantize
 
 pytestmark = pytest.mark.mesh
 
-ARCH = "qwen35"
 PROMPTS = ["The quick brown fox", "Once upon a time", "In a hole in the ground", "It was a bright cold day"]
 SEEDED = {"temperature": 0.9, "seed": 11}
 TOKENS = 32
 COMMON = ("--lanes", "4", "--ctx-size", "256")
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", params=["qwen35", "mamba2"])
+def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target, draft): the model in Q4_0, and the same weights in Q8_0, which part from it now and then."""
-    root = tmp_path_factory.mktemp("hybrid")
-    gguf = write_tiny(root / f"{ARCH}.gguf", ARCH, layers=12)
+    root = tmp_path_factory.mktemp(request.param)
+    gguf = write_tiny(root / f"{request.param}.gguf", request.param, layers=12)
     return requantize(gguf, root / "q4_0.gguf", "Q4_0"), requantize(gguf, root / "q8_0.gguf", "Q8_0")
 
 
