@@ -100,7 +100,7 @@ SCENARIOS_HELP = (
     "memory, and split-2 against llama.cpp's RPC split-2 at each --wire-delays; always with --machines, and only "
     "alone), guard (issue 42's ratios in one run, interleaved, against BENCHMARKS.md's guard figures; exits 1 when "
     "one is more than 15%% worse; always with --machines; run it before a release), hybrid (a random Qwen3.5-like 1.1B "
-    "hybrid: what a rollback's checkpoint costs, and split-2 with a self-draft and a requantized draft against none "
+    "hybrid: what a rollback's checkpoint costs, and split-2 with a self-draft against none, greedy and sampled, "
     "at 0,20 ms; always with --machines, and only alone); numerics, agreement, chat, "
     "ngram, prompt_lookup, engines, constrained, peers, sweep and guard run alone if asked alone")
 

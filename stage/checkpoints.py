@@ -60,6 +60,7 @@ class LaneRing:
     base: int = 0
     held: int = 0
     stale: bool = False  # a decode failed: the state is unknown until a checkpoint is loaded
+    dropped: list[State] = field(default_factory=list)  # states let go, for their buffers to be reused
 
     @property
     def position(self) -> int:
@@ -83,6 +84,7 @@ class LaneRing:
             self._cut(position)  # only rows not replayed yet are dropped
             return None
         if position == 0:
+            self.dropped += [s for _, s in self.saved]
             self.saved, self.rows, self.base, self.held, self.stale = [], None, 0, 0, False
             return Restore(0, b"")
         keep = [(p, s) for p, s in self.saved if p <= position]
@@ -90,6 +92,7 @@ class LaneRing:
             oldest = self.saved[0][0] if self.saved else self.held
             raise CannotRollBackError(f"recurrent state cannot roll back to {position}: its oldest "
                                       f"checkpoint is at {oldest}")
+        self.dropped += [s for p, s in self.saved if p > position]
         self.saved, self.held, self.stale = keep, keep[-1][0], False
         self._cut(position)
         return Restore(*keep[-1])
@@ -118,7 +121,7 @@ class LaneRing:
         """The state at `held`, taken before a step: the oldest is dropped past `depth`."""
         self.saved.append((self.held, state))
         if len(self.saved) > self.depth:
-            del self.saved[0]
+            self.dropped.append(self.saved.pop(0)[1])
             drop = self.saved[0][0] - self.base
             if self.rows is not None:
                 self.rows = self.rows[drop:]

@@ -49,14 +49,15 @@ def _timing(tps: float, text: str = "same", proposed: int = 0, accepted: int = 0
     return StreamTiming(0.1, (0.0, 10 / tps), 11, usage, text)
 
 
-def test_speed_rows_hold_the_self_draft_to_its_goal_and_catch_a_changed_reply() -> None:
+def test_speed_rows_hold_the_greedy_self_draft_to_its_goal_and_catch_a_changed_reply() -> None:
     timings = {"none": [_timing(10.0)], "self": [_timing(20.0, proposed=10, accepted=10)],
-               "requantized": [_timing(12.0, "other", proposed=10, accepted=6)]}
+               "none sampled": [_timing(10.0)], "self sampled": [_timing(8.0, "other", proposed=10, accepted=1)]}
     rows = {r.metric: r for r in speed_rows("hybrid split-2 20 ms", timings, ">= 1.8")}
-    assert rows["self draft tok/s (vs none)"].ratio == pytest.approx(2.0)
-    assert rows["self draft tok/s (vs none)"].goal == ">= 1.8"
-    assert rows["requantized draft tok/s (vs none)"].goal == ""
-    assert rows["self draft accept rate"].value == 1.0
-    assert rows["requantized draft accept rate"].value == pytest.approx(0.6)
-    assert rows["self draft: outputs identical to none (1 = yes)"].value == 1.0
-    assert rows["requantized draft: outputs identical to none (1 = yes)"].value == 0.0
+    assert rows["greedy: self-draft tok/s (vs none)"].ratio == pytest.approx(2.0)
+    assert rows["greedy: self-draft tok/s (vs none)"].goal == ">= 1.8"
+    assert rows["sampled: self-draft tok/s (vs none)"].ratio == pytest.approx(0.8)
+    assert rows["sampled: self-draft tok/s (vs none)"].goal == ""
+    assert rows["greedy: self-draft accept rate"].value == 1.0
+    assert rows["sampled: self-draft accept rate"].value == pytest.approx(0.1)
+    assert rows["greedy: outputs identical to none (1 = yes)"].value == 1.0
+    assert rows["sampled: outputs identical to none (1 = yes)"].value == 0.0

@@ -6,11 +6,17 @@ about 1.1B parameters (bench/harness/hybrid_model.py), written once into the cac
 - what a rollback costs on it, in one process with one engine thread: saving a lane's
   recurrent state before a verify frame of 4 rows, loading it back, the bytes a lane, and
   both against that frame's decode (stage/checkpoints.py; issue 43's goal: at most 0.1);
-- at each per-hop delay (0 and 20 ms unless --wire-delays says), three split-2 servers
-  interleaved: no speculation, the model drafting for itself (the target's own GGUF: every
-  draft accepted, the mechanism's ceiling) and a requantized draft (IQ4_NL: rejected now and
-  then, so lanes roll back), with tok/s against none, each draft's accept rate, and whether
-  the greedy text stayed the same.
+- at each per-hop delay (0 and 20 ms unless --wire-delays says), two split-2 servers
+  interleaved: no speculation, and the model drafting for itself (the target's own GGUF).
+  Greedy, every draft is accepted: the mechanism's ceiling. Sampled (temperature 1, seeded),
+  the target draws from a nearly flat distribution over 151,936 tokens while the draft
+  proposes its greedy pick, so nearly every window is rejected at its first draft and every
+  stage restores and replays on every frame: the rejection path's price. Each against no
+  speculation decoding the same way, with the accept rates and whether the text stayed the same.
+
+A requantized draft shows no rejection here: this random model's greedy reply is one token
+over and over, which an IQ4_NL copy names too (accepted 1.00), and so did a copy with 60% of
+its rows drawn again.
 """
 
 from __future__ import annotations
@@ -23,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.client import StreamTiming, stream_chat
+from bench.harness.client import StreamTiming, stream_messages
 from bench.harness.harness import Asked, Outcome, Row, Setup, split2_per_delay
 from bench.harness.hybrid_model import QWEN35_1B, write_hybrid_gguf
-from packages.requantize import requantize
 from stage.checkpoints import Restore
 from stage.engine import EngineConfig, Step
 from stage.llama_engine import LlamaRangeEngine
@@ -45,21 +50,10 @@ def model_path(cache: Path) -> Path:
     return path
 
 
-def draft_path(model: Path) -> Path:
-    """The requantized draft beside the model, made on first use (IQ4_NL: minutes on 2 cores)."""
-    path = model.with_name(model.name.replace("q4_0", "iq4_nl"))
-    if not path.is_file():
-        requantize(model, path, "IQ4_NL")  # written whole, then moved into place
-    return path
-
-
 def run(asked: Asked) -> Outcome:
     setup = asked.setup
     rows = checkpoint_rows(setup.gguf)
-    draft = draft_path(model_path(setup.cache))
-    modes: dict[str, dict[str, Any]] = {
-        "none": {}, "self": {"draft": True, "extra": ("--draft", str(setup.gguf))},
-        "requantized": {"draft": True, "extra": ("--draft", str(draft))}}
+    modes: dict[str, dict[str, Any]] = {"none": {}, "self": {"draft": True, "extra": ("--draft", str(setup.gguf))}}
     for d, urls in split2_per_delay(setup, "mesh-bench-hybrid-", asked.delays, modes):
         timings = _measure(setup, urls, asked.prompts, asked.args.repeats)
         rows += speed_rows(f"hybrid split-2 {d:g} ms", timings, GOALS["self"] if d >= 20 else "")
@@ -84,6 +78,7 @@ def checkpoint_rows(gguf: Path) -> list[Row]:
             engine.step([Step(0, 32, tokens=frame, all_logits=True)])
             decoded = time.perf_counter()
             lanes.restore(0, Restore(32, state))  # the next frame starts at 32 again
+            lanes.rings[0].dropped.append(state)  # as a rollback lets a checkpoint go: its buffer is reused
             times["save"].append(saved - began)
             times["decode"].append(decoded - saved)
             times["restore"].append(time.perf_counter() - decoded)
@@ -99,28 +94,38 @@ def checkpoint_rows(gguf: Path) -> list[Row]:
         engine.close()
 
 
+SAMPLED = {"temperature": 1.0, "seed": 7}
+
+
 def _measure(setup: Setup, urls: dict[str, str], prompts: list[str], repeats: int) -> dict[str, list[StreamTiming]]:
-    """Every mode per prompt and repeat; which goes first rotates, to spread drift."""
+    """Each server greedy and sampled, per prompt and repeat ("none", "self", "none sampled",
+    "self sampled"); which goes first rotates, to spread drift."""
     timings: dict[str, list[StreamTiming]] = defaultdict(list)
-    modes = list(urls)
+    runs = [(mode, sampling) for sampling in (None, SAMPLED) for mode in urls]
     for rep in range(repeats):
         for i, prompt in enumerate(prompts):
-            turn = (rep + i) % len(modes)
-            for mode in modes[turn:] + modes[:turn]:
-                timings[mode].append(stream_chat(urls[mode], setup.model_id, prompt, setup.tokens))
+            turn = (rep + i) % len(runs)
+            for mode, sampling in runs[turn:] + runs[:turn]:
+                name = mode if sampling is None else f"{mode} sampled"
+                messages = [{"role": "user", "content": prompt}]
+                timings[name].append(stream_messages(urls[mode], setup.model_id, messages, setup.tokens,
+                                                     sampling=sampling))
     return timings
 
 
 def speed_rows(scenario: str, timings: dict[str, list[StreamTiming]], goal: str) -> list[Row]:
+    """The self-draft against none, greedy (held to `goal`) and sampled (the rejection path)."""
     tps = {mode: [t.decode_tps for t in runs] for mode, runs in timings.items()}
-    none = statistics.median(tps["none"])
-    rows = [Row(scenario, "no speculation decode tok/s", none, samples=tps["none"])]
-    for mode in ("self", "requantized"):
-        stats = [t.speculative for t in timings[mode] if t.speculative]
+    rows = []
+    for how, suffix in (("greedy", ""), ("sampled", " sampled")):
+        none, self_ = f"none{suffix}", f"self{suffix}"
+        base = statistics.median(tps[none])
+        stats = [t.speculative for t in timings[self_] if t.speculative]
         proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
-        same = all(t.text == ref.text for t, ref in zip(timings[mode], timings["none"], strict=True))
-        rows += [Row(scenario, f"{mode} draft tok/s (vs none)", statistics.median(tps[mode]), none,
-                     goal if mode == "self" else "", tps[mode]),
-                 Row(scenario, f"{mode} draft accept rate", accepted / proposed if proposed else 0.0),
-                 Row(scenario, f"{mode} draft: outputs identical to none (1 = yes)", float(same), goal="1")]
+        same = all(t.text == ref.text for t, ref in zip(timings[self_], timings[none], strict=True))
+        rows += [Row(scenario, f"{how}: no speculation decode tok/s", base, samples=tps[none]),
+                 Row(scenario, f"{how}: self-draft tok/s (vs none)", statistics.median(tps[self_]), base,
+                     goal if how == "greedy" else "", tps[self_]),
+                 Row(scenario, f"{how}: self-draft accept rate", accepted / proposed if proposed else 0.0),
+                 Row(scenario, f"{how}: outputs identical to none (1 = yes)", float(same), goal="1")]
     return rows
