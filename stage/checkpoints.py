@@ -31,6 +31,9 @@ from common.errors import EngineError
 # Checkpoints per lane: the most frames a session may keep in flight on a model with recurrent
 # state is one fewer (mesh/serving/pipeline.py), within PRICED_FRAMES_IN_FLIGHT's default of 5.
 DEPTH = 6
+# A draft's: it proposes a row a step and is rolled back into its own proposals, so each step
+# takes one; a rollback past them starts its lane over (mesh/speculative/draft.py).
+DRAFT_DEPTH = 16
 
 
 State = bytes | memoryview  # a lane's recurrent state as llama.cpp serialises it (empty: none)
@@ -55,6 +58,7 @@ class LaneRing:
     is; `position` (≥ held) where the lane logically is, the rows between to be replayed."""
 
     depth: int
+    every_row: bool = False  # a draft's lane: its own proposals, a row a step, are what it rolls back
     saved: list[tuple[int, State]] = field(default_factory=list)  # (position, state), oldest first
     rows: np.ndarray | None = None  # input rows from `base` to `position`
     base: int = 0
@@ -115,7 +119,9 @@ class LaneRing:
         newest = self.saved[-1][0] if self.saved else None
         # a step of one row is rolled back into only from a later frame, whose own checkpoint
         # serves; one is still taken every `depth` rows, to bound a replay
-        return newest is None or (newest != self.held and (rows > 1 or self.held - newest >= self.depth))
+        if newest is None:
+            return True
+        return newest != self.held and (rows > 1 or self.every_row or self.held - newest >= self.depth)
 
     def save(self, state: State) -> None:
         """The state at `held`, taken before a step: the oldest is dropped past `depth`."""

@@ -32,6 +32,7 @@ class EngineConfig:
     # Copies of a lane's recurrent state kept to roll back to (stage.checkpoints): a rejection
     # reaches back at most the frames a session keeps in flight.
     checkpoints: int = DEPTH
+    checkpoint_every_row: bool = False  # a draft's lanes (stage.checkpoints.DRAFT_DEPTH)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ class LlamaRangeEngine:
         self._pos = [0] * cfg.lanes
         # a lane's recurrent state rolls back by checkpoint, where attention KV is trimmed
         recurrent = L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model)
-        self.recurrent = RecurrentLanes(self.ctx, self.mem, cfg.lanes, cfg.checkpoints) if recurrent else None
+        self.recurrent = RecurrentLanes(self.ctx, self.mem, cfg.lanes, cfg.checkpoints, cfg.checkpoint_every_row) \
+            if recurrent else None
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
     def _new_context(self, eval_callback: Any, user: ctypes.c_void_p | None) -> ctypes.c_void_p:

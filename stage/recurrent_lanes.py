@@ -23,9 +23,9 @@ _PARTIAL = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part of a hybri
 
 
 class RecurrentLanes:
-    def __init__(self, ctx: Any, mem: Any, lanes: int, depth: int) -> None:
+    def __init__(self, ctx: Any, mem: Any, lanes: int, depth: int, every_row: bool = False) -> None:
         self.ctx, self.mem = ctx, mem
-        self.rings = [LaneRing(depth) for _ in range(lanes)]
+        self.rings = [LaneRing(depth, every_row) for _ in range(lanes)]
         # Buffers of dropped checkpoints, written again: a fresh 20 MB buffer is mapped in page
         # by page as it is written, which made a save 12 ms where a reused one takes 2-3.
         self.spare: list[memoryview] = []

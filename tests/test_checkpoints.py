@@ -66,9 +66,10 @@ ops = st.lists(st.tuples(st.sampled_from(["step", "reject", "fail", "restart"]),
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops)
-def test_random_histories_never_restore_other_than_the_committed_state(script: list[tuple[str, int, int]]) -> None:
-    lane = Lane()
+@given(ops, st.booleans())
+def test_random_histories_never_restore_other_than_the_committed_state(script: list[tuple[str, int, int]],
+                                                                       every_row: bool) -> None:
+    lane = Lane(LaneRing(DEPTH, every_row))  # a stage's ring, or a draft's
     token = iter(range(1000, 100_000))
     for op, rows, back in script:
         if op == "step":

@@ -29,7 +29,7 @@ from packages.manifest import load_manifest
 from packages.requantize import requantize
 from packages.writer import write_package
 from stage import llama_engine
-from stage.checkpoints import DEPTH, CannotRollBackError
+from stage.checkpoints import DEPTH, DRAFT_DEPTH, CannotRollBackError
 from stage.engine import EngineConfig, Step
 from stage.llama_engine import LlamaRangeEngine
 
@@ -124,7 +124,7 @@ def test_a_hybrid_draft_starts_a_lane_over_where_its_checkpoints_do_not_reach(tm
         draft.start()
         try:
             for sequence in sequences:
-                out = await draft.propose(0, sequence, DEPTH + 2)  # a step each: past the checkpoints
+                out = await draft.propose(0, sequence, DRAFT_DEPTH + 2)  # a step each: past the checkpoints
             return out
         finally:
             await draft.stop()

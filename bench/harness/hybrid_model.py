@@ -6,9 +6,11 @@ about 1.1B parameters (24 layers, width 1536, the Qwen vocabulary of 151,936), w
 recurrent state is about 19 MB a lane, so a checkpoint costs what it would on a real model
 of that size.
 
-Matrices are random Q4_0 blocks (bench/harness/shape_model.py `q4_0_bytes`); what llama.cpp
-keeps in F32 (norms, the convolution, the decay and time-step vectors) is written in F32 with
-values that keep the state bounded: the decay `ssm_a` negative, norms ones. The vocabulary is
+Matrices are random Q4_0 blocks (bench/harness/shape_model.py `q4_0_bytes`), the small beta
+and alpha projections too: an F32 matrix's k-row product differs in the last bits from k
+single rows, which under sampling from this model's nearly flat distribution parted speculative
+output from plain. What llama.cpp keeps in F32 (norms, the convolution, the decay and time-step
+vectors) is written in F32 with values that keep the state bounded: `ssm_a` negative, norms ones. The vocabulary is
 shape_model's minimal SentencePiece one.
 """
 
@@ -77,8 +79,8 @@ def _tensors(s: HybridShape) -> list[tuple[str, tuple[int, ...], int]]:
             out += [(b + "attn_qkv.weight", (2 * key + value, s.width), q4),
                     (b + "attn_gate.weight", (value, s.width), q4),
                     (b + "ssm_conv1d.weight", (2 * key + value, s.conv), f32), (b + "ssm_dt.bias", (s.v_heads,), f32),
-                    (b + "ssm_a", (s.v_heads,), f32), (b + "ssm_beta.weight", (s.v_heads, s.width), f32),
-                    (b + "ssm_alpha.weight", (s.v_heads, s.width), f32), (b + "ssm_norm.weight", (s.state,), f32),
+                    (b + "ssm_a", (s.v_heads,), f32), (b + "ssm_beta.weight", (s.v_heads, s.width), q4),
+                    (b + "ssm_alpha.weight", (s.v_heads, s.width), q4), (b + "ssm_norm.weight", (s.state,), f32),
                     (b + "ssm_out.weight", (s.width, value), q4)]
         out += [(b + "ffn_gate.weight", (s.ffn, s.width), q4), (b + "ffn_up.weight", (s.ffn, s.width), q4),
                 (b + "ffn_down.weight", (s.width, s.ffn), q4)]

@@ -19,6 +19,7 @@ from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Budget, Proposal
 from packages.speculative import verify_draft
 from stage.batcher import close_engine
+from stage.checkpoints import DRAFT_DEPTH
 from stage.core import StageCore
 from stage.engine import EngineConfig, Step
 from stage.engine_choice import open_engine
@@ -46,8 +47,8 @@ class Draft:
 
     def __init__(self, gguf: Path, lanes: int, ctx_per_lane: int, threads: int,
                  cpu_lock: Path | None = None) -> None:
-        cfg = EngineConfig(first=True, final=True, lanes=lanes, ctx_per_lane=ctx_per_lane,
-                           threads=threads, cpu_lock=cpu_lock)
+        cfg = EngineConfig(first=True, final=True, lanes=lanes, ctx_per_lane=ctx_per_lane, threads=threads,
+                           cpu_lock=cpu_lock, checkpoints=DRAFT_DEPTH, checkpoint_every_row=True)
         engine = open_engine("llama", gguf, cfg)  # whatever stage 0 runs: `vocab_mismatch` reads llama.cpp's vocabulary
         assert isinstance(engine, LlamaRangeEngine)
         self.engine = engine
@@ -89,7 +90,7 @@ class Draft:
         view = self._view(lane, sequence)
         start = min(common_prefix(self.held[lane], view), len(view) - 1)
         if not self.engine.reachable(lane, start):
-            # a hybrid draft's recurrent state keeps DEPTH checkpoints, a step apart: a
+            # a hybrid draft's recurrent state keeps DRAFT_DEPTH checkpoints, one a step: a
             # rollback past them starts the lane over (what it proposes changes, not the output)
             start = 0
         held, feed = view[:start], view[start:]
