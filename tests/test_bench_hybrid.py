@@ -51,7 +51,9 @@ def _timing(tps: float, text: str = "same", proposed: int = 0, accepted: int = 0
 
 def test_speed_rows_hold_the_greedy_self_draft_to_its_goal_and_catch_a_changed_reply() -> None:
     timings = {"none": [_timing(10.0)], "self": [_timing(20.0, proposed=10, accepted=10)],
-               "none sampled": [_timing(10.0)], "self sampled": [_timing(8.0, "other", proposed=10, accepted=1)]}
+               "self cost-aware": [_timing(15.0, proposed=4, accepted=4)],
+               "none sampled": [_timing(10.0)], "self sampled": [_timing(8.0, "other", proposed=10, accepted=1)],
+               "self cost-aware sampled": [_timing(10.0)]}
     rows = {r.metric: r for r in speed_rows("hybrid split-2 20 ms", timings, ">= 1.8")}
     assert rows["greedy: self-draft tok/s (vs none)"].ratio == pytest.approx(2.0)
     assert rows["greedy: self-draft tok/s (vs none)"].goal == ">= 1.8"
@@ -59,5 +61,8 @@ def test_speed_rows_hold_the_greedy_self_draft_to_its_goal_and_catch_a_changed_r
     assert rows["sampled: self-draft tok/s (vs none)"].goal == ""
     assert rows["greedy: self-draft accept rate"].value == 1.0
     assert rows["sampled: self-draft accept rate"].value == pytest.approx(0.1)
-    assert rows["greedy: outputs identical to none (1 = yes)"].value == 1.0
-    assert rows["sampled: outputs identical to none (1 = yes)"].value == 0.0
+    assert rows["greedy: self-draft, outputs identical to none (1 = yes)"].value == 1.0
+    assert rows["sampled: self-draft, outputs identical to none (1 = yes)"].value == 0.0
+    assert rows["greedy: self-draft, cost-aware tok/s (vs none)"].goal == ""
+    assert rows["sampled: self-draft, cost-aware tok/s (vs none)"].ratio == pytest.approx(1.0)
+    assert rows["sampled: self-draft, cost-aware accept rate"].value == 0.0  # it proposed nothing

@@ -6,13 +6,15 @@ about 1.1B parameters (bench/harness/hybrid_model.py), written once into the cac
 - what a rollback costs on it, in one process with one engine thread: saving a lane's
   recurrent state before a verify frame of 4 rows, loading it back, the bytes a lane, and
   both against that frame's decode (stage/checkpoints.py; issue 43's goal: at most 0.1);
-- at each per-hop delay (0 and 20 ms unless --wire-delays says), two split-2 servers
-  interleaved: no speculation, and the model drafting for itself (the target's own GGUF).
-  Greedy, every draft is accepted: the mechanism's ceiling. Sampled (temperature 1, seeded),
-  the target draws from a nearly flat distribution over 151,936 tokens while the draft
-  proposes its greedy pick, so nearly every window is rejected at its first draft and every
-  stage restores and replays on every frame: the rejection path's price. Each against no
-  speculation decoding the same way, with the accept rates and whether the text stayed the same.
+- at each per-hop delay (0 and 20 ms unless --wire-delays says), three split-2 servers
+  interleaved: no speculation, the model drafting for itself (the target's own GGUF) with
+  `--draft`'s adaptive window, and the same with the cost-aware window. Greedy, every draft is
+  accepted: the mechanism's ceiling. Sampled (temperature 1, seeded), the target draws from a
+  nearly flat distribution over 151,936 tokens while the draft proposes its greedy pick, so
+  nearly every window is rejected at its first draft and every stage restores and replays on
+  every frame: the rejection path's price, which the adaptive window keeps paying and the
+  cost-aware one should decline. Each against no speculation decoding the same way, with the
+  accept rates and whether the text stayed the same.
 
 A requantized draft shows no rejection here: this random model's greedy reply is one token
 over and over, which an IQ4_NL copy names too (accepted 1.00), and so did a copy with 60% of
@@ -37,6 +39,7 @@ from stage.engine import EngineConfig, Step
 from stage.llama_engine import LlamaRangeEngine
 
 GOALS = {"checkpoint": "<= 0.1", "self": ">= 1.8"}  # issue 43's; the self-draft's at 20 ms
+COST_AWARE = "self cost-aware"
 FRAME = 4  # rows of the verify frame a checkpoint is priced against
 SAMPLES = 5
 
@@ -53,7 +56,11 @@ def model_path(cache: Path) -> Path:
 def run(asked: Asked) -> Outcome:
     setup = asked.setup
     rows = checkpoint_rows(setup.gguf)
-    modes: dict[str, dict[str, Any]] = {"none": {}, "self": {"draft": True, "extra": ("--draft", str(setup.gguf))}}
+    config = setup.cache / "bench" / "hybrid-cost-aware.toml"
+    config.write_text('[defaults.speculative]\nwindow_policy = "cost-aware"\n')
+    draft = ("--draft", str(setup.gguf))
+    modes: dict[str, dict[str, Any]] = {"none": {}, "self": {"draft": True, "extra": draft},
+                                        COST_AWARE: {"draft": True, "extra": (*draft, "--config", str(config))}}
     for d, urls in split2_per_delay(setup, "mesh-bench-hybrid-", asked.delays, modes):
         timings = _measure(setup, urls, asked.prompts, asked.args.repeats)
         rows += speed_rows(f"hybrid split-2 {d:g} ms", timings, GOALS["self"] if d >= 20 else "")
@@ -118,14 +125,16 @@ def speed_rows(scenario: str, timings: dict[str, list[StreamTiming]], goal: str)
     tps = {mode: [t.decode_tps for t in runs] for mode, runs in timings.items()}
     rows = []
     for how, suffix in (("greedy", ""), ("sampled", " sampled")):
-        none, self_ = f"none{suffix}", f"self{suffix}"
+        none = f"none{suffix}"
         base = statistics.median(tps[none])
-        stats = [t.speculative for t in timings[self_] if t.speculative]
-        proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
-        same = all(t.text == ref.text for t, ref in zip(timings[self_], timings[none], strict=True))
-        rows += [Row(scenario, f"{how}: no speculation decode tok/s", base, samples=tps[none]),
-                 Row(scenario, f"{how}: self-draft tok/s (vs none)", statistics.median(tps[self_]), base,
-                     goal if how == "greedy" else "", tps[self_]),
-                 Row(scenario, f"{how}: self-draft accept rate", accepted / proposed if proposed else 0.0),
-                 Row(scenario, f"{how}: outputs identical to none (1 = yes)", float(same), goal="1")]
+        rows.append(Row(scenario, f"{how}: no speculation decode tok/s", base, samples=tps[none]))
+        for mode, label in (("self", "self-draft"), (COST_AWARE, "self-draft, cost-aware")):
+            runs = timings[f"{mode}{suffix}"]
+            stats = [t.speculative for t in runs if t.speculative]
+            proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
+            same = all(t.text == ref.text for t, ref in zip(runs, timings[none], strict=True))
+            rows += [Row(scenario, f"{how}: {label} tok/s (vs none)", statistics.median(tps[f"{mode}{suffix}"]), base,
+                         goal if how == "greedy" and mode == "self" else "", tps[f"{mode}{suffix}"]),
+                     Row(scenario, f"{how}: {label} accept rate", accepted / proposed if proposed else 0.0),
+                     Row(scenario, f"{how}: {label}, outputs identical to none (1 = yes)", float(same), goal="1")]
     return rows
