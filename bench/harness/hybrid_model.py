@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGUFValueType, GGUFWriter
 
-from bench.harness.shape_model import Q4_0_BLOCK, Q4_0_BYTES, q4_0_bytes
+from bench.harness.shape_model import write_random_tensors
 
 _F32 = 0  # a tensor entry's kind: F32 values of `shape`; else Q4_0 rows x cols
 
@@ -101,21 +101,8 @@ def write_hybrid_gguf(path: Path, shape: HybridShape, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(path, "qwen35")
     _metadata(writer, shape)
-    tensors = _tensors(shape)
-    for name, dims, kind in tensors:
-        if kind == _F32:
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
-        else:
-            rows, cols = dims
-            size = rows * cols // Q4_0_BLOCK * Q4_0_BYTES
-            writer.add_tensor_info(name, (rows, cols // Q4_0_BLOCK * Q4_0_BYTES), np.dtype(np.uint8), size,
-                                   raw_dtype=GGMLQuantizationType.Q4_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for name, dims, kind in tensors:
-        writer.write_tensor_data(_f32(name, dims, rng) if kind == _F32 else q4_0_bytes(dims[0], dims[1], rng))
-    writer.close()
+    tensors = [(name, dims, kind != _F32) for name, dims, kind in _tensors(shape)]
+    write_random_tensors(writer, tensors, lambda name, dims: _f32(name, dims, rng), rng)
     return path
 
 

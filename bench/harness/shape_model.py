@@ -17,6 +17,7 @@ so the embeddings and the head have the real model's rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,20 +83,29 @@ def write_shape_gguf(path: Path, shape: Shape, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(path, "llama")
     _metadata(writer, shape)
-    tensors = _tensor_order(shape)
-    for name, rows, cols in tensors:
-        if rows == 0:  # a norm: F32 ones of `cols`
-            writer.add_tensor_info(name, (cols,), np.dtype(np.float32), 4 * cols)
-        else:
+    # a norm (0 rows): F32 ones of `cols`
+    tensors = [(name, (rows, cols) if rows else (cols,), rows > 0) for name, rows, cols in _tensor_order(shape)]
+    write_random_tensors(writer, tensors, lambda _, dims: np.ones(dims, np.float32), rng)
+    return path
+
+
+def write_random_tensors(writer: GGUFWriter, tensors: Sequence[tuple[str, tuple[int, ...], bool]],
+                         f32: Callable[[str, tuple[int, ...]], np.ndarray], rng: np.random.Generator) -> None:
+    """Declare each (name, dims, quantized) tensor, then write them as they are made, one in
+    memory at a time: a random Q4_0 rows x cols matrix where quantized, else `f32(name, dims)`."""
+    for name, dims, quantized in tensors:
+        if quantized:
+            rows, cols = dims
             writer.add_tensor_info(name, (rows, cols // Q4_0_BLOCK * Q4_0_BYTES), np.dtype(np.uint8),
                                    rows * cols // Q4_0_BLOCK * Q4_0_BYTES, raw_dtype=GGMLQuantizationType.Q4_0)
+        else:
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for _, rows, cols in tensors:
-        writer.write_tensor_data(np.ones(cols, np.float32) if rows == 0 else q4_0_bytes(rows, cols, rng))
+    for name, dims, quantized in tensors:
+        writer.write_tensor_data(q4_0_bytes(dims[0], dims[1], rng) if quantized else f32(name, dims))
     writer.close()
-    return path
 
 
 def _tensor_order(shape: Shape) -> list[tuple[str, int, int]]:
