@@ -56,6 +56,7 @@ from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.batcher import close_engine, on_engine_thread
 from stage.calibration import BATCH_ROWS, calibrate
+from stage.checkpoints import DEPTH
 from stage.control import split_endpoint
 from stage.engine import EngineConfig, RangeEngine
 from stage.engine_choice import open_engine
@@ -115,6 +116,9 @@ class Coordinator:
         await self._start_artifact_server()
         m = self.manifest
         self.say(f"model {self.model_id}: {package_verdict(m.architecture, m.allowed_cuts, m.layer_count)}")
+        if keeps_state(m.architecture):
+            self.say(f"model {self.model_id}: recurrent state rolls back by checkpoint ({DEPTH} a lane): at most "
+                     f"{DEPTH - 1} frames in flight, and a free lane is reused only by a prompt that extends it")
         await self.build_route()
         await self._load_draft()
         if self.settings.warm_up and self.tokenizer is not None and chooses(self.spec, self.proposer):
