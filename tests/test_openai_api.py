@@ -19,7 +19,6 @@ from mesh.backend import Generation, GenerationRequest
 from mesh.model.source import EMBEDDED_ID
 from mesh.model.tokenizer import Tokenizer
 from mesh.reports.health import Health
-from mesh.serving.requests import END_S
 
 pytestmark = pytest.mark.mesh
 
@@ -56,13 +55,15 @@ def test_abandoned_non_streaming_requests_stop_and_free_their_lanes(server):
         with pytest.raises(openai.APITimeoutError):
             impatient.chat.completions.create(model=EMBEDDED_ID, messages=HI, max_tokens=900,
                                               extra_body={"ignore_eos": True})
-    # the server bounds each request's cleanup (END on every stage) by END_S: under a loaded
-    # CI machine it took longer than 5 s once, so wait as long as the server may take
-    deadline = time.monotonic() + END_S + 2
+    # The server bounds each request's cleanup (END on every stage) by END_S, yet on a loaded CI
+    # machine one request stayed in flight past END_S + 2 s in two runs (cause not found; never
+    # here). So the wait is long, and what must not happen is held by the tokens: no abandoned
+    # request ran to its 900, which a request whose client's leaving went unseen would.
+    deadline = time.monotonic() + 60
     while metric(server, "meshpipe_requests_in_flight") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert metric(server, "meshpipe_requests_in_flight") == 0
-    assert metric(server, "meshpipe_generated_tokens_total") - before < 4 * 900 / 2
+    assert metric(server, "meshpipe_generated_tokens_total") - before < 900
     started = time.monotonic()
     assert chat(server, max_tokens=4, temperature=0).usage.completion_tokens > 0
     assert time.monotonic() - started < 10  # no lane is still busy with an abandoned request
