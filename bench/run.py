@@ -41,6 +41,7 @@ from bench.scenarios import (
     peers,
     prompt_lookup,
     return_,
+    sampling,
     shapes,
     spec,
     split,
@@ -61,7 +62,8 @@ MESH_SCENARIOS: dict[str, Callable[[Shared], list[Row]]] = {
 BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, "agreement": agreement.run}
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
     "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
-    "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run, "hybrid": hybrid.run}
+    "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run, "hybrid": hybrid.run,
+    "sampling": sampling.run}
 # shapes brings its own model and runs only alone (shapes.run)
 SCENARIOS = (*BEFORE_MESH, *MESH_SCENARIOS, *AFTER_MESH, "shapes")
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
@@ -76,8 +78,10 @@ PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what is
 MACHINES_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # split-2 against one node
 GUARD_DEFAULTS = {"tokens": 64, "prompts": 1, "stages": "1,2"}  # the guard's own sizes, under 10 minutes
 HYBRID_DEFAULTS = {"tokens": 48, "prompts": 2, "stages": "2"}  # a 1.1B hybrid decodes tens of tok/s
+SAMPLING_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "2"}  # 3 servers x 2 temperatures x 2 pairs
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
-ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20", frozenset({"hybrid"}): "0,20"}  # the issues' two delays
+ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20", frozenset({"hybrid"}): "0,20",  # the issues' delays
+                frozenset({"sampling"}): "20"}
 
 # --scenarios' help: each scenario, what it measures
 SCENARIOS_HELP = (
@@ -101,8 +105,11 @@ SCENARIOS_HELP = (
     "alone), guard (issue 42's ratios in one run, interleaved, against BENCHMARKS.md's guard figures; exits 1 when "
     "one is more than 15%% worse; always with --machines; run it before a release), hybrid (a random Qwen3.5-like 1.1B "
     "hybrid: what a rollback's checkpoint costs, and split-2 with a self-draft against none, greedy and sampled, "
-    "at 0,20 ms; always with --machines, and only alone); numerics, agreement, chat, "
-    "ngram, prompt_lookup, engines, constrained, peers, sweep and guard run alone if asked alone")
+    "at 0,20 ms; always with --machines, and only alone), sampling (unseeded requests at temperatures 0.7 and 1.0 "
+    "on split-2, for the package's pair and the cost-realistic one: no draft, the draft accepted by exact match and "
+    "by rejection sampling, at each --wire-delays, 20 ms alone; and the teacher-forced sum of min(p, q) the "
+    "rejection rule can reach, per size of q's top K); numerics, agreement, chat, "
+    "ngram, prompt_lookup, engines, constrained, peers, sweep, guard and sampling run alone if asked alone")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -114,7 +121,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "draft are always measured")
     p.add_argument("--wire-delays", default=None,
                    help="one-way ms on every hop for the spec and return scenarios (default: 0,20; with "
-                        "--machines 0,5,20,50; prompt_lookup alone 0,20 either way)")
+                        "--machines 0,5,20,50; prompt_lookup alone 0,20 and sampling alone 20 either way)")
     p.add_argument("--machines", action="store_true",
                    help="emulate separate machines: pin each local stage to its own CPU set (--cpu-sets), "
                         "one engine thread per CPU and no CPU lock; the baseline runs on the first set; "
@@ -196,7 +203,8 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
     alone = {frozenset({"engines"}): ENGINES_DEFAULTS, frozenset({"peers"}): PEERS_DEFAULTS,
              frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS,
              frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS,
-             frozenset({"machines"}): MACHINES_DEFAULTS, frozenset({"hybrid"}): HYBRID_DEFAULTS}
+             frozenset({"machines"}): MACHINES_DEFAULTS, frozenset({"hybrid"}): HYBRID_DEFAULTS,
+             frozenset({"sampling"}): SAMPLING_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -11,7 +11,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -53,11 +53,14 @@ class Speculative(BaseModel):
     max_window: int | None = None
     # verify frames a session may have in flight at once (DESIGN.md §6); 1 waits for each reply
     frames_in_flight: int | None = Field(default=None, ge=1, le=16)
+    # how drafts of a sampled request are accepted when it names no rule (DESIGN.md §6)
+    acceptance: Literal["auto", "exact", "rejection"] | None = None
 
     def window_changes(self) -> dict[str, object]:
         """The window keys set at this level, named as WindowPolicy.overridden wants them."""
         return self.model_dump(by_alias=True, exclude_none=True,
-                               exclude={"strategy", "draft_model", "frames_in_flight", "ngram_min", "ngram_max"})
+                               exclude={"strategy", "draft_model", "frames_in_flight", "ngram_min", "ngram_max",
+                                        "acceptance"})
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ class Account:
     speculative: Acceptance | None = None  # None when no proposer ran
     finish_reason: Literal["stop", "length"] | None = None
     choices: tuple[tuple[str, WindowChoice], ...] = ()  # the cost-aware controllers' choices, by proposer
+    rule: str = ""  # how drafts were accepted, with `speculative`: "exact" or "rejection" (DESIGN.md §6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,7 @@ class Generation:
 class Backend(Protocol):
     model_id: str
     ctx_per_session: int
+    speculative_acceptance: str  # the rule for requests that name none: auto, exact or rejection
 
     def tok(self) -> Tokenizer:
         """The target's tokenizer and chat template."""

@@ -21,6 +21,7 @@ import anyio
 import grpc
 import psutil
 
+from common.sampling import EXACT
 from mesh.backend import (
     Generation,
     GenerationRequest,
@@ -96,6 +97,8 @@ class Coordinator:
         self.artifact_server: grpc.aio.Server | None = None
         self.artifact_source = ""
         self.spec, self.spec_note = spec, spec_note
+        # without speculation every draw is the exact-match one: there is nothing to accept
+        self.speculative_acceptance = spec.acceptance if spec is not None else EXACT
         self.draft: Draft | None = None
         self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
@@ -162,6 +165,7 @@ class Coordinator:
             self.say(f"WARNING: draft disabled: {reason}; speculative: {self.spec.describe()}")
             return
         self.spec, self.spec_note = None, f"off: {reason}"
+        self.speculative_acceptance = EXACT
         log.warning("speculative decoding disabled: %s; serving without it", reason)
         self.say(f"WARNING: speculative decoding disabled: {reason}")
 

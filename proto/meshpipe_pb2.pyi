@@ -296,7 +296,7 @@ class LogitBias(_message.Message):
     def __init__(self, token: _Optional[int] = ..., bias: _Optional[float] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "history", "drafts", "masks")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "history", "drafts", "masks", "rejection", "proposed", "checks_first")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +308,9 @@ class Sampling(_message.Message):
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     MASKS_FIELD_NUMBER: _ClassVar[int]
+    REJECTION_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIRST_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -319,7 +322,20 @@ class Sampling(_message.Message):
     history: _containers.RepeatedScalarFieldContainer[int]
     drafts: _containers.RepeatedScalarFieldContainer[int]
     masks: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBias, _Mapping]]] = ..., logprobs: _Optional[int] = ..., history: _Optional[_Iterable[int]] = ..., drafts: _Optional[_Iterable[int]] = ..., masks: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    rejection: bool
+    proposed: _containers.RepeatedCompositeFieldContainer[Proposed]
+    checks_first: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBias, _Mapping]]] = ..., logprobs: _Optional[int] = ..., history: _Optional[_Iterable[int]] = ..., drafts: _Optional[_Iterable[int]] = ..., masks: _Optional[_Iterable[bytes]] = ..., rejection: _Optional[bool] = ..., proposed: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., checks_first: _Optional[bool] = ...) -> None: ...
+
+class Proposed(_message.Message):
+    __slots__ = ("token", "ids", "weights")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class TopLogprobs(_message.Message):
     __slots__ = ("tokens", "logprobs")

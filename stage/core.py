@@ -26,6 +26,7 @@ from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, error_frame, input_rows, reply_frame
 from stage.lanes import LanePool
+from stage.rejection import Tail, verify_frame
 from stage.sampling import sample_rows
 from stage.transport import decode_tensor, encode_tensor
 
@@ -73,6 +74,9 @@ class StageCore:
         # frames in flight (DESIGN.md §6): each session's newest epoch
         self.epochs: dict[SessionId, int] = {}
         self.skipped = 0  # frames of a void epoch dropped before they ran
+        # rejection sampling: each session's newest sampled row, which the next frame's first
+        # token is checked against when that token is a draft (stage/rejection.py)
+        self.tails: dict[SessionId, Tail] = {}
 
     def start(self) -> None:
         self.batcher.start()
@@ -93,6 +97,7 @@ class StageCore:
             raise ValueError(f"keep {keep} is outside the lane's context of {self.engine.ctx_per_lane}")
         lane = self.lanes.release(session)
         self.epochs.pop(session, None)
+        self.tails.pop(session, None)
         if lane is None:
             return None
         self.skipped += self.batcher.discard_lane(lane)
@@ -162,11 +167,15 @@ class StageCore:
         return Encoded(self.wire_dtype, tuple(shape), data, hop)
 
     def sample(self, work: Work, logits: np.ndarray, frame: FrameSampling, start: int,
-               rows: int) -> tuple[list[Sampled], pb.Hop]:
-        """The final stage's tokens for a step of `rows` input rows fed at `start`."""
+               rows: int, session: SessionId | None = None) -> tuple[list[Sampled], pb.Hop]:
+        """The final stage's tokens for a step of `rows` input rows fed at `start`; by
+        rejection sampling where the frame asks, against `session`'s last row."""
         sampling = time.perf_counter()
         try:
-            picks = sample_rows(logits, frame.params, start, rows, frame.history, frame.drafts, frame.masks)
+            if frame.params.rejects and session is not None:
+                picks, self.tails[session] = verify_frame(logits, frame, start, rows, self.tails.get(session))
+            else:
+                picks = sample_rows(logits, frame.params, start, rows, frame.history, frame.drafts, frame.masks)
         except ValueError as exc:  # finite but extreme values can still overflow to NaN probabilities
             raise CannotSampleError(f"stage {self.index}: cannot sample: {exc}") from None
         return picks, self._hop(work, sample_s=time.perf_counter() - sampling)
@@ -177,7 +186,7 @@ class StageCore:
         its sampled tokens, or an ERROR when they cannot be sampled (the request fails, the
         stage and the route serve on). Stage 0 alone answers its own frames the same way."""
         try:
-            picks, hop = self.sample(work, logits, frame, h.start_pos, rows)
+            picks, hop = self.sample(work, logits, frame, h.start_pos, rows, SessionId(h.session_id))
         except CannotSampleError as exc:
             return error_frame(h, str(exc))
         return reply_frame(h, picks, hop)

@@ -9,11 +9,12 @@ lists the fields.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.ids import FrameId, LaneId, SessionId
-from common.sampling import Sampled, SamplingParams
+from common.sampling import EXACT, REJECTION, Proposed, Sampled, SamplingParams
 from proto import meshpipe_pb2 as pb
 from stage.masks import masks_problem
 
@@ -26,16 +27,22 @@ class FrameSampling:
     history: tuple[int, ...] = ()  # row i of the logits counts history + drafts[:i]
     drafts: tuple[int, ...] = ()
     masks: tuple[bytes, ...] = ()  # per sampled row, a grammar's allowed tokens (stage/masks.py)
+    proposed: tuple[Proposed, ...] = ()  # REJECTION: every draft fed, with its q
+    checks_first: bool = False  # REJECTION: the first fed token is a draft the row before predicted
 
     @classmethod
     def for_rows(cls, params: SamplingParams, history: Sequence[int], tokens: Sequence[int],
-                 rows: int, masks: Sequence[bytes] = ()) -> FrameSampling:
+                 rows: int, masks: Sequence[bytes] = (), proposed: Sequence[Proposed] = ()) -> FrameSampling:
         """A frame feeding `tokens` whose last `rows` rows are sampled; `history` is the
         completion the penalties count at the first sampled row (fed tokens[-rows]), that
-        row's token included. Each later row adds the token fed before it."""
+        row's token included. Each later row adds the token fed before it. `proposed`: the
+        drafts fed, the last of `tokens`, with the q each came from (REJECTION only)."""
+        checks = params.rejects and len(proposed) == len(tokens) and bool(proposed)
+        extra = {"proposed": tuple(proposed), "checks_first": checks} if params.rejects else {}
         if not params.penalised:
-            return cls(params, masks=tuple(masks))
-        return cls(params, tuple(history), tuple(tokens[len(tokens) - rows + 1 :]), tuple(masks))
+            return cls(params, masks=tuple(masks), **extra)  # type: ignore[arg-type]
+        return cls(params, tuple(history), tuple(tokens[len(tokens) - rows + 1 :]), tuple(masks),
+                   **extra)  # type: ignore[arg-type]
 
     def to_wire(self) -> pb.Sampling:
         p = self.params
@@ -48,6 +55,10 @@ class FrameSampling:
             wire.history.extend(self.history)
             wire.drafts.extend(self.drafts)
         wire.masks.extend(self.masks)
+        if p.acceptance == REJECTION:
+            wire.rejection = True
+            wire.checks_first = self.checks_first
+            wire.proposed.extend(pb.Proposed(token=d.token, ids=d.ids, weights=d.weights) for d in self.proposed)
         return wire
 
     def problem(self, vocab: int, ctx: int, rows: int) -> str | None:
@@ -59,15 +70,29 @@ class FrameSampling:
                     f"{rows} logits rows in a context of {ctx}")
         if any(not 0 <= t < vocab for t in (*self.history, *self.drafts)):
             return f"penalty history holds a token outside the vocabulary of {vocab}"
-        return masks_problem(self.masks, vocab, rows)
+        return masks_problem(self.masks, vocab, rows) or self._proposed_problem(vocab, rows)
+
+    def _proposed_problem(self, vocab: int, rows: int) -> str | None:
+        if not self.params.rejects:
+            return "drafts with their q come with rejection sampling only" if self.proposed else None
+        if len(self.proposed) != rows - 1 + self.checks_first:
+            return f"{len(self.proposed)} drafts with their q for {rows} logits rows"
+        for d in self.proposed:
+            ids = (d.token, *d.ids)
+            if len(d.ids) != len(d.weights) or any(not 0 <= t < vocab for t in ids):
+                return f"a draft's q names tokens outside the vocabulary of {vocab}, or unweighted"
+            if d.weights and not (all(math.isfinite(w) and w >= 0 for w in d.weights) and sum(d.weights) > 0):
+                return "a draft's q has a weight that is negative or not finite, or none above 0"
+        return None
 
 
 def sampling_of(header: pb.FrameHeader) -> FrameSampling:
     s = header.sampling
     params = SamplingParams(s.temperature, s.top_p or 1.0, s.top_k, s.seed, s.presence_penalty, s.frequency_penalty,
                             tuple((b.token, b.bias) for b in s.logit_bias),
-                            s.logprobs if s.HasField("logprobs") else -1)
-    return FrameSampling(params, tuple(s.history), tuple(s.drafts), tuple(s.masks))
+                            s.logprobs if s.HasField("logprobs") else -1, REJECTION if s.rejection else EXACT)
+    proposed = tuple(Proposed(d.token, tuple(d.ids), tuple(d.weights)) for d in s.proposed)
+    return FrameSampling(params, tuple(s.history), tuple(s.drafts), tuple(s.masks), proposed, s.checks_first)
 
 
 def input_rows(h: pb.FrameHeader) -> int:

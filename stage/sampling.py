@@ -33,14 +33,24 @@ def sample_rows(logits: np.ndarray, params: SamplingParams, start: int, rows: in
     Input row i sits at position start + i, so its logits pick the token at start + i + 1.
     """
     first = start + rows - len(logits) + 1
-    processed = _processed(logits, params, committed, drafts)
-    if masks:
-        processed = apply_masks(processed, masks)
+    processed = processed_rows(logits, params, committed, drafts, masks)
     tokens = [_draw(row, params, first + i) for i, row in enumerate(processed)]
+    return with_logprobs(tokens, processed, params)
+
+
+def processed_rows(logits: np.ndarray, params: SamplingParams, committed: Sequence[int] = (),
+                   drafts: Sequence[int] = (), masks: Sequence[bytes] = ()) -> np.ndarray:
+    """The logits a draw reads: bias, then penalties, then a grammar's masks."""
+    processed = _processed(logits, params, committed, drafts)
+    return apply_masks(processed, masks) if masks else processed
+
+
+def with_logprobs(tokens: Sequence[int], processed: np.ndarray, params: SamplingParams) -> list[Sampled]:
+    """`tokens`, one per processed row, with their logprobs and the top ones when asked."""
     if params.logprobs < 0:
         return [Sampled(t) for t in tokens]
-    logprobs = _log_softmax(processed)
-    return [Sampled(t, float(lp[t]), _top(lp, params.logprobs)) for t, lp in zip(tokens, logprobs, strict=True)]
+    logprobs = log_softmax(processed)
+    return [Sampled(t, float(lp[t]), top_logprobs(lp, params.logprobs)) for t, lp in zip(tokens, logprobs, strict=True)]
 
 
 def _processed(logits: np.ndarray, params: SamplingParams, committed: Sequence[int],
@@ -79,14 +89,14 @@ def _draw(row: np.ndarray, params: SamplingParams, position: int) -> int:
     # tokens a draw needs, in the same order, unless a NaN leaves only the sort exact.
     whole = None if best_first.sorted_exactly(scaled) else np.argsort(-scaled, kind="stable")
     n = len(scaled)
-    order = _first(scaled, params.top_k, whole) if 0 < params.top_k < n else None  # None: all n
-    ordered = scaled[order] if order is not None else _values(scaled, whole)
+    order = first_tokens(scaled, params.top_k, whole) if 0 < params.top_k < n else None  # None: all n
+    ordered = scaled[order] if order is not None else sorted_values(scaled, whole)
     probs = np.exp(ordered - ordered[0])
     probs /= probs.sum()
     if params.top_p < 1.0:
-        keep = _nucleus(probs, params.top_p)
+        keep = nucleus(probs, params.top_p)
         probs = probs[:keep] / probs[:keep].sum()
-        order = order[:keep] if order is not None else _first(scaled, keep, whole)
+        order = order[:keep] if order is not None else first_tokens(scaled, keep, whole)
     # all 64 bits of the seed count, and nothing but the position varies the draw
     rng = np.random.default_rng([params.seed & 0xFFFFFFFF, params.seed >> 32, position])
     pick = int(rng.choice(len(probs), p=probs))
@@ -95,7 +105,7 @@ def _draw(row: np.ndarray, params: SamplingParams, position: int) -> int:
     return int(whole[pick]) if whole is not None else best_first.nth(scaled, ordered, pick)
 
 
-def _nucleus(probs: np.ndarray, top_p: float) -> int:
+def nucleus(probs: np.ndarray, top_p: float) -> int:
     """`searchsorted(cumsum(probs), top_p) + 1`: how many of the best tokens top-p keeps.
 
     A running sum's first values do not depend on the rest, and a model's row usually
@@ -106,21 +116,21 @@ def _nucleus(probs: np.ndarray, top_p: float) -> int:
     return int(np.searchsorted(sums, top_p)) + 1
 
 
-def _first(scaled: np.ndarray, k: int, whole: np.ndarray | None) -> np.ndarray:
+def first_tokens(scaled: np.ndarray, k: int, whole: np.ndarray | None) -> np.ndarray:
     return whole[:k] if whole is not None else best_first.best(scaled, k)
 
 
-def _values(scaled: np.ndarray, whole: np.ndarray | None) -> np.ndarray:
+def sorted_values(scaled: np.ndarray, whole: np.ndarray | None) -> np.ndarray:
     return scaled[whole] if whole is not None else best_first.values(scaled)
 
 
-def _log_softmax(rows: np.ndarray) -> np.ndarray:
+def log_softmax(rows: np.ndarray) -> np.ndarray:
     x = rows.astype(np.float64)
     peak = x.max(axis=1, keepdims=True)
     return x - (peak + np.log(np.exp(x - peak).sum(axis=1, keepdims=True)))
 
 
-def _top(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+def top_logprobs(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
     if n == 0:
         return ()
     best = np.argpartition(-logprobs, n - 1)[:n] if n < len(logprobs) else np.arange(len(logprobs))

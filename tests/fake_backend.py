@@ -26,6 +26,7 @@ def byte_tokens(text: str | bytes) -> list[int]:
 class FakeBackend:
     model_id = "tiny"
     ctx_per_session = 256
+    speculative_acceptance = "auto"
 
     def __init__(self, tok: Tokenizer, script: str | bytes = "Hello world", eos: bool = True,
                  fail: Callable[[], BaseException] | None = None, fail_after: int = 0, window: int = 0) -> None:

@@ -21,11 +21,12 @@ def gemma3_path(cache: Path) -> Path:
 
 
 def write_tiny_llama(path: Path, layers: int = 4, width: int = 64, vocab: int = 64,
-                     seed: int = 0, output: bool = True, byte_vocab: bool = False) -> Path:
+                     seed: int = 0, output: bool = True, byte_vocab: bool = False, logit_scale: float = 1.0) -> Path:
     """A random-weight llama GGUF that llama.cpp loads; fast enough for unit tests.
 
     Its `<tN>` vocabulary runs an engine, but llama.cpp's tokenizer aborts on an SPM vocabulary
     without byte tokens; `byte_vocab` gives it the 256 `<0xNN>` tokens so `mesh serve` can use it.
+    `logit_scale` multiplies the output head: the same model, surer (above 1) or less sure.
     """
     tokens, types = [f"<t{i}>" for i in range(vocab)], [3, 3, 3] + [1] * (vocab - 3)
     if byte_vocab:
@@ -68,7 +69,7 @@ def write_tiny_llama(path: Path, layers: int = 4, width: int = 64, vocab: int = 
         writer.add_tensor(f"blk.{i}.ffn_down.weight", w(width, ff))
     writer.add_tensor("output_norm.weight", 1 + w(width))
     if output:
-        writer.add_tensor("output.weight", w(vocab, width))
+        writer.add_tensor("output.weight", w(vocab, width) * np.float32(logit_scale))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -48,7 +48,7 @@ class MaskingPipeline:
 
     async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
                    all_logits: bool = False, kind: int = 0, history: Any = (), epoch: int = 0,
-                   masks: Any = ()) -> Pending:
+                   masks: Any = (), proposed: Any = ()) -> Pending:
         rows = range(len(tokens)) if all_logits else range(len(tokens) - 1, len(tokens))
         assert len(masks) == len(rows)  # a constrained frame masks every row it samples
         self.masked_rows += len(masks)
@@ -69,7 +69,8 @@ class Guesser:
 
     names: tuple[str, ...] = ("draft",)
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None) -> Proposal:
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None,
+                       sampling: object = None) -> Proposal:
         k = budget("draft")
         return Proposal([3 if i % 3 == 2 else ord("a") + (sequence[-1] + i) % 26 + 3 for i in range(k)], "draft", 0.0)
 

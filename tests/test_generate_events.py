@@ -49,7 +49,7 @@ class ScriptedPipeline:
 
     async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: Any,
                    all_logits: bool = False, kind: int = 0, history: Any = (), epoch: int = 0,
-                   masks: Any = ()) -> Pending:
+                   masks: Any = (), proposed: Any = ()) -> Pending:
         self.out.add(start)
         self.most = max(self.most, len(self.out))
         self.epochs.append(epoch)
@@ -81,7 +81,8 @@ class ScriptedDraft:
         return [t + 1000 if self.wrong or done + i in self.misses else t
                 for i, t in enumerate(self.target[done:done + k])]
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None) -> Proposal:
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None,
+                       sampling: object = None) -> Proposal:
         return Proposal(await self.propose(lane, sequence, budget("draft")), "draft", 0.001)
 
     def forget(self, lane: int) -> None:
@@ -140,21 +141,21 @@ def test_with_a_draft_the_record_counts_each_window_before_its_tokens_leave():
     # prefill gives one token; each window of 2 accepts both drafts plus the target's next
     assert events == [Sampled(t) for t in TARGET[:7]]
     assert events.records == [Acceptance(), *[_drafted(1, 2, 2)] * 3, *[_drafted(2, 4, 4)] * 3]
-    assert events.account == Account(3, 7, speculative=_drafted(2, 4, 4), finish_reason="length")
+    assert events.account == Account(3, 7, speculative=_drafted(2, 4, 4), finish_reason="length", rule="exact")
 
 
 def test_a_draft_that_always_misses_gives_one_token_per_window():
     events = _events(4, draft=ScriptedDraft(TARGET, wrong=True))
     assert [e.token for e in events] == TARGET[:4]
     # the windows shrink with the budget left: 2, then 1, then a plain decode for the last token
-    assert events.account == Account(3, 4, speculative=_drafted(2, 3, 0), finish_reason="length")
+    assert events.account == Account(3, 4, speculative=_drafted(2, 3, 0), finish_reason="length", rule="exact")
 
 
 def test_a_stop_token_inside_an_accepted_window_ends_it_there():
     target = [10, 11, 12, EOS, 14, 15]
     events = _events(8, target=target, draft=ScriptedDraft(target), stop=frozenset({EOS}))
     assert [e.token for e in events] == [10, 11, 12]
-    assert events.account == Account(3, 3, speculative=_drafted(1, 2, 2), finish_reason="stop")
+    assert events.account == Account(3, 3, speculative=_drafted(1, 2, 2), finish_reason="stop", rule="exact")
 
 
 LONG = list(range(10, 50))

@@ -37,7 +37,8 @@ class Faulty:
         self.names = inner.names
         self.forgotten: list[int] = []
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None) -> Proposal:
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None,
+                       sampling: object = None) -> Proposal:
         if self.fail:
             self.fail -= 1
             raise RuntimeError("a proposer's bug")

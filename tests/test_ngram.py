@@ -87,7 +87,7 @@ class _Fixed:
         self.tokens = tokens
         self.forgotten: list[int] = []
 
-    async def proposal(self, lane, sequence, budget, guide=None) -> Proposal:
+    async def proposal(self, lane, sequence, budget, guide=None, sampling=None) -> Proposal:
         return Proposal(self.tokens[: budget(self.names[0])], self.names[0], 0.01)
 
     def forget(self, lane: int) -> None:

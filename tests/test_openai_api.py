@@ -222,7 +222,7 @@ def test_errors_are_counted_and_keep_the_connection(server):
 class _BrokenBackend:
     """A backend with a bug: the server must answer 500, log it once with its traceback, and keep serving."""
 
-    model_id, ctx_per_session = "broken", 64
+    model_id, ctx_per_session, speculative_acceptance = "broken", 64, "auto"
 
     def tok(self) -> Tokenizer:
         raise RuntimeError("a bug in the backend")

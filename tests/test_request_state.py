@@ -102,7 +102,8 @@ def test_the_record_only_commits_what_the_target_said_and_accounts_for_it(script
     assert tally.committed == list(state.output)  # usage equals what the events reported
     assert (state.acceptance.windows, state.acceptance.proposed, state.acceptance.accepted) == \
         (tally.windows, tally.proposed, tally.accepted)
-    assert state.account() == Account(len(PROMPT), state.delivered, 0, state.resumed, state.acceptance, state.finish)
+    assert state.account() == Account(len(PROMPT), state.delivered, 0, state.resumed, state.acceptance, state.finish,
+                                      rule="exact")
 
 
 def test_a_stop_token_finishes_and_is_not_committed():

@@ -242,10 +242,12 @@ def test_a_manifest_ngram_strategy_round_trips():
 
 
 def test_serve_flags_strategy_and_its_conflicts():
-    flags = argparse.Namespace(draft=None, draft_window=None, frames_in_flight=None, strategy="ngram+draft")
+    flags = argparse.Namespace(draft=None, draft_window=None, frames_in_flight=None,
+                               speculative_acceptance=None, strategy="ngram+draft")
     assert _cli_speculative(flags).strategy == "ngram+draft"
     for strategy in ("ngram", "disabled"):
-        flags = argparse.Namespace(draft="/d.gguf", draft_window=None, frames_in_flight=None, strategy=strategy)
+        flags = argparse.Namespace(draft="/d.gguf", draft_window=None, frames_in_flight=None,
+                               speculative_acceptance=None, strategy=strategy)
         with pytest.raises(UsageError, match=f"--draft with --strategy {strategy} loads no draft"):
             _cli_speculative(flags)
 

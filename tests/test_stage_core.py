@@ -269,7 +269,8 @@ class ToyDraft:
             out.append(nxt + 1 if len(sequence) + i in self.misses else nxt)
         return out
 
-    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None) -> Proposal:
+    async def proposal(self, lane: int, sequence: list[int], budget: Budget, guide: object = None,
+                       sampling: object = None) -> Proposal:
         return Proposal(await self.propose(lane, sequence, budget("draft")), "draft", 0.0)
 
     def forget(self, lane: int) -> None:

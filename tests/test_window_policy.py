@@ -110,7 +110,8 @@ def test_config_window_keys_are_a_partial_window_policy():
     ({"initial_window": True}, "defaults.speculative.initial_window: expected int, got True"),
     ({"min_window": 1.5}, "defaults.speculative.min_window: expected int, got 1.5"),
     ({"policy": "fixed"},
-     r"defaults.speculative.policy: unknown key \(allowed here: draft_model, frames_in_flight, initial_window"),
+     r"defaults.speculative.policy: unknown key \(allowed here: acceptance, draft_model, frames_in_flight, "
+     r"initial_window"),
 ])
 def test_config_level_type_errors_name_the_key(toml, message):
     with pytest.raises(ConfigError, match=message):
@@ -143,10 +144,12 @@ def test_window_fields_merge_one_by_one(manifest):
 
 def test_draft_window_flag_beats_every_level(manifest):
     config = Config(defaults=Speculative(window_policy="adaptive", initial_window=2, max_window=4))
-    flags = argparse.Namespace(draft=None, draft_window=5, frames_in_flight=None, strategy=None)
+    flags = argparse.Namespace(draft=None, draft_window=5, frames_in_flight=None,
+                               speculative_acceptance=None, strategy=None)
     assert _window(_cli_speculative(flags), config, manifest) == WindowPolicy(policy="fixed", initial=5, min=1,
                                                                                max=16)
-    flags = argparse.Namespace(draft=None, draft_window=20, frames_in_flight=None, strategy=None)
+    flags = argparse.Namespace(draft=None, draft_window=20, frames_in_flight=None,
+                               speculative_acceptance=None, strategy=None)
     assert _window(_cli_speculative(flags), config, manifest).max == 20
 
 
@@ -157,6 +160,7 @@ def test_a_merged_window_that_breaks_the_rules_is_a_config_error(manifest):
         _window(Speculative(), config, manifest)
     with pytest.raises(ConfigError, match=r"^speculative window: window policy must be one of"):
         _window(Speculative(window_policy="greedy"), Config(), manifest)
-    flags = argparse.Namespace(draft=None, draft_window=65, frames_in_flight=None, strategy=None)
+    flags = argparse.Namespace(draft=None, draft_window=65, frames_in_flight=None,
+                               speculative_acceptance=None, strategy=None)
     with pytest.raises(ConfigError, match=r"max_window \(65\) <= 64"):
         _window(_cli_speculative(flags), Config(), manifest)

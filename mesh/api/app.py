@@ -171,7 +171,8 @@ def _model(backend: Backend) -> dict[str, Any]:
 
 
 def _prepare(backend: Backend, raw: bytes, chat: bool) -> Prepared:
-    return prepare(backend.tok(), backend.model_id, backend.ctx_per_session, parse_json(raw), chat)
+    return prepare(backend.tok(), backend.model_id, backend.ctx_per_session, parse_json(raw), chat,
+                   backend.speculative_acceptance)
 
 
 async def _respond(request: Request, run: Responder, prepared: Prepared) -> Response:

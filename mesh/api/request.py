@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common.sampling import SamplingParams
+from common.sampling import AUTO, EXACT, REJECTION, SamplingParams
 from mesh.api.error import ApiError, bad_request
 from mesh.api.invalid import invalid_request
 from mesh.api.structured import Structure, structure
@@ -69,6 +69,8 @@ class _Common(_Strict):
     user: str | None = None
     ignore_eos: bool | None = None
     best_of: int | None = None
+    # meshpipe's extension: how drafts are accepted (DESIGN.md §6); unset, the server's default
+    speculative_acceptance: Literal["exact", "rejection"] | None = None
 
 
 class ChatRequest(_Common):
@@ -136,15 +138,17 @@ class Prepared:
     structure: Structure | None = None  # a grammar to compile in before generating (mesh/api/structured.py)
 
 
-def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool) -> Prepared:
-    """Blocking (template rendering, tokenization): run it off the event loop."""
+def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool, acceptance: str = AUTO) -> Prepared:
+    """Blocking (template rendering, tokenization): run it off the event loop. `acceptance`:
+    the server's rule for requests that name none (`AUTO`: exact for a seeded request,
+    rejection sampling for an unseeded one)."""
     body = _validate(ChatRequest if chat else CompletionRequest, data)
     _refuse_unsupported(body)
     if body.model != model_id:
         raise ApiError(404, f"model '{body.model}' does not exist; this server serves '{model_id}'",
                        "model_not_found", "model")
     stops = _stops(body.stop)
-    sampling = _sampling(body, tok.n_vocab)
+    sampling = _sampling(body, tok.n_vocab, acceptance)
     shape = _structure(tok, body)
     where = "messages" if chat else "prompt"
     try:
@@ -233,7 +237,7 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _sampling(body: _Common, n_vocab: int) -> SamplingParams:
+def _sampling(body: _Common, n_vocab: int, acceptance: str) -> SamplingParams:
     top_k = body.top_k or 0
     logprobs = -1
     if isinstance(body, ChatRequest) and body.logprobs:
@@ -252,7 +256,17 @@ def _sampling(body: _Common, n_vocab: int) -> SamplingParams:
         frequency_penalty=body.frequency_penalty or 0.0,
         logit_bias=_logit_bias(body.logit_bias, n_vocab),
         logprobs=logprobs,
+        acceptance=_acceptance(body, acceptance),
     )
+
+
+def _acceptance(body: _Common, default: str) -> str:
+    """The request's rule, else the server's; AUTO keeps a seeded request's promise (the same
+    output on any topology, with or without a draft) and samples the rest by rejection."""
+    asked = body.speculative_acceptance or default
+    if asked == AUTO:
+        return EXACT if body.seed is not None else REJECTION
+    return asked
 
 
 def _logit_bias(bias: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:

@@ -197,7 +197,7 @@ class Responder:
         self.metrics.generated.inc(done.completion_tokens)
         if not failed:
             self.metrics.latency.observe(time.perf_counter() - self.started)
-        self.metrics.record_speculative(done.speculative)
+        self.metrics.record_speculative(done.speculative, done.rule)
 
 
 def as_api_error(exc: BaseException, request_id: str, metrics: Metrics) -> ApiError:

@@ -60,14 +60,16 @@ class SpeculativeUsage(_Body):
     mean_window: float
     by_proposer: dict[str, ProposerUsage] | None = Field(default=None, exclude_if=_absent)  # absent: none proposed
     controller: dict[str, ControllerUsage] | None = Field(default=None, exclude_if=_absent)  # cost-aware only
+    acceptance: str | None = Field(default=None, exclude_if=_absent)  # the rule: "exact" or "rejection"
 
     @classmethod
-    def of(cls, acceptance: Acceptance, choices: tuple[tuple[str, WindowChoice], ...] = ()) -> SpeculativeUsage:
+    def of(cls, acceptance: Acceptance, choices: tuple[tuple[str, WindowChoice], ...] = (),
+           rule: str = "") -> SpeculativeUsage:
         a = acceptance
         by = {name: ProposerUsage.of(record) for name, record in a.by} or None
         chose = {name: ControllerUsage.of(choice) for name, choice in choices} or None
         return cls(windows=a.windows, proposed=a.proposed, accepted=a.accepted, accept_rate=round(a.accept_rate, 4),
-                   mean_window=round(a.mean_window, 3), by_proposer=by, controller=chose)
+                   mean_window=round(a.mean_window, 3), by_proposer=by, controller=chose, acceptance=rule or None)
 
 
 class PromptTokensDetails(_Body):
@@ -85,7 +87,7 @@ class Usage(_Body):
 
     @classmethod
     def of(cls, done: Account) -> Usage:
-        spec = SpeculativeUsage.of(done.speculative, done.choices) if done.speculative is not None else None
+        spec = SpeculativeUsage.of(done.speculative, done.choices, done.rule) if done.speculative is not None else None
         return cls(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
                    total_tokens=done.prompt_tokens + done.completion_tokens,
                    prompt_tokens_details=PromptTokensDetails(cached_tokens=done.cached_tokens), speculative=spec,

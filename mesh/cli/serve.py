@@ -100,6 +100,12 @@ def _speculation_arguments(p: argparse.ArgumentParser) -> None:
                    "which keeps fewer where more "
                    f"does not pay, and {FRAMES_IN_FLIGHT} for a fixed or adaptive one (DESIGN.md §6)")
     p.add_argument("--windows-in-flight", type=int, dest="frames_in_flight", help=argparse.SUPPRESS)  # its old name
+    p.add_argument("--speculative-acceptance", choices=("auto", "exact", "rejection"), default=None,
+                   help="how a sampled request's drafts are accepted when it names no rule "
+                   "(\"speculative_acceptance\" in its body): exact keeps drafts equal to the (seed, "
+                   "position) draw, so the output is the same on any topology with or without a draft; "
+                   "rejection keeps each with probability min(1, p/q), exact in distribution and accepted "
+                   "far more often; auto (default): exact for a seeded request, rejection for an unseeded one")
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
     p.add_argument("--strategy", default=None, metavar="NAME",
@@ -296,7 +302,7 @@ def _cli_speculative(args: argparse.Namespace) -> Speculative:
     return Speculative(strategy=args.strategy, draft_model=args.draft, window_policy="fixed" if window else None,
                        initial_window=window, min_window=1 if window else None,
                        max_window=max(window, 16) if window else None,
-                       frames_in_flight=args.frames_in_flight)
+                       frames_in_flight=args.frames_in_flight, acceptance=args.speculative_acceptance)
 
 
 def _say(message: str) -> None:

@@ -43,15 +43,26 @@ class Metrics:
                                          "draft tokens accepted, by proposer", ["proposer"], registry=r)
         self.proposer_windows = Counter("meshpipe_speculative_proposer_windows", "verify windows, by proposer",
                                         ["proposer"], registry=r)
+        # and by acceptance rule ("exact", "rejection": DESIGN.md §6), requests with it too
+        self.rule_proposed = Counter("meshpipe_speculative_rule_proposed_tokens",
+                                     "draft tokens proposed, by acceptance rule", ["rule"], registry=r)
+        self.rule_accepted = Counter("meshpipe_speculative_rule_accepted_tokens",
+                                     "draft tokens accepted, by acceptance rule", ["rule"], registry=r)
+        self.rule_requests = Counter("meshpipe_speculative_rule_requests", "requests speculated, by acceptance rule",
+                                     ["rule"], registry=r)
 
     def record_prompt(self, tokens: int, cached: int) -> None:
         self.prompt_tokens.inc(tokens)
         self.prompt_cached.inc(cached)
         self.prompt_prefilled.inc(tokens - cached)
 
-    def record_speculative(self, spec: Acceptance | None) -> None:
+    def record_speculative(self, spec: Acceptance | None, rule: str = "") -> None:
         if spec is None:
             return
+        if rule:
+            self.rule_requests.labels(rule).inc()
+            self.rule_proposed.labels(rule).inc(spec.proposed)
+            self.rule_accepted.labels(rule).inc(spec.accepted)
         self.spec_windows.inc(spec.windows)
         self.spec_proposed.inc(spec.proposed)
         self.spec_accepted.inc(spec.accepted)

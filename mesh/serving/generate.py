@@ -78,9 +78,10 @@ async def _send(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending
         masks = () if by.guide is None else frame_masks(by.guide, live.state.sequence, len(s.req.prompt),
                                                         frame.start, frame.tokens, frame.drafts)
         kind = pb.VERIFY if frame.drafts else pb.DECODE if len(frame.tokens) == 1 else pb.PREFILL
+        proposed = proposal.proposed() if s.req.sampling.rejects else ()
         out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens, s.req.sampling,
                                        all_logits=bool(frame.drafts), kind=kind, history=frame.history,
-                                       epoch=live.state.epoch, masks=masks))
+                                       epoch=live.state.epoch, masks=masks, proposed=proposed))
         if before is not None and frame.drafts:
             out[-1].pace = out[-1].left_at - before.left_at
         before = out[-1]

@@ -28,7 +28,7 @@ import numpy as np
 
 from common.errors import EngineError
 from common.ids import FrameId, LaneId, SessionId
-from common.sampling import Sampled, SamplingParams
+from common.sampling import Proposed, Sampled, SamplingParams
 from common.task_scope import TaskScope
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
@@ -170,11 +170,12 @@ class Pipeline:
 
     async def send(self, session: SessionId, lane: LaneId, start: int, tokens: list[int], sampling: SamplingParams,
                    all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = (),
-                   epoch: int = 0, masks: Sequence[bytes] = ()) -> Pending:
+                   epoch: int = 0, masks: Sequence[bytes] = (), proposed: Sequence[Proposed] = ()) -> Pending:
         """Feed `tokens` at `start` up to the point where the frame has left stage 0; `wait` gives its tokens, so
         several frames of a session can be in flight (DESIGN.md §6). `epoch` tags the frame:
         a stage skips a session's queued frames of an older epoch than the newest it saw. `masks`:
-        a grammar's allowed tokens per sampled row (stage/masks.py)."""
+        a grammar's allowed tokens per sampled row (stage/masks.py). `proposed`: under rejection
+        sampling, the drafts fed (the last of `tokens`) with their q."""
         sent_at = time.perf_counter()
         if self.broken:
             raise MeshUnavailableError(self.broken)
@@ -190,7 +191,7 @@ class Pipeline:
         last = pieces[-1]
         work, out = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
                                              all_logits=all_logits))
-        frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1, masks)
+        frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1, masks, proposed)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind)
         self.hops.rows_sent += len(tokens)

@@ -19,7 +19,7 @@ from mesh.reports.hop_timing import hop_parts
 from mesh.serving.pipeline import Pending
 from mesh.serving.request_state import Frame, RequestState
 from mesh.speculative.forced import FORCED, forced_proposal
-from mesh.speculative.proposer import Proposal, Proposer
+from mesh.speculative.proposer import DraftSampling, Proposal, Proposer, ask
 from mesh.speculative.window import Controller, Observation, Since
 
 # One window controller for every proposer, or one per proposer name: prompt lookup and the
@@ -71,11 +71,11 @@ class Proposals:
         if draft is None or window is None or room < 1 or state.lane is None:
             return NOTHING
         budget = lambda name: max(0, min(_controller(window, name).next_window(), room))  # noqa: E731
-        if guide is None:
-            return await draft.proposal(state.lane, list(state.sequence), budget)
-        found = await draft.proposal(state.lane, list(state.sequence), budget, guide)
+        params = state.req.sampling
+        sampling = DraftSampling(params, len(state.req.prompt)) if params.rejects else None
+        found = await ask(draft, state.lane, list(state.sequence), budget, guide, sampling)
         # every proposer keeps to the grammar; this holds one that does not to it too
-        return Proposal(found.tokens[: guide.legal(found.tokens)], found.by, found.seconds)
+        return found if guide is None else found.first(guide.legal(found.tokens))
 
     def settled(self, frames: Sequence[tuple[Frame, int]], out: Sequence[Pending], committed: int) -> None:
         """A reply settled `frames` (each with its accepted drafts), the oldest of `out` first,

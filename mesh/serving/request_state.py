@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from common.ids import LaneId
-from common.sampling import Sampled
+from common.sampling import EXACT, REJECTION, Sampled
 from common.tokens import common_prefix
 from mesh.backend import Acceptance, Account, GenerationRequest
 
@@ -110,8 +110,9 @@ class RequestState:
         return min(ctx - n, self.req.max_tokens - (n - len(self.req.prompt))) - 1
 
     def account(self) -> Account:
+        rule = (REJECTION if self.req.sampling.rejects else EXACT) if self.speculative else ""
         return Account(len(self.req.prompt), self.delivered, self.cached, self.resumed,
-                       self.acceptance if self.speculative else None, self.finish)
+                       self.acceptance if self.speculative else None, self.finish, rule=rule)
 
     # -- transitions ---------------------------------------------------------------------
 
@@ -144,7 +145,8 @@ class RequestState:
         and changes nothing.
 
         They commit while they equal the drafts sent after them. At the first difference the
-        target's token commits, every later frame is void and the epoch goes up. A window
+        target's token commits, every later frame is void and the epoch goes up. Under rejection
+        sampling a frame whose first token is a draft answers for it itself, one token more. A window
         is a frame: its drafts and those accepted; the next frame settles here too when its
         first draft, checked by this reply's last row, was rejected."""
         if epoch != self.epoch or not self.frames:
@@ -152,6 +154,11 @@ class RequestState:
         answered, rest = self.frames[0], self.frames[1:]
         seq = self.sequence
         predicts = answered.start + answered.rows - len(targets) + 1  # the position row 0 of targets predicts
+        if self.req.sampling.rejects and rest and rest[0].drafts == rest[0].rows:
+            # the next frame's first token is a draft, which rejection sampling checks in that
+            # frame's reply (stage/rejection.py): this reply's last row, drawn blind to it, is not its
+            # verdict
+            targets = targets[:-1]
         checked = max(0, min(len(targets), len(seq) - predicts))  # targets with a draft sent after them
         n = common_prefix(list(seq[predicts:]), [s.token for s in targets])
         miss = predicts + n if n < checked else None

@@ -1,30 +1,37 @@
 """The draft model: a whole small GGUF at stage 0 with a KV lane per session.
 
-It proposes greedily. Proposals only decide what gets verified; every emitted token is
-the target's own sample, so a poor draft costs speed, never correctness.
+It proposes greedily, or, for a request accepted by rejection sampling, draws from its own
+distribution and says what q each token came from (DESIGN.md §6). Proposals only decide
+what gets verified; every emitted token follows the target's distribution, so a poor draft
+costs speed, never correctness.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from llama_cpp import llama_cpp as L
 
+from common.sampling import Proposed
 from common.tokens import common_prefix
 from mesh.speculative.plan import SpecPlan
-from mesh.speculative.proposer import Budget, Proposal
+from mesh.speculative.proposer import Budget, DraftSampling, Proposal
 from packages.speculative import verify_draft
 from stage.batcher import close_engine
 from stage.checkpoints import DRAFT_DEPTH
 from stage.core import StageCore
+from stage.distribution import probabilities, truncated
 from stage.engine import EngineConfig, Step
 from stage.engine_choice import open_engine
 from stage.llama_engine import LlamaRangeEngine
 from stage.masks import unpack
+from stage.rejection import DRAFT_STREAM, Draws
+from stage.sampling import processed_rows
 
 if TYPE_CHECKING:
     from mesh.constraints.guide import Guide
@@ -84,9 +91,16 @@ class Draft:
         """k greedy tokens to follow `sequence`; KV past what still matches is dropped. With a
         `guide`, each is the best the grammar allows, and the proposal ends at the grammar's end."""
         async with self.locks[lane]:
-            return await self._propose(lane, sequence, k, guide)
+            return [d.token for d in await self._propose(lane, sequence, k, guide, None)]
 
-    async def _propose(self, lane: int, sequence: list[int], k: int, guide: Guide | None) -> list[int]:
+    async def draw(self, lane: int, sequence: list[int], k: int, sampling: DraftSampling,
+                   guide: Guide | None = None) -> list[Proposed]:
+        """`propose`, but each token drawn as `sampling` says, with the q it came from."""
+        async with self.locks[lane]:
+            return await self._propose(lane, sequence, k, guide, sampling)
+
+    async def _propose(self, lane: int, sequence: list[int], k: int, guide: Guide | None,
+                       sampling: DraftSampling | None) -> list[Proposed]:
         view = self._view(lane, sequence)
         start = min(common_prefix(self.held[lane], view), len(view) - 1)
         if not self.engine.reachable(lane, start):
@@ -94,7 +108,7 @@ class Draft:
             # rollback past them starts the lane over (what it proposes changes, not the output)
             start = 0
         held, feed = view[:start], view[start:]
-        out: list[int] = []
+        out: list[Proposed] = []
         timed: list[float] = []
         for _ in range(k):
             # A catch-up (the rows a verify accepted, or all the draft sat out) is one decode.
@@ -105,8 +119,11 @@ class Draft:
                 timed.append(time.perf_counter() - began)
             start += len(feed)
             held += feed
-            out.append(_pick(logits[-1], guide))
-            feed = [out[-1]]
+            if sampling is None:
+                out.append(Proposed(_pick(logits[-1], guide)))
+            else:
+                out.append(_draw(logits[-1], guide, sampling, sequence + [d.token for d in out]))
+            feed = [out[-1].token]
             if guide is not None and guide.done:
                 break
         if guide is not None:
@@ -139,10 +156,15 @@ class Draft:
         self.held[lane], self.base[lane], self.before[lane] = [], base, sequence[:base]
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
-                       guide: Guide | None = None) -> Proposal:
+                       guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal:
         k = budget(DRAFT)
-        tokens = await self.propose(lane, sequence, k, guide) if k > 0 else []
-        return Proposal(tokens, DRAFT, self.step_seconds * len(tokens))
+        if k < 1:
+            return Proposal([], DRAFT, 0.0)
+        if sampling is None:
+            tokens = await self.propose(lane, sequence, k, guide)
+            return Proposal(tokens, DRAFT, self.step_seconds * len(tokens))
+        drawn = await self.draw(lane, sequence, k, sampling, guide)
+        return Proposal([d.token for d in drawn], DRAFT, self.step_seconds * len(drawn), tuple(drawn))
 
     def forget(self, lane: int) -> None:
         self._start_over(lane, 0, [])
@@ -158,6 +180,22 @@ def _pick(logits: np.ndarray, guide: Guide | None) -> int:
     token = int(np.argmax(np.where(allowed, logits, -np.inf)))
     guide.push(token)
     return token
+
+
+def _draw(logits: np.ndarray, guide: Guide | None, sampling: DraftSampling, sequence: list[int]) -> Proposed:
+    """The draft's token at position len(sequence), drawn from its own row processed as the
+    target's (bias, penalties, the grammar's mask, temperature, top-k, top-p) and cut to its
+    TOP tokens: that cut distribution is the q the token travels with."""
+    params = sampling.params
+    masks = (guide.mask(),) if guide is not None else ()
+    row = processed_rows(logits[None, :], params, sequence[sampling.prompt :], (), masks)[0]
+    ids, probs = truncated(probabilities(row, params))
+    drawn = Proposed(-1, tuple(ids.tolist()), tuple(probs.astype(np.float32).tolist()))
+    pick = Draws(params.seed, len(sequence), DRAFT_STREAM).pick(np.asarray(drawn.probs()))
+    token = drawn.ids[pick]
+    if guide is not None:
+        guide.push(token)
+    return replace(drawn, token=token)
 
 
 def draft_path(plan: SpecPlan, package_dir: Path) -> Path:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mesh.speculative.proposer import Budget, Proposal
+from mesh.speculative.proposer import Budget, DraftSampling, Proposal
 
 if TYPE_CHECKING:
     from mesh.constraints.guide import Guide
@@ -52,7 +52,8 @@ class NgramProposer:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
-                       guide: Guide | None = None) -> Proposal:
+                       guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal:
+        """Point masses whatever `sampling` is: a lookup has no distribution to give."""
         began = time.perf_counter()
         k = budget(NGRAM)
         if k < 1:

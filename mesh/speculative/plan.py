@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from common.sampling import AUTO
 from config.settings import Config, ConfigError, Speculative
 from packages.manifest import Manifest
 from packages.speculative import DraftStrategy, NgramStrategy, Strategy, WindowPolicy, declared, parse, problem
@@ -59,6 +60,7 @@ class SpecPlan:
     strategy: DraftStrategy | None  # the package's draft-model strategy in use, if any
     in_flight: int | None = None  # verify frames a session may have out at once; None: auto
     ngram: NgramPlan | None = None  # prompt lookup, first when there is a draft model too
+    acceptance: str = AUTO  # the rule for requests that name none (common/sampling.py)
 
     def priced(self) -> bool:
         """Every proposer's window is cost-aware, so each prices how many frames out pay."""
@@ -67,6 +69,8 @@ class SpecPlan:
 
     def describe(self) -> str:
         flight = f"frames in flight: {'auto' if self.in_flight is None else self.in_flight}"
+        if self.acceptance != AUTO:
+            flight += f", acceptance: {self.acceptance}"
         if self.draft_model is None:
             assert self.ngram is not None
             return f"{self.ngram.describe()}, {flight}"
@@ -98,7 +102,7 @@ def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: 
     package = strategies.get(key) if key else None
     if isinstance(package, NgramStrategy):
         ngram = _ngram(levels, package)
-        return SpecPlan(None, ngram.window, ngram.source, None, _in_flight(levels), ngram), ""
+        return SpecPlan(None, ngram.window, ngram.source, None, _in_flight(levels), ngram, _acceptance(levels)), ""
     plan = _draft(levels, package)
     if plan is None:
         return None, "off (no draft declared by the package or configured)"
@@ -110,7 +114,7 @@ def _built_in(name: str, where: str, levels: list[tuple[str, Speculative]], defa
     """`ngram` or `ngram+draft`, with the package's n-gram and draft strategies where it declares them."""
     ngram = _ngram(levels, _of_type(NgramStrategy, default, strategies))
     if name == NGRAM:
-        return SpecPlan(None, ngram.window, ngram.source, None, _in_flight(levels), ngram)
+        return SpecPlan(None, ngram.window, ngram.source, None, _in_flight(levels), ngram, _acceptance(levels))
     plan = _draft(levels, _of_type(DraftStrategy, default, strategies))
     if plan is None:
         raise ConfigError(f"speculative strategy {NGRAM_DRAFT!r} ({where}) needs a draft model: set "
@@ -132,7 +136,7 @@ def _draft(levels: list[tuple[str, Speculative]], package: Strategy | None) -> S
         return None
     draft, source = chosen or (strategy.draft_model, "package default")  # type: ignore[union-attr]
     window = _window(levels, strategy.window if strategy else WindowPolicy())
-    return SpecPlan(draft, window, source, strategy, _in_flight(levels))
+    return SpecPlan(draft, window, source, strategy, _in_flight(levels), acceptance=_acceptance(levels))
 
 
 def _ngram(levels: list[tuple[str, Speculative]], package: NgramStrategy | None) -> NgramPlan:
@@ -153,6 +157,11 @@ def _ngram(levels: list[tuple[str, Speculative]], package: NgramStrategy | None)
 def _in_flight(levels: list[tuple[str, Speculative]]) -> int | None:
     found = _first(levels, "frames_in_flight")
     return found[0] if found else None
+
+
+def _acceptance(levels: list[tuple[str, Speculative]]) -> str:
+    found = _first(levels, "acceptance")
+    return found[0] if found else AUTO
 
 
 def _first(levels: list[tuple[str, Speculative]], name: str) -> tuple[Any, str] | None:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from common.sampling import Proposed, SamplingParams
+
 if TYPE_CHECKING:
     from mesh.constraints.guide import Guide
 
@@ -26,18 +28,38 @@ class Proposal:
     tokens: list[int]
     by: str  # the proposer that made them: a key of usage.speculative.by_proposer
     seconds: float  # what making them cost, catch-ups left out: the controller's draft time
+    q: tuple[Proposed, ...] = ()  # asked with `DraftSampling`: each token's q; none: point masses
+
+    def proposed(self) -> tuple[Proposed, ...]:
+        """Each token with the q it was drawn from (a point mass where none was given)."""
+        return self.q or tuple(Proposed(t) for t in self.tokens)
+
+    def first(self, n: int) -> Proposal:
+        """The first `n` tokens alone."""
+        return Proposal(self.tokens[:n], self.by, self.seconds, self.q[:n])
+
+
+@dataclass(frozen=True, slots=True)
+class DraftSampling:
+    """A request whose drafts are accepted by rejection sampling (stage/rejection.py): a
+    model proposer draws each token from its own distribution, processed as the target's
+    (`params`; the penalties count the sequence from `prompt` on), and gives its q."""
+
+    params: SamplingParams
+    prompt: int
 
 
 class Proposer(Protocol):
     """`names` are every name its proposals may carry; `forget` drops a lane's state when
     its session ends. With a `guide` (a constrained request's grammar, standing at the end
     of `sequence`), every token proposed is one the grammar allows, and the guide is left
-    where it stood."""
+    where it stood. With `sampling`, a proposer that has a distribution draws from it and
+    says what q each token came from; one without (prompt lookup) proposes point masses."""
 
     names: tuple[str, ...]
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
-                       guide: Guide | None = None) -> Proposal: ...
+                       guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal: ...
 
     def forget(self, lane: int) -> None: ...
 
@@ -51,12 +73,20 @@ class Combined:
         self.names = (*first.names, *fallback.names)
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
-                       guide: Guide | None = None) -> Proposal:
-        found = await self.first.proposal(lane, sequence, budget, guide)
+                       guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal:
+        found = await ask(self.first, lane, sequence, budget, guide, sampling)
         if found.tokens:
             return found
-        return await self.fallback.proposal(lane, sequence, budget, guide)
+        return await ask(self.fallback, lane, sequence, budget, guide, sampling)
 
     def forget(self, lane: int) -> None:
         self.first.forget(lane)
         self.fallback.forget(lane)
+
+
+async def ask(proposer: Proposer, lane: int, sequence: list[int], budget: Budget, guide: Guide | None,
+              sampling: DraftSampling | None) -> Proposal:
+    """`proposer.proposal`, naming `sampling` only where a request accepts by rejection."""
+    if sampling is None:
+        return await proposer.proposal(lane, sequence, budget, guide)
+    return await proposer.proposal(lane, sequence, budget, guide, sampling=sampling)

@@ -1,0 +1,50 @@
+"""A row's sampling distribution over the whole vocabulary, as `stage.sampling` draws from it.
+
+Rejection sampling (stage/rejection.py, DESIGN.md §6) needs p(x) for a draft token x and the
+residual max(p - q, 0) on a rejection, so the target's distribution is materialised here: the
+same temperature, top-k (ties to the lower id) and top-p as the sampler's draw, over logits
+already processed (bias, penalties, a grammar's mask). The draft proposes from its own row
+made the same way, truncated to its `top` tokens so that q travels exactly in a few pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.sampling import SamplingParams
+from stage import best_first
+from stage.sampling import first_tokens, nucleus, sorted_values
+
+TOP = 32  # pairs of q a drafted row carries: 256 bytes on the wire (DESIGN.md §6 has the sweep)
+
+
+def probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """p over the vocabulary (float64, summing to 1) for processed logits `row`."""
+    n = len(row)
+    dense = np.zeros(n)
+    if params.greedy:
+        dense[int(np.argmax(row))] = 1.0
+        return dense
+    scaled = row.astype(np.float64) / params.temperature
+    limited = 0 < params.top_k < n
+    if not limited and params.top_p >= 1.0:  # every token: no order needed
+        weights = np.exp(scaled - scaled.max())
+        return weights / weights.sum()
+    whole = None if best_first.sorted_exactly(scaled) else np.argsort(-scaled, kind="stable")
+    order = first_tokens(scaled, params.top_k, whole) if limited else None
+    ordered = scaled[order] if order is not None else sorted_values(scaled, whole)
+    probs = np.exp(ordered - ordered[0])
+    probs /= probs.sum()
+    keep = nucleus(probs, params.top_p) if params.top_p < 1.0 else len(probs)
+    ids = order[:keep] if order is not None else first_tokens(scaled, keep, whole)
+    dense[ids] = probs[:keep] / probs[:keep].sum()
+    return dense
+
+
+def truncated(dist: np.ndarray, top: int = TOP) -> tuple[np.ndarray, np.ndarray]:
+    """The `top` likeliest tokens of `dist` with their probabilities renormalised: the
+    distribution a draft samples from, which is then exactly what the frame says q is."""
+    k = min(top, int(np.count_nonzero(dist)))
+    ids = best_first.best(dist, k)
+    probs = dist[ids]
+    return ids.astype(np.int64), probs / probs.sum()
