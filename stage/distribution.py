@@ -15,7 +15,7 @@ from common.sampling import SamplingParams
 from stage import best_first
 from stage.sampling import first_tokens, nucleus, sorted_values
 
-TOP = 32  # pairs of q a drafted row carries: 256 bytes on the wire (DESIGN.md §6 has the sweep)
+TOP = 64  # pairs of q a drafted row carries: about 400 bytes on the wire (DESIGN.md §6 has the sweep)
 
 
 def probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarray:

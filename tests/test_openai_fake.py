@@ -276,3 +276,22 @@ def test_metrics_count_responses_by_endpoint_and_status(client: TestClient):
     text = client.get("/metrics").text
     assert 'endpoint="chat",status="200"' in text
     assert 'endpoint="chat",status="404"' in text
+
+
+@pytest.mark.parametrize(("server", "extra", "rule"), [
+    ("auto", {}, "rejection"), ("auto", {"seed": 4}, "exact"),
+    ("auto", {"seed": 4, "speculative_acceptance": "rejection"}, "rejection"),
+    ("auto", {"speculative_acceptance": "exact"}, "exact"), ("exact", {}, "exact"),
+    ("rejection", {"seed": 4}, "rejection"), ("exact", {"speculative_acceptance": "rejection"}, "rejection")])
+def test_the_acceptance_rule_is_the_requests_then_the_servers(backend: FakeBackend, server: str,
+                                                              extra: dict[str, Any], rule: str):
+    """auto keeps a seeded request's promise (exact) and samples the rest by rejection."""
+    backend.speculative_acceptance = server
+    with _client(backend) as c:
+        assert c.post(CHAT, json={"model": "tiny", "messages": HI, "temperature": 0.8, **extra}).status_code == 200
+    assert backend.requests[-1].sampling.acceptance == rule
+
+
+def test_an_unknown_acceptance_rule_is_a_400_naming_it(client: TestClient):
+    r = client.post(CHAT, json={"model": "tiny", "messages": HI, "speculative_acceptance": "typical"})
+    _error(r, 400, param="speculative_acceptance")

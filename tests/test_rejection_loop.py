@@ -31,16 +31,16 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             write_tiny_llama(tmp / "draft.gguf", logit_scale=2.0))
 
 
-async def _generate(served, req: GenerationRequest) -> tuple[list[int], object]:
+async def _generate(served, req: GenerationRequest) -> tuple[list[Sampled], object]:
     gen = served.requests.generate(req)
     async with contextlib.aclosing(gen) as events:
-        tokens = [e.token async for e in events if isinstance(e, Sampled)]
-    return tokens, gen.account
+        sampled = [e async for e in events if isinstance(e, Sampled)]
+    return sampled, gen.account
 
 
 def test_every_token_is_one_the_target_allows_with_frames_in_flight(pair, tmp_path: Path) -> None:
     target, draft = pair
-    params = SamplingParams(temperature=1.0, top_k=2, seed=5, acceptance=REJECTION)
+    params = SamplingParams(temperature=1.0, top_k=2, seed=5, logprobs=1, acceptance=REJECTION)
 
     async def scenario() -> list[tuple[list[int], object]]:
         async with serving(target, tmp_path, draft=True, prefix_cache=True, draft_gguf=draft, in_flight=3) as served:
@@ -49,13 +49,18 @@ def test_every_token_is_one_the_target_allows_with_frames_in_flight(pair, tmp_pa
     results = asyncio.run(scenario())
     engine = LlamaRangeEngine(target, EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=128))
     try:
-        for prompt, (tokens, account) in zip(PROMPTS, results, strict=True):
+        for prompt, (sampled, account) in zip(PROMPTS, results, strict=True):
+            tokens = [s.token for s in sampled]
             assert len(tokens) == TOKENS
             logits = engine.step([Step(0, 0, tokens=np.asarray([*prompt, *tokens], dtype=np.int32),
                                        all_logits=True)])[0]
             for i, token in enumerate(tokens):
-                best_two = np.argsort(-logits[len(prompt) - 1 + i], kind="stable")[:2]
+                row = logits[len(prompt) - 1 + i].astype(np.float64)
+                best_two = np.argsort(-row, kind="stable")[:2]
                 assert token in best_two, f"token {i} of {prompt}: {token} is not among the target's {best_two}"
+                # logprobs are the target's at the token's own position, as plain decoding's
+                logprob = row[token] - row.max() - np.log(np.exp(row - row.max()).sum())
+                assert sampled[i].logprob == pytest.approx(logprob, abs=1e-4)
             assert account.rule == REJECTION  # type: ignore[attr-defined]
     finally:
         engine.close()
@@ -77,7 +82,8 @@ def test_a_seeded_exact_request_is_unchanged_by_the_rule_of_others(pair, tmp_pat
             for p in PROMPTS:
                 if with_draft:
                     await _generate(served, GenerationRequest(p, 8, rejection, ignore_eos=True))
-                out.append((await _generate(served, GenerationRequest(p, TOKENS, exact, ignore_eos=True)))[0])
+                sampled = (await _generate(served, GenerationRequest(p, TOKENS, exact, ignore_eos=True)))[0]
+                out.append([s.token for s in sampled])
             return out
 
     assert asyncio.run(scenario(True)) == asyncio.run(scenario(False))

@@ -169,6 +169,24 @@ def test_fifty_seeded_samples_at_temperature_one_validate(served):
 
 
 @on("2-spec")
+@on("2-spec")
+def test_unseeded_samples_accepted_by_rejection_sampling_validate(served):
+    """An unseeded request's drafts are accepted by rejection sampling (the default rule): the
+    draft draws under the grammar's mask, and every sample still validates, logprobs and all."""
+    def one(_: int) -> dict:
+        r = _pet(served.url, temperature=1)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), PET_SCHEMA)
+        assert all(t.logprob <= 0 for t in r.choices[0].logprobs.content or [])
+        return r.model_dump()["usage"]["speculative"]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        usages = list(pool.map(one, range(12)))
+    assert {u["acceptance"] for u in usages} == {"rejection"}
+    draft = [u["by_proposer"]["draft"] for u in usages if "draft" in u.get("by_proposer", {})]
+    assert sum(d["accepted"] for d in draft) > 0
+
+
 def test_streamed_tool_call_deltas_reassemble_to_the_whole_response(served):
     args = dict(model=EMBEDDED_ID, messages=ASK_WEATHER, tools=TOOLS, parallel_tool_calls=False,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=60, temperature=0)
