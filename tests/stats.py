@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 def chi2_sf(x: float, k: int) -> float:
@@ -23,7 +26,7 @@ def goodness_of_fit(counts: Sequence[int], probs: Sequence[float]) -> float:
     return chi2_sf(x, len(cells) - 1)
 
 
-def two_samples(a: Mapping[object, int], b: Mapping[object, int]) -> float:
+def two_samples(a: Mapping[K, int], b: Mapping[K, int]) -> float:
     """The p-value of a and b being counts from one distribution (the chi-square test of
     homogeneity; outcomes seen fewer than 10 times in both together are pooled)."""
     na, nb = sum(a.values()), sum(b.values())

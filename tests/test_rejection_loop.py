@@ -42,7 +42,7 @@ def test_every_token_is_one_the_target_allows_with_frames_in_flight(pair, tmp_pa
     target, draft = pair
     params = SamplingParams(temperature=1.0, top_k=2, seed=5, logprobs=1, acceptance=REJECTION)
 
-    async def scenario() -> list[tuple[list[int], object]]:
+    async def scenario() -> list[tuple[list[Sampled], object]]:
         async with serving(target, tmp_path, draft=True, prefix_cache=True, draft_gguf=draft, in_flight=3) as served:
             return [await _generate(served, GenerationRequest(p, TOKENS, params, ignore_eos=True)) for p in PROMPTS]
 

@@ -23,7 +23,7 @@ from mesh_server import mesh_serve
 from models import write_tiny_llama
 from stats import two_samples
 
-pytestmark = pytest.mark.mesh
+pytestmark = pytest.mark.soak  # 40,000 requests: over three minutes
 
 SAMPLES = 20_000
 PROMPT = [1, 40, 80, 99]
