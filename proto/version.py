@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 6  # 6: Sampling.masks (grammar masks); a 5 peer would sample a constrained frame free
+PROTOCOL_VERSION = 7  # 7: Sampling.rejection, .proposed and .checks_first (rejection sampling): a 6 peer
+# would sample such a frame by exact match and answer a checks_first frame one token short
+# 6: Sampling.masks (grammar masks); a 5 peer would sample a constrained frame free
 # 5: FrameHeader.lane is the lane itself, optional (4 sent lane + 1, 0 for unset):
 # a 4 peer would read every lane one off, so the two must not share a route
 # 4: FrameHeader.lane and .keep (the prefix cache)
