@@ -13,31 +13,24 @@ import numpy as np
 
 from common.sampling import SamplingParams
 from stage import best_first
-from stage.sampling import first_tokens, nucleus, sorted_values
+from stage.sampling import support
 
 TOP = 64  # pairs of q a drafted row carries: about 400 bytes on the wire (DESIGN.md §6 has the sweep)
 
 
 def probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarray:
     """p over the vocabulary (float64, summing to 1) for processed logits `row`."""
-    n = len(row)
-    dense = np.zeros(n)
+    dense = np.zeros(len(row))
     if params.greedy:
         dense[int(np.argmax(row))] = 1.0
         return dense
-    scaled = row.astype(np.float64) / params.temperature
-    limited = 0 < params.top_k < n
-    if not limited and params.top_p >= 1.0:  # every token: no order needed
+    if not 0 < params.top_k < len(row) and params.top_p >= 1.0:  # every token: no order needed
+        scaled = row.astype(np.float64) / params.temperature
         weights = np.exp(scaled - scaled.max())
         return weights / weights.sum()
-    whole = None if best_first.sorted_exactly(scaled) else np.argsort(-scaled, kind="stable")
-    order = first_tokens(scaled, params.top_k, whole) if limited else None
-    ordered = scaled[order] if order is not None else sorted_values(scaled, whole)
-    probs = np.exp(ordered - ordered[0])
-    probs /= probs.sum()
-    keep = nucleus(probs, params.top_p) if params.top_p < 1.0 else len(probs)
-    ids = order[:keep] if order is not None else first_tokens(scaled, keep, whole)
-    dense[ids] = probs[:keep] / probs[:keep].sum()
+    s = support(row, params)
+    assert s.order is not None, "top-k or top-p names the tokens"
+    dense[s.order] = s.probs
     return dense
 
 

@@ -14,6 +14,7 @@ committed + drafts[:i], exactly what plain decoding would have counted at that p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -84,28 +85,49 @@ def _draw(row: np.ndarray, params: SamplingParams, position: int) -> int:
     top_k, then the shortest prefix reaching top_p, drawn by the position's own generator."""
     if params.greedy:
         return int(np.argmax(row))
+    s = support(row, params)
+    # all 64 bits of the seed count, and nothing but the position varies the draw
+    rng = np.random.default_rng([params.seed & 0xFFFFFFFF, params.seed >> 32, position])
+    pick = int(rng.choice(len(s.probs), p=s.probs))
+    if s.order is not None:
+        return int(s.order[pick])
+    return int(s.whole[pick]) if s.whole is not None else best_first.nth(s.scaled, s.ordered, pick)
+
+
+@dataclass(frozen=True)
+class Support:
+    """What a sampled (not greedy) draw picks from: `probs` over the tokens best first (ties
+    to the lower id), after top-k and top-p. Those tokens are `order`; None means every token,
+    whose order is `whole` (a full sort, when a NaN leaves only it exact) or else found by
+    `best_first.nth` from the `scaled` row and its values best first, `ordered`."""
+
+    scaled: np.ndarray
+    whole: np.ndarray | None
+    order: np.ndarray | None
+    ordered: np.ndarray
+    probs: np.ndarray
+
+
+def support(row: np.ndarray, params: SamplingParams) -> Support:
+    """The draw's tokens and probabilities for processed logits `row`: one computation for the
+    exact draw (`_draw`) and for rejection sampling's p (stage/distribution.py)."""
     scaled = row.astype(np.float64) / params.temperature
     # Sorting the whole vocabulary cost more than a decode row: stage.best_first finds the
     # tokens a draw needs, in the same order, unless a NaN leaves only the sort exact.
     whole = None if best_first.sorted_exactly(scaled) else np.argsort(-scaled, kind="stable")
     n = len(scaled)
-    order = first_tokens(scaled, params.top_k, whole) if 0 < params.top_k < n else None  # None: all n
-    ordered = scaled[order] if order is not None else sorted_values(scaled, whole)
+    order = _first(scaled, params.top_k, whole) if 0 < params.top_k < n else None  # None: all n
+    ordered = scaled[order] if order is not None else _values(scaled, whole)
     probs = np.exp(ordered - ordered[0])
     probs /= probs.sum()
     if params.top_p < 1.0:
-        keep = nucleus(probs, params.top_p)
+        keep = _nucleus(probs, params.top_p)
         probs = probs[:keep] / probs[:keep].sum()
-        order = order[:keep] if order is not None else first_tokens(scaled, keep, whole)
-    # all 64 bits of the seed count, and nothing but the position varies the draw
-    rng = np.random.default_rng([params.seed & 0xFFFFFFFF, params.seed >> 32, position])
-    pick = int(rng.choice(len(probs), p=probs))
-    if order is not None:
-        return int(order[pick])
-    return int(whole[pick]) if whole is not None else best_first.nth(scaled, ordered, pick)
+        order = order[:keep] if order is not None else _first(scaled, keep, whole)
+    return Support(scaled, whole, order, ordered, probs)
 
 
-def nucleus(probs: np.ndarray, top_p: float) -> int:
+def _nucleus(probs: np.ndarray, top_p: float) -> int:
     """`searchsorted(cumsum(probs), top_p) + 1`: how many of the best tokens top-p keeps.
 
     A running sum's first values do not depend on the rest, and a model's row usually
@@ -116,11 +138,11 @@ def nucleus(probs: np.ndarray, top_p: float) -> int:
     return int(np.searchsorted(sums, top_p)) + 1
 
 
-def first_tokens(scaled: np.ndarray, k: int, whole: np.ndarray | None) -> np.ndarray:
+def _first(scaled: np.ndarray, k: int, whole: np.ndarray | None) -> np.ndarray:
     return whole[:k] if whole is not None else best_first.best(scaled, k)
 
 
-def sorted_values(scaled: np.ndarray, whole: np.ndarray | None) -> np.ndarray:
+def _values(scaled: np.ndarray, whole: np.ndarray | None) -> np.ndarray:
     return scaled[whole] if whole is not None else best_first.values(scaled)
 
 
