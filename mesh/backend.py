@@ -162,7 +162,11 @@ class Generation:
 class Backend(Protocol):
     model_id: str
     ctx_per_session: int
-    speculative_acceptance: str  # the rule for requests that name none: auto, exact or rejection
+
+    @property
+    def speculative_acceptance(self) -> str:
+        """The rule for requests that name none: auto, exact or rejection."""
+        ...
 
     def tok(self) -> Tokenizer:
         """The target's tokenizer and chat template."""

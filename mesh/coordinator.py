@@ -97,8 +97,6 @@ class Coordinator:
         self.artifact_server: grpc.aio.Server | None = None
         self.artifact_source = ""
         self.spec, self.spec_note = spec, spec_note
-        # without speculation every draw is the exact-match one: there is nothing to accept
-        self.speculative_acceptance = spec.acceptance if spec is not None else EXACT
         self.draft: Draft | None = None
         self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
         self.hops = HopTotals()  # outlives route rebuilds, like the other counters
@@ -165,7 +163,6 @@ class Coordinator:
             self.say(f"WARNING: draft disabled: {reason}; speculative: {self.spec.describe()}")
             return
         self.spec, self.spec_note = None, f"off: {reason}"
-        self.speculative_acceptance = EXACT
         log.warning("speculative decoding disabled: %s; serving without it", reason)
         self.say(f"WARNING: speculative decoding disabled: {reason}")
 
@@ -285,6 +282,11 @@ class Coordinator:
             await (teardown(route, QUICK_STOP_S, QUICK_STOP_S) if quick else teardown(route))
 
     # -- Backend -------------------------------------------------------------------------
+
+    @property
+    def speculative_acceptance(self) -> str:
+        """The plan's rule; without speculation every draw is the exact-match one."""
+        return self.spec.acceptance if self.spec is not None else EXACT
 
     def tok(self) -> Tokenizer:
         assert self.tokenizer is not None, "coordinator not started"

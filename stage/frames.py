@@ -37,12 +37,11 @@ class FrameSampling:
         completion the penalties count at the first sampled row (fed tokens[-rows]), that
         row's token included. Each later row adds the token fed before it. `proposed`: the
         drafts fed, the last of `tokens`, with the q each came from (REJECTION only)."""
-        checks = params.rejects and len(proposed) == len(tokens) and bool(proposed)
-        extra = {"proposed": tuple(proposed), "checks_first": checks} if params.rejects else {}
+        drafted = tuple(proposed) if params.rejects else ()
+        checks = bool(drafted) and len(drafted) == len(tokens)
         if not params.penalised:
-            return cls(params, masks=tuple(masks), **extra)  # type: ignore[arg-type]
-        return cls(params, tuple(history), tuple(tokens[len(tokens) - rows + 1 :]), tuple(masks),
-                   **extra)  # type: ignore[arg-type]
+            return cls(params, masks=tuple(masks), proposed=drafted, checks_first=checks)
+        return cls(params, tuple(history), tuple(tokens[len(tokens) - rows + 1 :]), tuple(masks), drafted, checks)
 
     def to_wire(self) -> pb.Sampling:
         p = self.params
