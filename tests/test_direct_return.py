@@ -23,10 +23,10 @@ from mesh_server import mesh_serve
 from models import write_tiny_llama
 from toy_engine import ToyEngine, until
 
-from common.ids import SessionId
+from common.ids import FrameId, SessionId
 from common.sampling import SamplingParams
 from mesh.backend import MeshUnavailableError
-from mesh.serving.pipeline import Pipeline, round_trip
+from mesh.serving.pipeline import Pending, Pipeline, round_trip
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
@@ -259,3 +259,20 @@ def test_served_stages_learn_the_wire_delay_at_load(tmp_path, relay: bool, links
         per_token = (timed(9) - timed(1)) / 8  # eight decode round trips
     assert per_token >= links * delay_ms / 1000
     assert per_token < (links + 1) * delay_ms / 1000
+
+
+def test_a_wait_cancelled_as_its_reply_comes_is_cancelled():
+    """A client that leaves cancels its request's wait for a reply. Python 3.11's
+    asyncio.wait_for returned a reply that came in the same loop turn and swallowed the
+    cancellation, so the request ran on to its last token for nobody (issue 41's flake)."""
+    async def scenario() -> None:
+        pipeline = Pipeline(ToyEngine(first=True, final=False), None)
+        reply: asyncio.Future[pb.FrameHeader] = asyncio.get_running_loop().create_future()
+        pending = Pending(SessionId(1), FrameId(1), 0, time.perf_counter(), reply)
+        waiting = asyncio.ensure_future(pipeline.wait(pending))
+        await asyncio.sleep(0)  # it awaits the reply now
+        reply.set_result(pb.FrameHeader(kind=pb.REPLY))
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    asyncio.run(scenario())

@@ -210,7 +210,11 @@ class Pipeline:
             raise MeshUnavailableError(self.broken)
         try:
             left = deadline - (time.perf_counter() - pending.left_at)
-            return _tokens_of(await asyncio.wait_for(pending.reply, max(left, 0.0)))
+            # not asyncio.wait_for: on Python 3.11 it returns the reply, and swallows the
+            # task's cancellation, when the two come in the same loop turn, so a request whose
+            # client had gone ran on to its last token (a 200 nobody read, its lane held)
+            async with asyncio.timeout(max(left, 0.0)):
+                return _tokens_of(await pending.reply)
         except TimeoutError:
             self.fail(f"no reply from the pipeline within {deadline:.1f}s (the deadline for a frame of "
                       f"{pending.rows} rows, from the replies so far)")
