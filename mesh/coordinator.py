@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -91,6 +92,7 @@ class Coordinator:
         self.model_id = model_id or manifest.model_id
         self.ctx_per_session = settings.ctx_size
         self.route: Route | None = None
+        self.coordinator_id = uuid.uuid4().hex[:12]  # its claims' name on every stage, route after route
         self.pipeline: Pipeline | None = None
         self.engine: RangeEngine | None = None
         self.tokenizer: Tokenizer | None = None
@@ -213,7 +215,8 @@ class Coordinator:
         return current, predicted
 
     async def _build_once(self, healing: bool) -> None:
-        route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings)
+        route = Route(self.package_dir, self.manifest, self.manifest_sha, self.settings,
+                      coordinator_id=self.coordinator_id)
         try:
             for index in range(1, self.topology.local_stages):
                 with anyio.CancelScope(shield=True):  # a stage spawned is one the teardown ends

@@ -92,7 +92,7 @@ class ClaimReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ..., current_term: _Optional[int] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("protocol_version", "term", "package_ref", "manifest_sha256", "layer_start", "layer_end", "artifact_source")
+    __slots__ = ("protocol_version", "term", "package_ref", "manifest_sha256", "layer_start", "layer_end", "artifact_source", "coordinator_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PACKAGE_REF_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class PrepareRequest(_message.Message):
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
     package_ref: str
@@ -107,7 +108,8 @@ class PrepareRequest(_message.Message):
     layer_start: int
     layer_end: int
     artifact_source: str
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., package_ref: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., artifact_source: _Optional[str] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., package_ref: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., artifact_source: _Optional[str] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class PrepareReply(_message.Message):
     __slots__ = ("accepted", "message")
@@ -118,10 +120,12 @@ class PrepareReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class InventoryRequest(_message.Message):
-    __slots__ = ("protocol_version",)
+    __slots__ = ("protocol_version", "coordinator_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
-    def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class InventoryReply(_message.Message):
     __slots__ = ("state", "message", "bytes_done", "bytes_total", "layer_start", "layer_end", "manifest_sha256", "engine")
@@ -144,7 +148,7 @@ class InventoryReply(_message.Message):
     def __init__(self, state: _Optional[_Union[PrepareState, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms", "work_layers")
+    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms", "work_layers", "coordinator_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +165,7 @@ class LoadRequest(_message.Message):
     WIRE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     WIRE_JITTER_MS_FIELD_NUMBER: _ClassVar[int]
     WORK_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
     layer_start: int
@@ -177,7 +182,8 @@ class LoadRequest(_message.Message):
     wire_delay_ms: float
     wire_jitter_ms: float
     work_layers: float
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ..., work_layers: _Optional[float] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ..., work_layers: _Optional[float] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class Calibration(_message.Message):
     __slots__ = ("single_us", "batch_us", "batch_rows", "fixed_us", "per_layer_us")
@@ -206,21 +212,47 @@ class LoadReply(_message.Message):
     def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ..., calibration: _Optional[_Union[Calibration, _Mapping]] = ...) -> None: ...
 
 class StopRequest(_message.Message):
-    __slots__ = ("protocol_version", "term")
+    __slots__ = ("protocol_version", "term", "coordinator_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ("protocol_version",)
+    __slots__ = ("protocol_version", "coordinator_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
-    def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+
+class ClaimInfo(_message.Message):
+    __slots__ = ("coordinator_id", "term", "lease_until_ms", "layer_start", "layer_end", "manifest_sha256", "lanes", "lanes_in_use", "state")
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEASE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    LANES_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    coordinator_id: str
+    term: int
+    lease_until_ms: int
+    layer_start: int
+    layer_end: int
+    manifest_sha256: str
+    lanes: int
+    lanes_in_use: int
+    state: StageState
+    def __init__(self, coordinator_id: _Optional[str] = ..., term: _Optional[int] = ..., lease_until_ms: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., lanes: _Optional[int] = ..., lanes_in_use: _Optional[int] = ..., state: _Optional[_Union[StageState, str]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("state", "message", "term", "layer_start", "layer_end", "mem_total_bytes", "mem_available_bytes", "rss_bytes", "stage_id", "protocol_version", "busy_seconds", "engine")
+    __slots__ = ("state", "message", "term", "layer_start", "layer_end", "mem_total_bytes", "mem_available_bytes", "rss_bytes", "stage_id", "protocol_version", "busy_seconds", "engine", "claims", "ranges_loaded")
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +265,8 @@ class StatusReply(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_LOADED_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     message: str
     term: int
@@ -245,7 +279,9 @@ class StatusReply(_message.Message):
     protocol_version: int
     busy_seconds: float
     engine: str
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., message: _Optional[str] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_available_bytes: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., stage_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., engine: _Optional[str] = ...) -> None: ...
+    claims: _containers.RepeatedCompositeFieldContainer[ClaimInfo]
+    ranges_loaded: int
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., message: _Optional[str] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_available_bytes: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., stage_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., engine: _Optional[str] = ..., claims: _Optional[_Iterable[_Union[ClaimInfo, _Mapping]]] = ..., ranges_loaded: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("protocol_version", "manifest_sha256", "path", "offset")

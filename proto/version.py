@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 7  # 7: Sampling.rejection, .proposed and .checks_first (rejection sampling): a 6 peer
+PROTOCOL_VERSION = 8  # 8: several coordinators share a stage, each call naming its coordinator_id;
+# a 7 stage would let a second coordinator's Claim unload the first's range
+# 7: Sampling.rejection, .proposed and .checks_first (rejection sampling): a 6 peer
 # would sample such a frame by exact match and answer a checks_first frame one token short
 # 6: Sampling.masks (grammar masks); a 5 peer would sample a constrained frame free
 # 5: FrameHeader.lane is the lane itself, optional (4 sent lane + 1, 0 for unset):

@@ -40,8 +40,10 @@ class _Admitted:
 
 class ActivationStage:
     def __init__(self, engine: RangeEngine, stage_index: int, wire_dtype: int,
-                 downstream: Link | None, emulation: WireEmulation = NO_EMULATION) -> None:
-        self.core = StageCore(engine, stage_index, wire_dtype)
+                 downstream: Link | None, emulation: WireEmulation = NO_EMULATION,
+                 core: StageCore | None = None) -> None:
+        """`core`: one over a range shared with other claims (stage/hosted.py), else its own."""
+        self.core = core or StageCore(engine, stage_index, wire_dtype)
         self.downstream = downstream
         self.emulation = emulation  # benchmark-only delay on the links accepted here
         self.upstream: Link | None = None

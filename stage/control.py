@@ -1,8 +1,10 @@
 """StageControl: the gRPC control plane of a stage daemon (DESIGN.md §4).
 
-A coordinator claims the stage with a term; only the holder of the highest live term may
-prepare, load or stop it (fencing). Prepare runs in the background; Load starts the engine
-and the activation listener and answers with its endpoint.
+Several coordinators may claim the stage at once, each with a lease of its own (stage/leases.py),
+fenced by its own term: only a coordinator's live lease at its newest term may prepare, load
+or stop what that coordinator runs here. Prepare runs in the background; Load runs the range
+(loaded once, shared by every claim on it: stage/hosted.py) on lanes granted to the claim,
+opens the claim's activation listener and answers with its endpoint.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +25,20 @@ from proto import meshpipe_pb2_grpc as pb_grpc
 from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
 from stage.artifact_fetch import ArtifactFetcher
-from stage.batcher import close_engine, on_engine_thread
-from stage.calibration import Calibration, calibrate
-from stage.engine import EngineConfig, RangeEngine
-from stage.engine_choice import Engine, open_engine
+from stage.core import StageCore
+from stage.engine_choice import Engine
 from stage.grpc_auth import token_metadata
-from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
+from stage.hosted import Hosting
+from stage.lanes import LanePool
+from stage.leases import Lease
+from stage.prepare import Fetcher, PreparedStage
 from stage.tls import MeshTls, client_ssl, server_ssl
 from stage.transport import Limits, WireEmulation, connect, serve
 
 log = logging.getLogger("meshpipe.stage")
 MAX_LANES, MAX_CTX, MAX_BATCH = 256, 1 << 20, 8192
 MAX_WIRE_DELAY_MS = 10_000.0
+REAP_S = 1.0  # how often leases that ran out are looked for
 
 
 @dataclass(frozen=True)
@@ -48,128 +51,116 @@ class StageOptions:
     tls: MeshTls | None = None
     cpu_lock: Path | None = None
     engine: Engine = "llama"  # resolved from --engine at start (stage.engine_choice)
+    memory: int | None = None  # bytes its loaded ranges may take (--memory); None: what is free at each Load
+    lanes: int = 0  # lanes an engine opens with, shared by the claims on it (--lanes); 0: the first claim's
 
 
 class StageControl(pb_grpc.StageControlServicer):
     def __init__(self, options: StageOptions) -> None:
         self.opt = options
         self.stage_id = uuid.uuid4().hex[:12]
-        self.term = 0
-        self.lease_until_ms = 0
-        self.state = pb.STARTING
-        self.message = ""
-        self.progress = Progress()
-        self.prepare_task: asyncio.Task[PreparedStage] | None = None
-        self.prepared: PreparedStage | None = None
-        self.active: ActivationStage | None = None
-        self.listener: asyncio.Server | None = None
-        self.engine: RangeEngine | None = None
-        self.calibration: Calibration | None = None  # of the loaded range, timed at Load
-        self.range = (0, 0)
+        self.leases: dict[str, Lease] = {}  # one per coordinator (stage/leases.py)
+        self.hosting = Hosting(options.engine, options.threads, options.memory, options.lanes)
+        self.reaper: asyncio.Task[None] | None = None
 
     # -- fencing -------------------------------------------------------------------------
 
-    def _refuse(self, version: int, term: int | None = None) -> str | None:
-        problem = check_version(version)
-        if problem:
-            return problem
-        if term is not None and term != self.term:
-            return f"stale coordinator term {term}: this stage is claimed by term {self.term}"
-        return None
+    def _lease(self, version: int, coordinator: str, term: int) -> tuple[Lease | None, str | None]:
+        """The coordinator's live lease at `term`, or why there is none."""
+        if problem := check_version(version):
+            return None, problem
+        lease = self.leases.get(coordinator)
+        if lease is None or not lease.live:
+            return None, f"coordinator {coordinator or '(unnamed)'} holds no live claim on this stage"
+        if term != lease.term:
+            return None, (f"stale coordinator term {term}: coordinator {coordinator} claimed this stage "
+                          f"with term {lease.term}")
+        return lease, None
 
     async def Claim(self, request: pb.ClaimRequest, context: object) -> pb.ClaimReply:
+        """A new lease, a renewal (the same term), or a newer term of the same coordinator,
+        which ends its older lease. Other coordinators' leases are not touched."""
         problem = check_version(request.protocol_version)
+        lease = self.leases.get(request.coordinator_id)
         if problem:
-            return pb.ClaimReply(ok=False, message=problem, current_term=self.term)
-        live = self.lease_until_ms > time.time() * 1000
-        if request.term < self.term and live:
-            return pb.ClaimReply(ok=False, current_term=self.term,
-                                 message=f"stale coordinator term {request.term} < {self.term}")
-        if request.term > self.term:
-            await self._unload()  # a newer coordinator supersedes whatever the old one ran
-        self.term = request.term
-        self.lease_until_ms = request.lease_until_ms
-        return pb.ClaimReply(ok=True, current_term=self.term)
+            return pb.ClaimReply(ok=False, message=problem, current_term=lease.term if lease else 0)
+        if lease is not None and request.term < lease.term and lease.live:
+            return pb.ClaimReply(ok=False, current_term=lease.term,
+                                 message=f"stale coordinator term {request.term} < {lease.term}")
+        if lease is not None and request.term == lease.term and lease.live:
+            lease.until_ms = max(lease.until_ms, request.lease_until_ms)
+            return pb.ClaimReply(ok=True, current_term=lease.term)
+        if lease is not None:
+            await self._end(lease)  # superseded, or run out: what it ran goes
+        self.leases[request.coordinator_id] = Lease(request.coordinator_id, request.term, request.lease_until_ms)
+        if self.reaper is None:
+            self.reaper = asyncio.get_running_loop().create_task(self._reap())
+        return pb.ClaimReply(ok=True, current_term=request.term)
+
+    async def _reap(self) -> None:
+        """End every lease its coordinator stopped renewing: a coordinator that died frees
+        its lanes, and only its own."""
+        while True:
+            await asyncio.sleep(REAP_S)
+            for lease in [lease for lease in self.leases.values() if not lease.live]:
+                log.warning("coordinator %s's lease ran out: its lanes are freed", lease.coordinator)
+                await self._end(lease)
+
+    async def _end(self, lease: Lease) -> None:
+        if self.leases.get(lease.coordinator) is lease:
+            del self.leases[lease.coordinator]
+        await lease.cancel_prepare()
+        await lease.unload(self.hosting.release)
 
     # -- preparation ---------------------------------------------------------------------
 
     async def Prepare(self, request: pb.PrepareRequest, context: object) -> pb.PrepareReply:
-        problem = self._refuse(request.protocol_version, request.term)
-        if problem:
+        lease, problem = self._lease(request.protocol_version, request.coordinator_id, request.term)
+        if lease is None:
             return pb.PrepareReply(accepted=False, message=problem)
         if request.layer_end <= request.layer_start:
             return pb.PrepareReply(accepted=False, message="empty layer range")
-        await self._cancel_prepare()
-        self.progress = Progress()
-        self.prepared = None
-        self.range = (request.layer_start, request.layer_end)
-        fetch = _fetcher(request.artifact_source, request.manifest_sha256, self.opt)
-        self.prepare_task = asyncio.get_running_loop().create_task(prepare_stage(
-            request.package_ref, request.manifest_sha256, request.layer_start, request.layer_end,
-            self.opt.cache_dir, fetch, self.progress, placeholders=self.opt.engine == "llama"))
-        self.prepare_task.add_done_callback(self._prepared)
+        await lease.cancel_prepare()
+        lease.prepare(request, _fetcher(request.artifact_source, request.manifest_sha256, self.opt),
+                      self.opt.cache_dir, placeholders=self.opt.engine == "llama")
         return pb.PrepareReply(accepted=True)
-
-    def _prepared(self, task: asyncio.Task[PreparedStage]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            self.message = f"prepare failed: {exc}"
-            log.error(self.message)
-        else:
-            self.prepared = task.result()
-
-    async def _cancel_prepare(self) -> None:
-        if self.prepare_task and not self.prepare_task.done():
-            self.prepare_task.cancel()
-            await asyncio.gather(self.prepare_task, return_exceptions=True)
-        self.prepare_task = None
 
     async def Inventory(self, request: pb.InventoryRequest, context: object) -> pb.InventoryReply:
         problem = check_version(request.protocol_version)
         if problem:
             return pb.InventoryReply(state=pb.PREPARE_FAILED, message=problem)
-        task = self.prepare_task
-        if task is None:
-            state = pb.IDLE
-        elif not task.done():
-            state = pb.PREPARING
-        elif not task.cancelled() and task.exception() is None:
-            # read the result here: `_prepared` runs a loop turn after the task is done, and
-            # an Inventory in that turn would otherwise report a failure with no message
-            self.prepared, state = task.result(), pb.PREPARED
-        else:
-            state = pb.PREPARE_FAILED
-        sha = self.prepared.manifest_sha if self.prepared else ""
-        return pb.InventoryReply(state=state, message=self.message if state == pb.PREPARE_FAILED else "",
-                                 bytes_done=self.progress.bytes_done,
-                                 bytes_total=self.progress.bytes_total,
-                                 layer_start=self.range[0], layer_end=self.range[1],
-                                 manifest_sha256=sha, engine=self.opt.engine)
+        lease = self.leases.get(request.coordinator_id)
+        if lease is None:
+            return pb.InventoryReply(state=pb.IDLE, engine=self.opt.engine)
+        lease.touch()  # a coordinator polling a long download is alive
+        return lease.inventory(self.opt.engine)
 
     # -- loading -------------------------------------------------------------------------
 
     async def Load(self, request: pb.LoadRequest, context: object) -> pb.LoadReply:
-        problem = self._refuse(request.protocol_version, request.term) or self._check_load(request)
-        if problem:
+        lease, problem = self._lease(request.protocol_version, request.coordinator_id, request.term)
+        problem = problem or self._check_load(request, lease)
+        if problem or lease is None:
             return pb.LoadReply(ready=False, message=problem)
-        await self._unload()
-        prepared = self.prepared
-        assert prepared is not None
+        await lease.unload(self.hosting.release)
+        assert lease.prepared is not None
+        lease.loading = True
         try:
-            endpoint = await self._start(prepared, request)
+            endpoint = await self._start(lease, lease.prepared, request)
         except Exception as exc:  # noqa: BLE001 -- a failed load is a FAILED state the coordinator reads
-            self.state, self.message = pb.FAILED, f"load failed: {exc}"
-            log.error(self.message)  # the coordinator shows it too; this stage's operator sees it here
-            await self._unload(keep_state=True)
-            return pb.LoadReply(ready=False, message=self.message)
-        self.state = pb.READY
-        assert self.calibration is not None
-        return pb.LoadReply(ready=True, endpoint=endpoint, calibration=self.calibration.to_wire())
+            lease.state, lease.message = pb.FAILED, f"load failed: {exc}"
+            log.error(lease.message)  # the coordinator shows it too; this stage's operator sees it here
+            await lease.unload(self.hosting.release)
+            return pb.LoadReply(ready=False, message=lease.message)
+        finally:
+            lease.loading = False
+            lease.touch()
+        lease.state = pb.READY
+        assert lease.hosted is not None
+        return pb.LoadReply(ready=True, endpoint=endpoint, calibration=lease.hosted.calibration.to_wire())
 
-    def _check_load(self, r: pb.LoadRequest) -> str | None:
-        p = self.prepared
+    def _check_load(self, r: pb.LoadRequest, lease: Lease | None) -> str | None:
+        p = lease.prepared if lease is not None else None
         if p is None or (p.start, p.end) != (r.layer_start, r.layer_end):
             return f"layers [{r.layer_start},{r.layer_end}) are not prepared on this stage"
         if r.final != (p.end == p.manifest.layer_count):
@@ -182,14 +173,15 @@ class StageControl(pb_grpc.StageControlServicer):
             return f"wire delay and jitter must be in 0..{MAX_WIRE_DELAY_MS:g} ms"
         return None
 
-    async def _start(self, p: PreparedStage, r: pb.LoadRequest) -> str:
-        cfg = EngineConfig(first=p.start == 0, final=r.final, lanes=r.lanes,
-                           ctx_per_lane=r.ctx_size, batch=r.batch or 256,
-                           threads=r.threads or self.opt.threads, cpu_lock=self.opt.cpu_lock)
-        self.engine = await on_engine_thread(open_engine, self.opt.engine, p.gguf, cfg)
-        # before the listener opens: no session's lane can be in use yet
-        self.calibration = await on_engine_thread(calibrate, self.engine, r.work_layers or p.end - p.start,
-                                                  r.wire_dtype)
+    async def _start(self, lease: Lease, p: PreparedStage, r: pb.LoadRequest) -> str:
+        """Run the lease on its range (loaded now, or shared), on lanes granted to it."""
+        hosted = await self.hosting.host(p, r, self.opt.cpu_lock)
+        granted = hosted.grant(lease.coordinator, r.lanes)
+        if isinstance(granted, str):
+            if not hosted.holders:
+                await self.hosting.release(hosted, lease.coordinator)
+            raise ValueError(granted)
+        lease.hosted = hosted
         emulation = WireEmulation(r.wire_delay_ms, r.wire_jitter_ms)  # benchmark-only; 0 on real meshes
         downstream = None
         if r.downstream:
@@ -197,49 +189,50 @@ class StageControl(pb_grpc.StageControlServicer):
             downstream = await connect(host, port, token=self.opt.token, role="stage",
                                        ssl_context=client_ssl(self.opt.tls), emulation=emulation,
                                        name=f"stage{r.stage_index}->downstream")
-        limits = Limits(max_width=self.engine.width, max_rows=max(cfg.batch, 4096))
-        self.active = ActivationStage(self.engine, r.stage_index, r.wire_dtype, downstream, emulation)
-        self.active.start()
-        self.listener = await serve(self.opt.host, 0, self.active.handle_upstream,
-                                    token=self.opt.token, ssl_context=server_ssl(self.opt.tls),
-                                    limits=limits)
-        port = self.listener.sockets[0].getsockname()[1]
+        engine = hosted.engine
+        limits = Limits(max_width=engine.width, max_rows=max(r.batch or 256, 4096))
+        core = StageCore(engine, r.stage_index, r.wire_dtype, shared=hosted.batcher, lanes=LanePool(granted))
+        lease.active = ActivationStage(engine, r.stage_index, r.wire_dtype, downstream, emulation, core=core)
+        lease.active.start()
+        lease.listener = await serve(self.opt.host, 0, lease.active.handle_upstream,
+                                     token=self.opt.token, ssl_context=server_ssl(self.opt.tls),
+                                     limits=limits)
+        port = lease.listener.sockets[0].getsockname()[1]
         return f"{self.opt.advertise}:{port}"
 
-    async def _unload(self, keep_state: bool = False) -> None:
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
-        if self.active is not None:
-            await self.active.stop()
-            self.active = None
-        if self.engine is not None:
-            engine, self.engine = self.engine, None
-            await close_engine(engine)
-        if not keep_state:
-            self.state = pb.STARTING
-
     async def Stop(self, request: pb.StopRequest, context: object) -> pb.Ack:
-        problem = self._refuse(request.protocol_version, request.term)
-        if problem:
+        lease, problem = self._lease(request.protocol_version, request.coordinator_id, request.term)
+        if lease is None:
             return pb.Ack(ok=False, message=problem)
-        self.state = pb.STOPPING
-        await self._cancel_prepare()
-        await self._unload()
-        self.state = pb.STOPPED
+        lease.state = pb.STOPPING
+        await self._end(lease)
         return pb.Ack(ok=True)
 
+    async def close(self) -> None:
+        """End every lease and unload every range: the daemon is stopping."""
+        if self.reaper is not None:
+            self.reaper.cancel()
+        for lease in list(self.leases.values()):
+            await self._end(lease)
+        await self.hosting.close()
+
     async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:
+        """The machine, every claim, and in the top-level fields the asking coordinator's."""
         vm = psutil.virtual_memory()
-        failed = self.active.failed if self.active else None
+        lease = self.leases.get(request.coordinator_id)
+        failed = lease.active.failed if lease is not None and lease.active else None
+        state = pb.STOPPED if lease is None else lease.state
         return pb.StatusReply(
-            state=pb.FAILED if failed else self.state, message=failed or self.message,
-            term=self.term, layer_start=self.range[0], layer_end=self.range[1],
+            state=pb.FAILED if failed else state,  # type: ignore[arg-type]
+            message=failed or (lease.message if lease else ""),
+            term=lease.term if lease else 0, layer_start=lease.range[0] if lease else 0,
+            layer_end=lease.range[1] if lease else 0,
             mem_total_bytes=vm.total, mem_available_bytes=vm.available,
             rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
             stage_id=self.stage_id, protocol_version=PROTOCOL_VERSION,
-            busy_seconds=self.active.core.batcher.busy_s if self.active else 0.0,
-            engine=self.opt.engine,
+            busy_seconds=lease.hosted.batcher.busy_s if lease and lease.hosted else 0.0,
+            engine=self.opt.engine, claims=[lease.claim_info() for lease in self.leases.values()],
+            ranges_loaded=len(self.hosting.ranges),
         )
 
 

@@ -62,12 +62,16 @@ class Encoded:
 
 
 class StageCore:
-    def __init__(self, engine: RangeEngine, index: int, wire_dtype: int = pb.F32, micro_batches: int = 1) -> None:
+    def __init__(self, engine: RangeEngine, index: int, wire_dtype: int = pb.F32, micro_batches: int = 1,
+                 shared: Batcher | None = None, lanes: LanePool | None = None) -> None:
+        """`shared`: the batcher of an engine several claims run on (stage/hosted.py), which
+        this core neither starts nor stops; `lanes`: the engine lanes this core's claim holds."""
         self.engine = engine
         self.index = index  # this stage's place in the route, stamped on its hops
         self.wire_dtype = wire_dtype
-        self.batcher = Batcher(engine)
-        self.lanes = LanePool(engine.lanes)
+        self.owns_batcher = shared is None
+        self.batcher = shared or Batcher(engine)
+        self.lanes = lanes or LanePool(engine.lanes)
         self.micro_batches = micro_batches
         if micro_batches > 1:
             self.batcher.max_steps = self.group_size
@@ -79,10 +83,12 @@ class StageCore:
         self.tails: dict[SessionId, Tail] = {}
 
     def start(self) -> None:
-        self.batcher.start()
+        if self.owns_batcher:
+            self.batcher.start()
 
     async def stop(self) -> None:
-        await self.batcher.stop()
+        if self.owns_batcher:
+            await self.batcher.stop()
 
     # -- lanes ---------------------------------------------------------------------------
 

@@ -41,5 +41,5 @@ async def run_stage(listen: str, options: StageOptions, announce: bool = False) 
         if announce:  # withdrawn first on stop, so nobody discovers a stage that is going away
             await lan.enter_async_context(announced(control.stage_id, options.advertise, bound, options.engine))
         await stop.wait()
-    await control._unload()
+    await control.close()
     await server.stop(grace=1)

@@ -1,6 +1,14 @@
-"""Map session ids from the wire onto the engine's KV lanes."""
+"""Map session ids from the wire onto the engine's KV lanes.
+
+A stage shared by several coordinators grants each claim some of its engine's lanes
+(stage/leases.py): the lanes a frame names on the wire are the claim's own, 0 up to its
+grant, and the pool maps them onto the engine lanes granted. So a frame can never name
+another claim's lane.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from common.ids import LaneId, SessionId
 from config.errors import MeshpipeError
@@ -11,9 +19,11 @@ class LanesExhaustedError(MeshpipeError):
 
 
 class LanePool:
-    def __init__(self, lanes: int) -> None:
-        self.lanes = lanes
-        self.free = [LaneId(lane) for lane in range(lanes - 1, -1, -1)]
+    def __init__(self, lanes: int | Sequence[LaneId]) -> None:
+        """`lanes`: how many (the engine's 0..lanes-1), or the engine lanes granted, in wire order."""
+        self.granted = [LaneId(lane) for lane in range(lanes)] if isinstance(lanes, int) else list(lanes)
+        self.lanes = len(self.granted)
+        self.free = list(reversed(self.granted))
         self.by_session: dict[SessionId, LaneId] = {}
 
     def lane_for(self, session: SessionId, prefer: LaneId | None = None) -> LaneId:
@@ -35,7 +45,8 @@ class LanePool:
                 raise ValueError(f"session {session} holds lane {held}, not {lane}")
             return lane
         if not 0 <= lane < self.lanes:
-            raise ValueError(f"lane {lane} out of range (this stage has {self.lanes})")
+            raise ValueError(f"lane {lane} out of range (this claim holds {self.lanes} lanes of this stage)")
+        lane = self.granted[lane]
         if lane not in self.free:
             raise LanesExhaustedError(f"lane {lane} is taken by another session")
         self._take(session, lane)

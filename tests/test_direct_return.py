@@ -32,6 +32,7 @@ from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.control import StageControl, StageOptions
 from stage.engine import Step
+from stage.leases import Lease
 from stage.transport import NO_EMULATION, REPLIES_ROLE, Link, WireEmulation, connect, serve
 
 GREEDY = SamplingParams()
@@ -225,16 +226,17 @@ def test_negative_or_nan_emulation_is_refused():
 def test_load_refuses_a_wire_emulation_out_of_range(tmp_path):
     control = StageControl(StageOptions(host="127.0.0.1", advertise="127.0.0.1", cache_dir=tmp_path,
                                         token=None, threads=1))
+    lease = Lease("c", 1, 2**62)
     # only the range and the layer count are read by the check
-    control.prepared = SimpleNamespace(start=0, end=2, manifest=SimpleNamespace(layer_count=2))  # type: ignore[assignment]
+    lease.prepared = SimpleNamespace(start=0, end=2, manifest=SimpleNamespace(layer_count=2))  # type: ignore[assignment]
     ok = pb.LoadRequest(layer_start=0, layer_end=2, final=True, lanes=1, ctx_size=64, wire_delay_ms=20,
                         wire_jitter_ms=5)
-    assert control._check_load(ok) is None
+    assert control._check_load(ok, lease) is None
     for field, bad in (("wire_delay_ms", -1.0), ("wire_jitter_ms", float("nan")), ("wire_delay_ms", 1e9)):
         request = pb.LoadRequest()
         request.CopyFrom(ok)
         setattr(request, field, bad)
-        assert "wire delay and jitter" in (control._check_load(request) or "")
+        assert "wire delay and jitter" in (control._check_load(request, lease) or "")
 
 
 @pytest.mark.mesh

@@ -66,18 +66,27 @@ def test_protocol_version_mismatch_is_refused(stage_endpoint):
 
 
 def test_stale_term_is_refused(stage_endpoint):
+    """A coordinator's older term is refused (fencing); another coordinator's claim is not."""
     assert _call(stage_endpoint, lambda c: c.Claim, pb.ClaimRequest(
-        protocol_version=V, term=100, coordinator_id="new", lease_until_ms=2**62)).ok
+        protocol_version=V, term=100, coordinator_id="a", lease_until_ms=2**62)).ok
     old = _call(stage_endpoint, lambda c: c.Claim, pb.ClaimRequest(
-        protocol_version=V, term=50, coordinator_id="old", lease_until_ms=2**62))
+        protocol_version=V, term=50, coordinator_id="a", lease_until_ms=2**62))
     assert not old.ok
     assert "stale" in old.message
-    stop = _call(stage_endpoint, lambda c: c.Stop, pb.StopRequest(protocol_version=V, term=50))
+    stop = _call(stage_endpoint, lambda c: c.Stop, pb.StopRequest(protocol_version=V, term=50, coordinator_id="a"))
     assert not stop.ok
     assert "stale coordinator term" in stop.message
-    load = _call(stage_endpoint, lambda c: c.Load, pb.LoadRequest(protocol_version=V, term=50))
+    load = _call(stage_endpoint, lambda c: c.Load, pb.LoadRequest(protocol_version=V, term=50, coordinator_id="a"))
     assert not load.ready
     assert "stale" in load.message
+    other = _call(stage_endpoint, lambda c: c.Claim, pb.ClaimRequest(
+        protocol_version=V, term=50, coordinator_id="b", lease_until_ms=2**62))
+    assert other.ok  # a claim of its own beside a's
+    status = _call(stage_endpoint, lambda c: c.Status, pb.StatusRequest(protocol_version=V, coordinator_id="b"))
+    assert status.term == 50
+    assert {(c.coordinator_id, c.term) for c in status.claims} >= {("a", 100), ("b", 50)}
+    unknown = _call(stage_endpoint, lambda c: c.Stop, pb.StopRequest(protocol_version=V, term=50, coordinator_id="c"))
+    assert "holds no live claim" in unknown.message
 
 
 def test_activation_link_checks_token_and_version():

@@ -10,7 +10,7 @@ from pathlib import Path
 from common import event_loop
 from config.paths import cache_dir
 from mesh.cli.tls_args import add_tls_arguments, tls_of
-from stage.control import StageOptions, own_address
+from stage.control import MAX_LANES, StageOptions, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
 from stage.cpus import HELP as CPUS_HELP
 from stage.cpus import available_cpus, parse_cpus, pin
@@ -36,8 +36,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--announce", action="store_true",
                    help="advertise this stage on the LAN by mDNS/DNS-SD (_meshpipe._tcp), so `mesh serve "
                    "--discover` finds it: its address, engine, protocol version and free memory, never the token")
+    p.add_argument("--lanes", type=_count, default=0,
+                   help="KV lanes each loaded range opens with, shared by every coordinator that claims it "
+                   "(each is granted the lanes its --lanes asks, while enough are free; default: as many "
+                   "as the first claim asks, so a second coordinator needs this set)")
+    p.add_argument("--memory", type=_size, default=None, metavar="SIZE",
+                   help="most memory the loaded ranges may take, e.g. 12GiB or 800MB: a claim on a "
+                   "range past it is refused with the figures (default: what is free at each Load)")
     add_tls_arguments(p)
     p.set_defaults(func=_run)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_LANES:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_LANES}")
+    return value
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """Bytes from "12GiB", "800MB" or "1e9"."""
+    number = text.rstrip("bBiIkKmMgGtT ")
+    unit = text[len(number):].strip().upper()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (say e.g. 12GiB or 800MB)") from None
+    if not 0 < value < 1 << 60:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    return int(value)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -56,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
                            threads=args.threads or len(available_cpus()), tls=tls, cpu_lock=args.cpu_lock,
-                           engine=engine)
+                           engine=engine, memory=args.memory, lanes=args.lanes)
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)

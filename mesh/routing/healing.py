@@ -24,7 +24,7 @@ import anyio
 from common.task_scope import TaskScope
 from mesh.backend import MeshUnavailableError
 from mesh.reports.recovery import Recoveries
-from mesh.routing.route import RemoteStage, Route, prefetch, refresh_status
+from mesh.routing.route import RemoteStage, Route, RouteError, prefetch, refresh_status, renew
 from mesh.serving.pipeline import Pipeline
 from proto import meshpipe_pb2 as pb
 
@@ -178,4 +178,8 @@ async def ping(route: Route) -> str | None:
             return f"stage {stage.endpoint} did not answer a liveness ping within {PING_TIMEOUT_S:g}s"
         if stage.status is not None and stage.status.state == pb.FAILED:
             return f"stage {stage.endpoint} failed: {stage.status.message}"
+    try:
+        await renew(route)
+    except RouteError as exc:
+        return str(exc)
     return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -43,6 +44,9 @@ Reply = TypeVar("Reply", bound=Message)
 RPC_TIMEOUT = 30.0
 STOP_TIMEOUT = 3.0  # teardown: a stage that cannot answer Stop this fast is ended anyway
 EXIT_TIMEOUT = 5.0  # a spawned stage gets this long to exit after SIGTERM, then SIGKILL
+# A claim lasts this long unless renewed (every LEASE_S / 3, by the liveness pings): a
+# coordinator that dies frees its lanes on every stage within it, and only its own.
+LEASE_S = 15.0
 
 
 class RouteError(MeshpipeError):
@@ -122,7 +126,10 @@ class Route:
     work: LayerWork | None = None  # each layer's work, which the plan and the calibrations count in
     calibration0: Calibration | None = None  # stage 0's, timed as it loads in the coordinator
     term: int = 0
+    # the coordinator's, the same on every route it builds: a stage keeps one lease per id,
+    # and a rebuilt route's newer term supersedes the old route's lease there
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    renewed_at: float = 0.0  # monotonic time of the last lease renewal (`renew`)
 
     async def rpc(self, stage: RemoteStage, call: Unary[Req, Reply], request: Req,
                   deadline_s: float = RPC_TIMEOUT) -> Reply:
@@ -176,7 +183,8 @@ async def refresh_status(route: Route, stage: RemoteStage, deadline_s: float) ->
     """Ask the stage for its state and memory; `reachable` says whether it answered."""
     asked = time.perf_counter()
     try:
-        stage.status = await route.rpc(stage, stage.control.Status, pb.StatusRequest(protocol_version=V), deadline_s)
+        asked_for = pb.StatusRequest(protocol_version=V, coordinator_id=route.coordinator_id)
+        stage.status = await route.rpc(stage, stage.control.Status, asked_for, deadline_s)
     except RouteError:
         stage.reachable = False
         raise
@@ -214,6 +222,7 @@ async def build(route: Route, own_memory: int, artifact_source: str, say: Callab
     for stage, rng in zip(route.stages, ranges[1:], strict=True):
         stage.range = rng
         await _claim(route, stage)
+    route.renewed_at = time.monotonic()
     for stage in route.stages:
         await _prepare(route, stage, artifact_source)
     await _await_prepared(route, say)
@@ -235,6 +244,11 @@ async def _plan(route: Route, weights: list[float], own_memory: int, measured: S
                          "serve it on one node (no --peer, --local-stages 1)")
     p = await asyncio.to_thread(package_parameters, route.package_dir, m)
     route.work = LayerWork(p.active, p.head, p.total)  # time on the active experts, memory on all (_check_fit)
+    if (shared := shared_cut(route)) is not None:
+        # another coordinator of this package runs a cut on these stages: the same ranges are
+        # shared there (loaded once), where another cut would load the model a second time
+        say("plan (shared with the stages' other coordinators): " + ", ".join(f"[{r.start},{r.end})" for r in shared))
+        return shared
     ranges = plan_ranges(m.layer_count, m.allowed_cuts, weights, p.active, p.head)
     basis = "parameters"
     if len(measured) == len(weights):
@@ -247,6 +261,24 @@ async def _plan(route: Route, weights: list[float], own_memory: int, measured: S
     await _check_fit(route, ranges, own_memory)
     say(f"plan ({basis}): " + ", ".join(f"[{r.start},{r.end})" for r in ranges))
     return ranges
+
+
+def shared_cut(route: Route) -> list[StageRange] | None:
+    """The cut other coordinators already run of this package on the route's stages, in
+    their order, with stage 0's range before it; None when there is no such whole cut."""
+    ranges = []
+    for stage in route.stages:
+        held = [c for c in (stage.status.claims if stage.status else ())
+                if c.manifest_sha256 == route.manifest_sha and c.state == pb.READY
+                and c.coordinator_id != route.coordinator_id]
+        if not held:
+            return None
+        ranges.append(StageRange(held[0].layer_start, held[0].layer_end))
+    if not ranges or ranges[0].start == 0:
+        return None
+    cut = [StageRange(0, ranges[0].start), *ranges]
+    chained = all(a.end == b.start for a, b in itertools.pairwise(cut))
+    return cut if chained and cut[-1].end == route.manifest.layer_count else None
 
 
 async def _check_fit(route: Route, ranges: list[StageRange], own_memory: int) -> None:
@@ -290,8 +322,8 @@ async def prefetch(route: Route, spare: RemoteStage, start: int, artifact_source
         spare.range = StageRange(start, route.manifest.layer_count)
         await _claim(route, spare)
         await _prepare(route, spare, artifact_source)
-        while (inv := await route.rpc(spare, spare.control.Inventory,
-                                      pb.InventoryRequest(protocol_version=V))).state != pb.PREPARED:
+        asked = pb.InventoryRequest(protocol_version=V, coordinator_id=route.coordinator_id)
+        while (inv := await route.rpc(spare, spare.control.Inventory, asked)).state != pb.PREPARED:
             if inv.state == pb.PREPARE_FAILED:
                 raise RouteError(f"stage {spare.endpoint}: {inv.message}")
             await asyncio.sleep(0.5)
@@ -300,12 +332,23 @@ async def prefetch(route: Route, spare: RemoteStage, start: int, artifact_source
 
 
 async def _claim(route: Route, stage: RemoteStage) -> None:
+    """Claim the stage, or renew the claim (the same term): a lease of LEASE_S, which the
+    liveness pings renew (`renew`), so a coordinator that dies frees its lanes soon."""
     reply = await route.rpc(stage, stage.control.Claim, pb.ClaimRequest(
         protocol_version=V, coordinator_id=route.coordinator_id, term=route.term,
         topology_id=route.manifest_sha[:16], run_id=uuid.uuid4().hex[:8],
-        lease_until_ms=int(time.time() * 1000) + 24 * 3600 * 1000))
+        lease_until_ms=int((time.time() + LEASE_S) * 1000)))
     if not reply.ok:
         raise RouteError(f"stage {stage.endpoint} refused the claim: {reply.message}")
+
+
+async def renew(route: Route) -> None:
+    """Renew the route's leases when a third of LEASE_S has passed; raises RouteError when a
+    stage refuses (it lost the lease: restarted, or this coordinator was paused past it)."""
+    if time.monotonic() - route.renewed_at < LEASE_S / 3:
+        return
+    route.renewed_at = time.monotonic()
+    await asyncio.gather(*(_claim(route, stage) for stage in route.stages))
 
 
 async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> None:
@@ -313,7 +356,8 @@ async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> No
 
     assert stage.range is not None
     reply = await route.rpc(stage, stage.control.Prepare, pb.PrepareRequest(
-        protocol_version=V, term=route.term, package_ref=hub.package_ref(route.package_dir),
+        protocol_version=V, term=route.term, coordinator_id=route.coordinator_id,
+        package_ref=hub.package_ref(route.package_dir),
         manifest_sha256=route.manifest_sha, layer_start=stage.range.start,
         layer_end=stage.range.end, artifact_source=artifact_source))
     if not reply.accepted:
@@ -323,7 +367,8 @@ async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> No
 async def _await_prepared(route: Route, say: Callable[[str], None]) -> None:
     last_report = 0.0
     while True:
-        replies = [await route.rpc(s, s.control.Inventory, pb.InventoryRequest(protocol_version=V))
+        asked = pb.InventoryRequest(protocol_version=V, coordinator_id=route.coordinator_id)
+        replies = [await route.rpc(s, s.control.Inventory, asked)
                    for s in route.stages]
         for stage, inv in zip(route.stages, replies, strict=True):
             if inv.state == pb.PREPARE_FAILED:
@@ -345,7 +390,7 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
     assert route.work is not None
     work_layers = route.work.of(stage.range)
     reply = await route.rpc(stage, stage.control.Load, pb.LoadRequest(
-        protocol_version=V, term=route.term, layer_start=stage.range.start,
+        protocol_version=V, term=route.term, coordinator_id=route.coordinator_id, layer_start=stage.range.start,
         layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
         downstream=downstream, stage_index=index, wire_delay_ms=s.wire.delay_ms,
@@ -366,7 +411,8 @@ async def teardown(route: Route, stop_s: float = STOP_TIMEOUT, exit_s: float = E
 async def _release(route: Route, stage: RemoteStage, stop_s: float, exit_s: float) -> None:
     if stage.stub is not None and route.term:
         with contextlib.suppress(Exception):
-            await route.rpc(stage, stage.control.Stop, pb.StopRequest(protocol_version=V, term=route.term), stop_s)
+            await route.rpc(stage, stage.control.Stop, pb.StopRequest(
+                protocol_version=V, term=route.term, coordinator_id=route.coordinator_id), stop_s)
     await _disconnect(stage)
     if stage.process is not None:
         await end_process(stage.process, exit_s)
