@@ -43,7 +43,7 @@ class ActivationStage:
                  downstream: Link | None, emulation: WireEmulation = NO_EMULATION,
                  core: StageCore | None = None) -> None:
         """`core`: one over a range shared with other claims (stage/hosted.py), else its own."""
-        self.core = core or StageCore(engine, stage_index, wire_dtype)
+        self.core = core if core is not None else StageCore(engine, stage_index, wire_dtype)
         self.downstream = downstream
         self.emulation = emulation  # benchmark-only delay on the links accepted here
         self.upstream: Link | None = None

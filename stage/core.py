@@ -70,8 +70,8 @@ class StageCore:
         self.index = index  # this stage's place in the route, stamped on its hops
         self.wire_dtype = wire_dtype
         self.owns_batcher = shared is None
-        self.batcher = shared or Batcher(engine)
-        self.lanes = lanes or LanePool(engine.lanes)
+        self.batcher = shared if shared is not None else Batcher(engine)
+        self.lanes = lanes if lanes is not None else LanePool(engine.lanes)  # an empty pool is falsy
         self.micro_batches = micro_batches
         if micro_batches > 1:
             self.batcher.max_steps = self.group_size

@@ -39,18 +39,18 @@ class LanePool:
     def take(self, session: SessionId, lane: LaneId) -> LaneId:
         """The session's lane, which must be `lane`: stage 0 chose it, and a free lane may hold
         a prefix cached for it (DESIGN.md §2), so any other lane would compute on wrong KV."""
-        held = self.by_session.get(session)
-        if held is not None:
-            if held != lane:
-                raise ValueError(f"session {session} holds lane {held}, not {lane}")
-            return lane
         if not 0 <= lane < self.lanes:
             raise ValueError(f"lane {lane} out of range (this claim holds {self.lanes} lanes of this stage)")
-        lane = self.granted[lane]
-        if lane not in self.free:
+        engine_lane = self.granted[lane]
+        held = self.by_session.get(session)
+        if held is not None:
+            if held != engine_lane:
+                raise ValueError(f"session {session} holds lane {self.granted.index(held)}, not {lane}")
+            return held
+        if engine_lane not in self.free:
             raise LanesExhaustedError(f"lane {lane} is taken by another session")
-        self._take(session, lane)
-        return lane
+        self._take(session, engine_lane)
+        return engine_lane
 
     def _take(self, session: SessionId, lane: LaneId) -> None:
         self.free.remove(lane)
