@@ -28,7 +28,7 @@ from mesh.backend import (
     GenerationRequest,
 )
 from mesh.model.tokenizer import Tokenizer
-from mesh.reports.health import Health, StageHealth, StageState
+from mesh.reports.health import ClaimHealth, Health, StageHealth, StageState
 from mesh.reports.hop_timing import HopTotals
 from mesh.reports.own_work import WorkMark, other_per_frame, work_mark
 from mesh.reports.recovery import Recoveries
@@ -354,7 +354,7 @@ def stage_rows(route: Route | None, pipeline: Pipeline | None, settings: RouteSe
                       busy_s=pipeline.core.batcher.busy_s if pipeline else None,
                       engine=settings.engine(0))
     ready: StageState = "READY" if pipeline and not pipeline.broken else "BROKEN"
-    rows = (own, *(_remote_row(i, s, ready) for i, s in enumerate(route.stages, 1)))
+    rows = (own, *(_remote_row(i, s, ready, route.coordinator_id) for i, s in enumerate(route.stages, 1)))
     return tuple(row.model_copy(update={**_timing(route, hops, row.stage), **_parameters(route, row.stage)})
                  for row in rows)
 
@@ -381,12 +381,15 @@ def _timing(route: Route, hops: HopTotals | None, index: int) -> dict[str, float
             "link_ms": stage.ping_s * 1e3 if stage and stage.ping_s is not None else None}
 
 
-def _remote_row(index: int, s: RemoteStage, ready: StageState) -> StageHealth:
+def _remote_row(index: int, s: RemoteStage, ready: StageState, coordinator: str) -> StageHealth:
     """A stage as its last Status reply left it; a stage that stopped answering is UNREACHABLE."""
+    claims = tuple(ClaimHealth(coordinator=c.coordinator_id, this=c.coordinator_id == coordinator,
+                               start=c.layer_start, end=c.layer_end, lanes=c.lanes, lanes_in_use=c.lanes_in_use)
+                   for c in (s.status.claims if s.status else ()))
     return StageHealth(stage=index, endpoint=s.endpoint,
                        start=s.range.start if s.range else None, end=s.range.end if s.range else None,
                        state=ready if s.reachable else "UNREACHABLE",
                        rss_bytes=s.status.rss_bytes if s.status else None,
                        mem_available_bytes=s.status.mem_available_bytes if s.status else None,
                        status_at=s.status_at, busy_s=s.status.busy_seconds if s.status else None,
-                       engine=s.status.engine or None if s.status else None)
+                       engine=s.status.engine or None if s.status else None, claims=claims)

@@ -45,9 +45,12 @@ def layer_path(index: int) -> str:
 
 def write_package(
     src: Path, out_dir: Path, model_id: str | None = None, progress: Progress | None = None,
-    draft: str | None = None, window: WindowPolicy | None = None,
+    draft: str | None = None, window: WindowPolicy | None = None, created_at: int | None = None,
 ) -> Manifest:
     """Split `src` into `out_dir`; on any failure `out_dir` is left as it was.
+
+    `created_at` (default: now) is the manifest's time: a fixed one makes the same source
+    give the same manifest, and so the same manifest sha256, on every machine.
 
     `draft` declares a draft-model strategy: a local GGUF is copied into the package,
     an `hf://` or `org/repo:QUANT` ref is recorded as given, with `window` (default: adaptive).
@@ -80,7 +83,7 @@ def write_package(
             shared=shared,
             layers=tuple(layers),
             generation=_generation(draft, window or WindowPolicy(), tmp, model_id or src.stem),
-            created_at_unix_secs=int(time.time()),
+            created_at_unix_secs=int(time.time()) if created_at is None else created_at,
         )
         (tmp / MANIFEST_NAME).write_bytes(manifest.to_json())
     say(f"wrote {out_dir}")

@@ -14,7 +14,7 @@ from config.errors import MeshpipeError
 from config.settings import UsageError
 from mesh.cli.bearer import KEY_ENV, auth_headers
 from mesh.cli.watch import watch
-from mesh.reports.health import Health
+from mesh.reports.health import ClaimHealth, Health
 from mesh.routing.discovery import Found, browse
 from packages.describe import human_bytes, human_parameters
 from proto.version import PROTOCOL_VERSION
@@ -91,7 +91,14 @@ def format_health(state: Health) -> str:
                      _ms(s.predicted_ms), _ms(s.measured_ms), _ms(s.link_ms),
                      human_parameters(s.parameters, s.active_parameters)))
     lines += _table(rows)
+    lines += [f"stage {s.stage} is shared: " + "; ".join(_claim(c) for c in s.claims)
+              for s in state.stages if len(s.claims) > 1]
     return "\n".join(lines)
+
+
+def _claim(c: ClaimHealth) -> str:
+    who = f"coordinator {c.coordinator}" + (" (this one)" if c.this else "")
+    return f"{who} [{c.start},{c.end}) on {c.lanes} lanes, {c.lanes_in_use} in use"
 
 
 def _ms(value: float | None) -> str:

@@ -62,7 +62,7 @@ def resolve_model(ref: str | None, cache: Path, say: Callable[[str], None]
 
 def _embedded_package(cache: Path, say: Callable[[str], None]) -> Path:
     """SmolLM2 as a package that declares its own draft: the same model requantized to Q4_0."""
-    dest = cache / "packages" / f"embedded-{EMBEDDED_ID}-v2"  # v2: declares a draft
+    dest = cache / "packages" / f"embedded-{EMBEDDED_ID}-v3"  # v2: declares a draft; v3: no time in it
     if not (dest / "model-package.json").is_file():
         draft = cache / "drafts" / f"{EMBEDDED_ID}-{EMBEDDED_DRAFT_QUANT.lower()}.gguf"
         if not draft.is_file():
@@ -79,5 +79,8 @@ def _packaged(gguf: Path, dest: Path, model_id: str, say: Callable[[str], None],
               draft: str | None = None, window: WindowPolicy | None = None) -> Path:
     if not (dest / "model-package.json").is_file():
         say(f"writing layer package for {gguf.name} into {dest} (first run only)")
-        write_package(gguf, dest, model_id=model_id, progress=lambda _: None, draft=draft, window=window)
+        # no time in it: every machine writes the same manifest, so coordinators of the embedded
+        # model on different machines name it by the same sha256, and share the stages' ranges
+        write_package(gguf, dest, model_id=model_id, progress=lambda _: None, draft=draft, window=window,
+                      created_at=0)
     return dest

@@ -173,7 +173,8 @@ def _stage(row: StageHealth, now: Readings, before: Readings | None, busy: float
     return Stage(stage=row.stage, endpoint=row.endpoint, engine=row.engine, start=row.start, end=row.end,
                  state=row.state, rss_bytes=row.rss_bytes, mem_available_bytes=row.mem_available_bytes,
                  busy=busy, frame_ms=(spent - spent_before) * 1e3 / frames if frames and spent is not None else None,
-                 replaced=replaced, parameters=row.parameters, active_parameters=row.active_parameters)
+                 replaced=replaced, parameters=row.parameters, active_parameters=row.active_parameters,
+                 claims=row.claims)
 
 
 def busy_fraction(now: tuple[float, float], before: tuple[float, float] | None) -> float | None:

@@ -21,6 +21,17 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
 
+class ClaimHealth(_Frozen):
+    """A coordinator's claim on a stage: several coordinators may share one (DESIGN.md §4)."""
+
+    coordinator: str
+    this: bool  # the claim of the coordinator that answers
+    start: int  # the layer range it runs there
+    end: int
+    lanes: int  # granted to it on that range's engine
+    lanes_in_use: int
+
+
 class StageHealth(_Frozen):
     """One stage of the route; stage 0 is the coordinator itself."""
 
@@ -47,6 +58,7 @@ class StageHealth(_Frozen):
     # of experts (packages/parameters.py). None before the route is planned
     parameters: int | None = None
     active_parameters: int | None = None
+    claims: tuple[ClaimHealth, ...] = ()  # every coordinator's on the stage, as of status_at
 
 
 class RecoveryHealth(_Frozen):

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from mesh.reports.health import ClaimHealth
+
 # READY, BROKEN and UNREACHABLE as in /health; REBUILDING: the route is being rebuilt and
 # the stage is shown as the last route had it
 StageView = Literal["READY", "BROKEN", "UNREACHABLE", "REBUILDING"]
@@ -36,6 +38,7 @@ class Stage(_Frozen):
     replaced: str | None = None  # the endpoint it took over from in the last recovery
     parameters: int | None = None  # of its layers, as /health: all, and those a decode multiplies
     active_parameters: int | None = None
+    claims: tuple[ClaimHealth, ...] = ()  # as /health: every coordinator's on the stage
 
 
 class Link(_Frozen):

@@ -62,6 +62,10 @@ function stageCard(s, layers, bottleneck) {
     row("memory free", bytes(s.mem_available_bytes)),
     row("busy", el("span", { class: "busy" }, pct(s.busy))),
     row("per frame", ms(s.frame_ms)));
+  if (s.claims && s.claims.length > 1) {  // coordinators sharing the stage (DESIGN.md §4)
+    const lanes = s.claims.map((c) => `${c.lanes_in_use}/${c.lanes}${c.this ? " (this)" : ""}`).join(" + ");
+    card.append(row("shared", el("span", { class: "claims" }, `${s.claims.length} coordinators, lanes ${lanes}`)));
+  }
   if (s.replaced) card.append(el("span", { class: "replaced" }, `replaced ${s.replaced}`));
   if (bottleneck) card.append(el("span", { class: "replaced" }, "bottleneck: the busiest stage"));
   return card;
