@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ import httpx
 
 from bench.harness.local_server import free_port, local_serve
 
-__all__ = ["free_port", "mesh_serve", "metric", "wait_for"]
+__all__ = ["free_port", "mesh_serve", "metric", "stage_daemon", "wait_for"]
 
 
 @contextlib.contextmanager
@@ -28,6 +30,18 @@ def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str
     args = tuple(a for a in args if a != "--warm-up")
     with local_serve(["--threads", "1", *cut, *warm, *args], cache, env, timeout) as server:
         yield server.url, server.process
+
+
+def stage_daemon(cache: Path, token: str, *args: str, listen: str = "127.0.0.1:0"
+                 ) -> tuple[subprocess.Popen[bytes], str]:
+    """A `mesh stage` on loopback, as an operator starts one on another machine: (process, HOST:PORT)."""
+    proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "stage", "--listen", listen,
+                             "--cache-dir", str(cache), "--threads", "1", *args],
+                            stdout=subprocess.PIPE, env={**os.environ, "MESHPIPE_TOKEN": token})
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().strip()
+    assert line.startswith("listening "), line
+    return proc, line.split()[1]
 
 
 def metric(url: str, series: str) -> float:

@@ -17,8 +17,6 @@ import random
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +27,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from mesh_server import mesh_serve, wait_for
+from mesh_server import mesh_serve, stage_daemon, wait_for
 
 from bench.harness.local_server import stage_pids
 from mesh.model.source import EMBEDDED_ID
@@ -360,20 +358,9 @@ def test_chaos_soak_every_request_completes_through_repeated_kills(healed):
     assert rss_after - rss_before < 160 << 20  # measured +33 to +87 MB over 4-5 rebuilds (DESIGN.md §2)
 
 
-def _stage_daemon(cache: Path, listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen[bytes], str]:
-    """A `mesh stage` on loopback, as an operator starts one on another machine."""
-    proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "stage", "--listen", listen,
-                             "--cache-dir", str(cache), "--threads", "1"],
-                            stdout=subprocess.PIPE, env={**os.environ, "MESHPIPE_TOKEN": TOKEN})
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode().strip()
-    assert line.startswith("listening "), line
-    return proc, line.split()[1]
-
-
 @pytest.mark.mesh
 def test_a_spare_takes_over_a_dead_peer_and_the_stream_goes_on(tmp_path, serve_cache):
-    (peer, peer_at), (spare, spare_at) = _stage_daemon(tmp_path / "peer"), _stage_daemon(tmp_path / "spare")
+    (peer, peer_at), (spare, spare_at) = stage_daemon(tmp_path / "peer", TOKEN), stage_daemon(tmp_path / "spare", TOKEN)
     try:
         with mesh_serve(serve_cache, "--peer", peer_at, "--spare", spare_at, "--advertise", "127.0.0.1",
                         "--artifact-listen", "127.0.0.1:0", "--lanes", "8", "--ctx-size", "512",
@@ -395,7 +382,7 @@ def test_a_spare_takes_over_a_dead_peer_and_the_stream_goes_on(tmp_path, serve_c
             assert f"spare {spare_at} takes its place" in log.read_text()
             # the peer comes back at its address, and rejoins at the next plan (the spare's end)
             peer.wait()
-            peer, _ = _stage_daemon(tmp_path / "peer", listen=peer_at)
+            peer, _ = stage_daemon(tmp_path / "peer", TOKEN, listen=peer_at)
             spare.kill()
             wait_for(lambda: _health(url)[0] != 200, timeout=10)
             wait_for(lambda: _health(url)[0] == 200, timeout=30)

@@ -23,7 +23,8 @@ from mesh.reports.health import Health, StageHealth
 HEALTH_KEYS = ["ok", "model", "route", "stages", "error", "speculative", "draft_busy_s", "recoveries",
                "sessions_resumed", "last_recovery", "internal_errors", "last_internal_error"]
 STAGE_KEYS = ["stage", "endpoint", "start", "end", "state", "rss_bytes", "mem_available_bytes", "status_at",
-              "busy_s", "engine", "predicted_ms", "measured_ms", "link_ms", "parameters", "active_parameters"]
+              "busy_s", "engine", "predicted_ms", "measured_ms", "link_ms", "parameters", "active_parameters",
+              "claims"]
 
 SPLIT = Health(
     ok=True, model="tiny", route="coordinator [0,2) -> 127.0.0.1:7070 [2,4)", error=None,

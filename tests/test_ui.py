@@ -53,7 +53,8 @@ WORK = LayerWork(costs=(2e7,) * 13 + (2.5e7,) * 17, total=(2e7,) * 13 + (1e8,) *
 
 def _route(remote: str) -> Any:
     """Stage 0 and one remote stage, neither calibrated (no time is predicted)."""
-    return SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote(remote, 0.0)], calibration0=None, work=WORK)
+    return SimpleNamespace(stage0=StageRange(0, 13), stages=[_remote(remote, 0.0)], calibration0=None, work=WORK,
+                           coordinator_id="c0")
 
 
 def _mesh() -> Any:

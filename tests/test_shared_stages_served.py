@@ -1,0 +1,116 @@
+"""Several `mesh serve` coordinators on the same two `mesh stage` daemons (issue 45), all
+real processes: two coordinators of SmolLM2 share each stage's range, a Gemma-3 coordinator
+loads its ranges beside them, every one answers as its model does on one node, and a
+coordinator that dies frees its own lanes on the stages, nobody else's."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from chat_reference import PROMPTS, chat
+from mesh_server import mesh_serve, stage_daemon, wait_for
+
+from mesh.reports.health import Health
+from mesh.routing.route import LEASE_S
+
+pytestmark = pytest.mark.mesh
+
+TOKEN = "shared-stages-token"
+GEMMA_PROMPT = "Name three colours of the rainbow."
+
+
+@dataclass
+class Shared:
+    stages: list[str]
+    smol: list[tuple[str, subprocess.Popen[bytes]]]  # the two SmolLM2 coordinators: (URL, process)
+    cache: Path
+
+
+def coordinator_args(stages: list[str], *extra: str) -> list[str]:
+    """`mesh serve` of the stages' shared route: each its own stage 0, draft off (as fast as a test needs)."""
+    peers = [a for s in stages for a in ("--peer", s)]
+    return [*peers, "--advertise", "127.0.0.1", "--artifact-listen", "127.0.0.1:0", "--lanes", "4",
+            "--ctx-size", "512", "--no-draft", *extra]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, serve_cache: Path) -> Iterator[Shared]:
+    root = tmp_path_factory.mktemp("shared-stages")
+    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "12") for i in (1, 2)]
+    stages = [at for _, at in daemons]
+    env = {"MESHPIPE_TOKEN": TOKEN}
+    try:
+        with contextlib.ExitStack() as servers:
+            smol = [servers.enter_context(mesh_serve(serve_cache, *coordinator_args(stages), env=env))
+                    for _ in range(2)]
+            yield Shared(stages, smol, serve_cache)
+    finally:
+        for proc, _ in daemons:
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            proc.kill()
+
+
+def _health(url: str) -> Health:
+    return Health.model_validate_json(httpx.get(f"{url}/health", timeout=10).content)
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+
+
+def test_two_coordinators_share_each_stage_s_range_and_answer_as_one_node(shared: Shared, expected_texts):
+    for url, _ in shared.smol:
+        assert chat(_client(url), PROMPTS[0]) == expected_texts[PROMPTS[0]]
+        assert chat(_client(url), PROMPTS[1], stream=True) == expected_texts[PROMPTS[1]]
+    ours, theirs = (_health(url) for url, _ in shared.smol)
+    for mine, other in zip(ours.stages[1:], theirs.stages[1:], strict=True):
+        assert (mine.start, mine.end) == (other.start, other.end)  # one cut: the second took the first's
+        assert len(mine.claims) == 2
+        assert {c.start for c in mine.claims} == {mine.start}
+        assert sum(c.this for c in mine.claims) == 1
+
+
+def test_a_second_model_serves_from_the_same_stages(shared: Shared, gemma3_package: Path):
+    single = ["--model", str(gemma3_package), "--local-stages", "1", "--no-draft", "--ctx-size", "512"]
+    with mesh_serve(shared.cache, *single) as (url, _):
+        reference = _gemma_chat(url)
+    args = ["--model", str(gemma3_package), *coordinator_args(shared.stages)]
+    with mesh_serve(shared.cache, *args, env={"MESHPIPE_TOKEN": TOKEN}) as (url, _):
+        assert _gemma_chat(url) == reference
+        for row in _health(url).stages[1:]:  # beside SmolLM2's two claims
+            assert len(row.claims) == 3
+        assert chat(_client(shared.smol[0][0]), PROMPTS[2]) != ""  # SmolLM2 serves on meanwhile
+
+
+def _gemma_chat(url: str) -> str:
+    client = _client(url)
+    r = client.chat.completions.create(model=client.models.list().data[0].id, temperature=0, max_tokens=24,
+                                       messages=[{"role": "user", "content": GEMMA_PROMPT}])
+    return r.choices[0].message.content or ""
+
+
+def test_a_coordinator_that_dies_frees_only_its_own_lanes(shared: Shared, expected_texts):
+    (_, dead), (url, _) = shared.smol
+    dead_id = next(c.coordinator for c in _health(url).stages[1].claims if not c.this)
+    dead.kill()
+    killed = time.monotonic()
+    assert chat(_client(url), PROMPTS[3]) == expected_texts[PROMPTS[3]]  # no failover: it never depended on it
+
+    def freed() -> bool:
+        return all(dead_id not in {c.coordinator for c in row.claims} for row in _health(url).stages[1:])
+
+    wait_for(freed, timeout=LEASE_S + 5)
+    assert time.monotonic() - killed < LEASE_S + 5
+    for row in _health(url).stages[1:]:
+        assert [(c.this, c.lanes) for c in row.claims] == [(True, 4)]
