@@ -15,8 +15,10 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psutil
 
@@ -38,6 +40,7 @@ from stage.transport import Limits, WireEmulation, connect, serve
 log = logging.getLogger("meshpipe.stage")
 MAX_LANES, MAX_CTX, MAX_BATCH = 256, 1 << 20, 8192
 MAX_WIRE_DELAY_MS = 10_000.0
+T = TypeVar("T")
 REAP_S = 1.0  # how often leases that ran out are looked for
 
 
@@ -62,6 +65,7 @@ class StageControl(pb_grpc.StageControlServicer):
         self.leases: dict[str, Lease] = {}  # one per coordinator (stage/leases.py)
         self.hosting = Hosting(options.engine, options.threads, options.memory, options.lanes)
         self.reaper: asyncio.Task[None] | None = None
+        self.shielded: set[asyncio.Future[Any]] = set()  # Loads and cleanups, run on if their callers go
 
     # -- fencing -------------------------------------------------------------------------
 
@@ -107,10 +111,19 @@ class StageControl(pb_grpc.StageControlServicer):
                 await self._end(lease)
 
     async def _end(self, lease: Lease) -> None:
+        """End the lease; its cleanup runs to the end even when the call that asked is
+        cancelled (a Stop past its deadline): lanes taken from the engine and never given
+        back would be lost to every later claim."""
         if self.leases.get(lease.coordinator) is lease:
             del self.leases[lease.coordinator]
-        await lease.cancel_prepare()
-        await lease.unload(self.hosting.release)
+        await self._shielded(lease.end(self.hosting.release))
+
+    async def _shielded(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work`, run to its end even if the call that awaits it is cancelled."""
+        task = asyncio.ensure_future(work)
+        self.shielded.add(task)
+        task.add_done_callback(self.shielded.discard)
+        return await asyncio.shield(task)
 
     # -- preparation ---------------------------------------------------------------------
 
@@ -142,6 +155,11 @@ class StageControl(pb_grpc.StageControlServicer):
         problem = problem or self._check_load(request, lease)
         if problem or lease is None:
             return pb.LoadReply(ready=False, message=problem)
+        # a Load cut short by its deadline runs on: the engine it opens and the lanes it takes
+        # are then the lease's, let go with it, not lost
+        return await self._shielded(self._load(lease, request))
+
+    async def _load(self, lease: Lease, request: pb.LoadRequest) -> pb.LoadReply:
         await lease.unload(self.hosting.release)
         assert lease.prepared is not None
         lease.loading = True
@@ -214,6 +232,7 @@ class StageControl(pb_grpc.StageControlServicer):
             self.reaper.cancel()
         for lease in list(self.leases.values()):
             await self._end(lease)
+        await asyncio.gather(*self.shielded, return_exceptions=True)
         await self.hosting.close()
 
     async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:

@@ -70,11 +70,13 @@ class Hosted:
     async def give_back(self, coordinator: str) -> None:
         """Empty the coordinator's lanes (the next claim must not find its KV) and free them."""
         lanes = self.holders.pop(coordinator, [])
-        for lane in lanes:
-            self.batcher.discard_lane(lane)
-            with contextlib.suppress(Exception):  # a stopped engine has nothing left to empty
-                await self.batcher.trim(lane, 0)
-        self.free.extend(lanes)
+        try:
+            for lane in lanes:
+                self.batcher.discard_lane(lane)
+                with contextlib.suppress(Exception):  # a stopped engine has nothing left to empty
+                    await self.batcher.trim(lane, 0)
+        finally:  # even cut short, they are free: a frame's start position trims what is left
+            self.free.extend(lanes)
 
 
 class Hosting:

@@ -112,6 +112,11 @@ class Lease:
             hosted, self.hosted = self.hosted, None
             await release(hosted, self.coordinator)
 
+    async def end(self, release: Callable[[Hosted, str], Awaitable[None]]) -> None:
+        """Stop preparing, close its links and give its lanes back."""
+        await self.cancel_prepare()
+        await self.unload(release)
+
     def claim_info(self) -> pb.ClaimInfo:
         sessions = len(self.active.core.lanes) if self.active is not None else 0
         lanes = self.active.core.lanes.lanes if self.active is not None else 0
