@@ -86,13 +86,14 @@ class Coordinator:
     def __init__(self, package_dir: Path, manifest: Manifest, manifest_sha: str,
                  settings: RouteSettings, topology: Topology, model_id: str | None = None,
                  say: Callable[[str], None] = print, spec: SpecPlan | None = None,
-                 spec_note: str = "") -> None:
+                 spec_note: str = "", coordinator_id: str | None = None) -> None:
         self.package_dir, self.manifest, self.manifest_sha = package_dir, manifest, manifest_sha
         self.settings, self.topology, self.say = settings, topology, say
         self.model_id = model_id or manifest.model_id
         self.ctx_per_session = settings.ctx_size
         self.route: Route | None = None
-        self.coordinator_id = uuid.uuid4().hex[:12]  # its claims' name on every stage, route after route
+        # its claims' name on every stage, route after route (mesh.cli.serve.coordinator_id)
+        self.coordinator_id = coordinator_id or uuid.uuid4().hex[:12]
         self.pipeline: Pipeline | None = None
         self.engine: RangeEngine | None = None
         self.tokenizer: Tokenizer | None = None

@@ -33,23 +33,23 @@ def _control(cache: Path, **options: int | None) -> StageControl:
 
 
 async def _load(control: StageControl, package: Path, coordinator: str, start: int, lanes: int,
-                lease_s: float = 120) -> pb.LoadReply:
+                lease_s: float = 120, term: int = 1) -> pb.LoadReply:
     """Claim, prepare and load layers [start, end of model) for `coordinator`."""
     manifest, sha = load_manifest(package)
     until = int((time.time() + lease_s) * 1000)
-    claim = await control.Claim(pb.ClaimRequest(protocol_version=V, coordinator_id=coordinator, term=1,
+    claim = await control.Claim(pb.ClaimRequest(protocol_version=V, coordinator_id=coordinator, term=term,
                                                 lease_until_ms=until), None)
     assert claim.ok, claim.message
     end = manifest.layer_count
     assert (await control.Prepare(pb.PrepareRequest(
-        protocol_version=V, coordinator_id=coordinator, term=1, package_ref=str(package),
+        protocol_version=V, coordinator_id=coordinator, term=term, package_ref=str(package),
         manifest_sha256=sha, layer_start=start, layer_end=end), None)).accepted
     asked = pb.InventoryRequest(protocol_version=V, coordinator_id=coordinator)
     while (inventory := await control.Inventory(asked, None)).state == pb.PREPARING:  # noqa: ASYNC110 -- polled as a coordinator polls
         await asyncio.sleep(0.05)
     assert inventory.state == pb.PREPARED, inventory.message
     return await control.Load(pb.LoadRequest(
-        protocol_version=V, coordinator_id=coordinator, term=1, layer_start=start, layer_end=end,
+        protocol_version=V, coordinator_id=coordinator, term=term, layer_start=start, layer_end=end,
         ctx_size=CTX, lanes=lanes, final=True, threads=1, wire_dtype=pb.F32), None)
 
 
@@ -131,6 +131,11 @@ def test_a_lease_that_runs_out_frees_only_its_own_lanes(smollm2_package, tmp_pat
             width = next(iter(control.hosting.ranges.values())).engine.width
             hidden = np.zeros((2, width), dtype=np.float32)
             assert (await _ask(kept, 1, 1, 0, hidden)).kind == pb.REPLY
+            # a coordinator restarted under its own name (a newer term) takes over its lanes at
+            # once, where a new name would wait for the old lease to run out
+            assert (await _load(control, smollm2_package, "kept", 24, 2, term=2)).ready
+            with pytest.raises(ConnectionError):  # the old term's link went with its lease
+                await _ask(kept, 1, 1, 2, hidden)
             kept.close()
         finally:
             await control.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import secrets
@@ -167,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
     sock = bind(*_address(args, config.mesh.listen))  # before anything slow: a taken port fails now
     if (warning := open_warning(sock.getsockname(), access)) is not None:
         _say(warning)
-    coordinator = _coordinator(args, config)
+    coordinator = _coordinator(args, config, sock.getsockname()[1])
     metrics = Metrics()
     metrics.watch_hops(coordinator.hops)
     metrics.watch_recoveries(coordinator.recoveries)
@@ -227,7 +228,7 @@ def _address(args: argparse.Namespace, configured: str | None) -> tuple[str, int
     return host, args.port if args.port is not None else int(port)
 
 
-def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
+def _coordinator(args: argparse.Namespace, config: Config, api_port: int) -> Coordinator:
     cache = args.cache_dir or cache_dir()
     package_dir, manifest, sha, model_id = resolve_model(args.model, cache, say=_say)
     names = {model_id} | ({args.model} if args.model else set())
@@ -261,7 +262,15 @@ def _coordinator(args: argparse.Namespace, config: Config) -> Coordinator:
         _say(f"WARNING: stages will reach this coordinator at {topology.advertise}, a loopback "
              "address; pass --advertise with an address they can dial")
     return Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say,
-                       spec=spec, spec_note=note)
+                       spec=spec, spec_note=note, coordinator_id=coordinator_id(topology.advertise, api_port))
+
+
+def coordinator_id(advertise: str, api_port: int) -> str:
+    """This coordinator's name on the stages: the same for a `mesh serve` restarted at the same
+    address, whose newer term then takes over its old claims at once (a new name would wait
+    for their leases to run out, the lanes still granted to them), and different for each
+    coordinator sharing the stages."""
+    return hashlib.sha256(f"{advertise}:{api_port}".encode()).hexdigest()[:12]
 
 
 def _engines(args: argparse.Namespace) -> tuple[Engine, ...]:
