@@ -32,6 +32,7 @@ from bench.scenarios import (
     concurrency,
     constrained,
     engines,
+    front_doors,
     guard,
     hybrid,
     machines,
@@ -63,7 +64,7 @@ BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, 
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
     "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
     "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run, "hybrid": hybrid.run,
-    "sampling": sampling.run}
+    "sampling": sampling.run, "front_doors": front_doors.run}
 # shapes brings its own model and runs only alone (shapes.run)
 SCENARIOS = (*BEFORE_MESH, *MESH_SCENARIOS, *AFTER_MESH, "shapes")
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
@@ -79,6 +80,7 @@ MACHINES_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # split-2 aga
 GUARD_DEFAULTS = {"tokens": 64, "prompts": 1, "stages": "1,2"}  # the guard's own sizes, under 10 minutes
 HYBRID_DEFAULTS = {"tokens": 48, "prompts": 2, "stages": "2"}  # a 1.1B hybrid decodes tens of tok/s
 SAMPLING_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "2"}  # 3 servers x 2 temperatures x 2 pairs
+FRONT_DOORS_DEFAULTS = {"tokens": 64, "prompts": 4, "stages": "2"}  # one stage daemon, two coordinators
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
 ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20", frozenset({"hybrid"}): "0,20",  # the issues' delays
                 frozenset({"sampling"}): "20"}
@@ -108,8 +110,10 @@ SCENARIOS_HELP = (
     "at 0,20 ms; always with --machines, and only alone), sampling (unseeded requests at temperatures 0.7 and 1.0 "
     "on split-2, for the package's pair and the cost-realistic one: no draft, the draft accepted by exact match and "
     "by rejection sampling, at each --wire-delays, 20 ms alone; and the teacher-forced sum of min(p, q) the "
-    "rejection rule can reach, per size of q's top K); numerics, agreement, chat, "
-    "ngram, prompt_lookup, engines, constrained, peers, sweep, guard and sampling run alone if asked alone")
+    "rejection rule can reach, per size of q's top K), front_doors (8 streams through two coordinators that share "
+    "one stage daemon, against the same streams through one of them; with --machines each on its own CPU set); "
+    "numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers, sweep, guard, sampling and "
+    "front_doors run alone if asked alone")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -204,7 +208,7 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
              frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS,
              frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS,
              frozenset({"machines"}): MACHINES_DEFAULTS, frozenset({"hybrid"}): HYBRID_DEFAULTS,
-             frozenset({"sampling"}): SAMPLING_DEFAULTS}
+             frozenset({"sampling"}): SAMPLING_DEFAULTS, frozenset({"front_doors"}): FRONT_DOORS_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
