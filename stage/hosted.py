@@ -9,6 +9,7 @@ a range unloads it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from dataclasses import dataclass, field
@@ -87,9 +88,16 @@ class Hosting:
         self.engine_kind, self.threads, self.budget = engine, threads, budget
         self.lanes = lanes  # an engine's lanes when it opens: at least this many (0: what the first claim asks)
         self.ranges: dict[RangeKey, Hosted] = {}
+        # one Load at a time: two coordinators loading the same new range at once (both healing
+        # onto the same spare) must share one engine, not open two and lose one
+        self.loading = asyncio.Lock()
 
     async def host(self, p: PreparedStage, r: pb.LoadRequest, cpu_lock: Path | None) -> Hosted:
         """The range `p`, loaded now or already; raises ValueError when it cannot be."""
+        async with self.loading:
+            return await self._host(p, r, cpu_lock)
+
+    async def _host(self, p: PreparedStage, r: pb.LoadRequest, cpu_lock: Path | None) -> Hosted:
         key = RangeKey(p.manifest_sha, p.start, p.end)
         hosted = self.ranges.get(key)
         if hosted is not None:
@@ -129,8 +137,9 @@ class Hosting:
     async def release(self, hosted: Hosted, coordinator: str) -> None:
         """The coordinator's lanes back; the range unloads when no claim holds it."""
         await hosted.give_back(coordinator)
-        if not hosted.holders and self.ranges.get(hosted.key) is hosted:
-            del self.ranges[hosted.key]
+        if not hosted.holders and not hosted.batcher.stopped:
+            if self.ranges.get(hosted.key) is hosted:
+                del self.ranges[hosted.key]
             await hosted.batcher.stop()
             await close_engine(hosted.engine)
 

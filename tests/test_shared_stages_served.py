@@ -7,6 +7,7 @@ streams, and frees its own lanes on the stages, nobody else's."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import subprocess
 import threading
@@ -37,6 +38,8 @@ class Shared:
     stages: list[str]
     smol: list[tuple[str, subprocess.Popen[bytes]]]  # the two SmolLM2 coordinators: (URL, process)
     cache: Path
+    daemons: list[subprocess.Popen[bytes]]  # the stages', then the spare's
+    spare: str
 
 
 def coordinator_args(stages: list[str], *extra: str) -> list[str]:
@@ -49,16 +52,18 @@ def coordinator_args(stages: list[str], *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory, serve_cache: Path) -> Iterator[Shared]:
     root = tmp_path_factory.mktemp("shared-stages")
-    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "12") for i in (1, 2)]
-    stages = [at for _, at in daemons]
+    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "12") for i in (1, 2, 3)]
+    stages, spare = [at for _, at in daemons[:2]], daemons[2][1]
     env = {"MESHPIPE_TOKEN": TOKEN}
     try:
         with contextlib.ExitStack() as servers:
-            smol = [servers.enter_context(mesh_serve(serve_cache, *coordinator_args(stages), env=env))
-                    for _ in range(2)]
-            yield Shared(stages, smol, serve_cache)
+            smol = [servers.enter_context(mesh_serve(serve_cache, *coordinator_args(stages, "--spare", spare),
+                                                     env=env)) for _ in range(2)]
+            yield Shared(stages, smol, serve_cache, [proc for proc, _ in daemons], spare)
     finally:
         for proc, _ in daemons:
+            if proc.poll() is not None:
+                continue
             proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
@@ -102,6 +107,21 @@ def _gemma_chat(url: str) -> str:
     r = client.chat.completions.create(model=client.models.list().data[0].id, temperature=0, max_tokens=24,
                                        messages=[{"role": "user", "content": GEMMA_PROMPT}])
     return r.choices[0].message.content or ""
+
+
+def test_a_shared_stage_that_dies_is_replaced_for_every_coordinator(shared: Shared, expected_texts):
+    """Each coordinator heals its own route: both move onto the spare, which then serves both."""
+    shared.daemons[1].kill()
+    for url, _ in shared.smol:
+        wait_for(functools.partial(_on_spare, url, shared.spare), timeout=60)
+        assert chat(_client(url), PROMPTS[2]) == expected_texts[PROMPTS[2]]
+    claims = _health(shared.smol[0][0]).stages[2].claims
+    assert len(claims) == 2  # the spare serves both coordinators
+
+
+def _on_spare(url: str, spare: str) -> bool:
+    health = _health(url)
+    return health.ok and spare in health.route
 
 
 def test_through_haproxy_a_coordinator_killed_under_load_loses_only_its_own_streams(
