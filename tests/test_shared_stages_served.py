@@ -124,6 +124,43 @@ def _on_spare(url: str, spare: str) -> bool:
     return health.ok and spare in health.route
 
 
+class Load:
+    """8 streams and 8 whole requests through `front`, each client with a key of its own (HAProxy
+    hashes it); every stream has begun once `started` is set for all."""
+
+    def __init__(self, front: str) -> None:
+        self.front = front
+        self.prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+        self.streams: list[str | BaseException | None] = [None] * 8
+        self.wholes: list[str | None] = [None] * 8
+        self.started = [threading.Event() for _ in self.prompts]
+        self.threads = [threading.Thread(target=self._stream, args=(i,)) for i in range(8)]
+        self.threads += [threading.Thread(target=self._whole, args=(i,)) for i in range(8)]
+        for t in self.threads:
+            t.start()
+
+    def client(self, i: int, retries: int = openai.DEFAULT_MAX_RETRIES) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.front}/v1", api_key=f"client-{i}", max_retries=retries)
+
+    def _stream(self, i: int) -> None:
+        try:
+            chunks = self.client(i, retries=0).chat.completions.create(
+                model=EMBEDDED_ID, messages=[{"role": "user", "content": self.prompts[i]}], temperature=0,
+                max_tokens=MAX_TOKENS, stream=True)
+            parts = []
+            for chunk in chunks:
+                self.started[i].set()
+                parts += [chunk.choices[0].delta.content or ""] if chunk.choices else []
+            self.streams[i] = "".join(parts)
+        except Exception as exc:  # noqa: BLE001 -- a stream on the killed coordinator breaks: counted
+            self.streams[i] = exc
+        finally:
+            self.started[i].set()
+
+    def _whole(self, i: int) -> None:  # with the SDK's own retries, as users have them
+        self.wholes[i] = chat(self.client(i), self.prompts[i])
+
+
 def test_through_haproxy_a_coordinator_killed_under_load_loses_only_its_own_streams(
         shared: Shared, expected_texts, tmp_path):
     """8 streams and 8 whole requests through the shipped HAProxy config, spread over both
@@ -134,61 +171,29 @@ def test_through_haproxy_a_coordinator_killed_under_load_loses_only_its_own_stre
     (dead_url, dead), (url, _) = shared.smol
     dead_id = next(c.coordinator for c in _health(url).stages[1].claims if not c.this)
     with haproxy([dead_url, url], tmp_path) as front:
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
-        results: list[str | BaseException | None] = [None] * 8
-        started = [threading.Event() for _ in prompts]
-
-        def stream(i: int) -> None:
-            client = openai.OpenAI(base_url=f"{front}/v1", api_key=f"client-{i}", max_retries=0)
-            try:
-                chunks = client.chat.completions.create(
-                    model=EMBEDDED_ID, messages=[{"role": "user", "content": prompts[i]}], temperature=0,
-                    max_tokens=MAX_TOKENS, stream=True)
-                parts = []
-                for chunk in chunks:
-                    started[i].set()
-                    parts += [chunk.choices[0].delta.content or ""] if chunk.choices else []
-                results[i] = "".join(parts)
-            except Exception as exc:  # noqa: BLE001 -- a stream on the killed coordinator breaks: counted below
-                results[i] = exc
-            finally:
-                started[i].set()
-
-        wholes: list[str | None] = [None] * 8
-
-        def whole(i: int) -> None:  # in flight at the kill too, with the SDK's own retries
-            client = openai.OpenAI(base_url=f"{front}/v1", api_key=f"client-{i}")
-            wholes[i] = chat(client, prompts[i])
-
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
-        threads += [threading.Thread(target=whole, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for event in started:
+        load = Load(front)
+        for event in load.started:
             assert event.wait(60)
         on_dead = metric(dead_url, "meshpipe_requests_in_flight")
         assert on_dead, "the keys sent no stream to the coordinator to kill, or its streams had ended"
         dead.kill()
         killed = time.monotonic()
-        after = openai.OpenAI(base_url=f"{front}/v1", api_key="client-0")  # the SDK's retries, as users have them
-        first = after.chat.completions.create(model=EMBEDDED_ID, messages=[{"role": "user", "content": PROMPTS[0]}],
-                                              temperature=0, max_tokens=4)
+        first = chat(load.client(0), PROMPTS[0])
         served_in = time.monotonic() - killed
-        for t in threads:
+        for t in load.threads:
             t.join(120)
-        for i in range(8):  # every key, so some were the dead coordinator's
-            retried = openai.OpenAI(base_url=f"{front}/v1", api_key=f"client-{i}")
-            assert chat(retried, prompts[i]) == expected_texts[prompts[i]]
+        for i, prompt in enumerate(load.prompts):  # every key, so some were the dead coordinator's
+            assert chat(load.client(i), prompt) == expected_texts[prompt]
     # a whole request on the dead coordinator had sent nothing: HAProxy (retry-on
     # empty-response) or else the SDK sent it again, and it succeeded
-    assert wholes == [expected_texts[p] for p in prompts]
-    broken = [r for r in results if isinstance(r, BaseException)]
-    print(f"served {served_in:.2f} s after the kill; {len(broken)} of {len(results)} streams broke")  # -s shows it
-    assert first.choices[0].message.content
+    assert load.wholes == [expected_texts[p] for p in load.prompts]
+    broken = [r for r in load.streams if isinstance(r, BaseException)]
+    print(f"served {served_in:.2f} s after the kill; {len(broken)} of 8 streams broke")  # -s shows it
+    assert first == expected_texts[PROMPTS[0]]
     assert served_in < 3
     assert 0 < len(broken) <= on_dead  # only streams on the dead coordinator broke
-    assert len(broken) < len(results), "the keys sent every stream to the coordinator killed"
-    for prompt, result in zip(prompts, results, strict=True):
+    assert len(broken) < 8, "the keys sent every stream to the coordinator killed"
+    for prompt, result in zip(load.prompts, load.streams, strict=True):
         if not isinstance(result, BaseException):
             assert result == expected_texts[prompt]
 
