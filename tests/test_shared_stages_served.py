@@ -21,7 +21,7 @@ import openai
 import pytest
 from chat_reference import MAX_TOKENS, PROMPTS, chat
 from haproxy import haproxy
-from mesh_server import mesh_serve, metric, stage_daemon, wait_for
+from mesh_server import free_port, mesh_serve, metric, stage_daemon, wait_for
 
 from mesh.model.source import EMBEDDED_ID
 from mesh.reports.health import Health
@@ -40,6 +40,7 @@ class Shared:
     cache: Path
     daemons: list[subprocess.Popen[bytes]]  # the stages', then the spare's
     spare: str
+    metrics: str  # the first stage's /metrics (mesh stage --metrics-listen)
 
 
 def coordinator_args(stages: list[str], *extra: str) -> list[str]:
@@ -52,14 +53,16 @@ def coordinator_args(stages: list[str], *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory, serve_cache: Path) -> Iterator[Shared]:
     root = tmp_path_factory.mktemp("shared-stages")
-    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "12") for i in (1, 2, 3)]
+    metrics = f"127.0.0.1:{free_port()}"
+    exported = {1: ["--metrics-listen", metrics]}
+    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "12", *exported.get(i, [])) for i in (1, 2, 3)]
     stages, spare = [at for _, at in daemons[:2]], daemons[2][1]
     env = {"MESHPIPE_TOKEN": TOKEN}
     try:
         with contextlib.ExitStack() as servers:
             smol = [servers.enter_context(mesh_serve(serve_cache, *coordinator_args(stages, "--spare", spare),
                                                      env=env)) for _ in range(2)]
-            yield Shared(stages, smol, serve_cache, [proc for proc, _ in daemons], spare)
+            yield Shared(stages, smol, serve_cache, [proc for proc, _ in daemons], spare, f"http://{metrics}")
     finally:
         for proc, _ in daemons:
             if proc.poll() is not None:
@@ -170,6 +173,8 @@ def test_through_haproxy_a_coordinator_killed_under_load_loses_only_its_own_stre
     stages are freed when its lease runs out."""
     (dead_url, dead), (url, _) = shared.smol
     dead_id = next(c.coordinator for c in _health(url).stages[1].claims if not c.this)
+    assert metric(shared.metrics, f'meshpipe_stage_claim_lanes{{coordinator="{dead_id}"}}') == 4
+    free_before = metric(shared.metrics, "meshpipe_stage_range_free_lanes")
     with haproxy([dead_url, url], tmp_path) as front:
         load = Load(front)
         for event in load.started:
@@ -203,3 +208,8 @@ def test_through_haproxy_a_coordinator_killed_under_load_loses_only_its_own_stre
     wait_for(freed, timeout=LEASE_S + 5)
     for row in _health(url).stages[1:]:
         assert [(c.this, c.lanes) for c in row.claims] == [(True, 4)]
+    # and the stage's own /metrics says so (within its reading's second): the dead coordinator's
+    # lanes are back among the range's free ones
+    wait_for(lambda: metric(shared.metrics, "meshpipe_stage_range_free_lanes") == free_before + 4, timeout=5)
+    assert f'coordinator="{dead_id}"' not in httpx.get(f"{shared.metrics}/metrics").text
+    assert metric(shared.metrics, "meshpipe_stage_claim_lanes{") == 4

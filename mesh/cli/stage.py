@@ -43,6 +43,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", type=_size, default=None, metavar="SIZE",
                    help="most memory the loaded ranges may take, e.g. 12GiB or 800MB: a claim on a "
                    "range past it is refused with the figures (default: what is free at each Load)")
+    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help="serve the stage's Prometheus metrics at http://HOST:PORT/metrics: its claims, each "
+                   "claim's lanes and lanes in use, each range's free lanes and engine time (default: off; "
+                   "no token is asked there, so bind it where only your monitoring reaches)")
     add_tls_arguments(p)
     p.set_defaults(func=_run)
 
@@ -91,5 +95,5 @@ def _run(args: argparse.Namespace) -> int:
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)
-    event_loop.run(run_stage(args.listen, options, announce=args.announce))
+    event_loop.run(run_stage(args.listen, options, announce=args.announce, metrics=args.metrics_listen))
     return 0
