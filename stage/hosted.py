@@ -23,11 +23,8 @@ from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, close_engine, on_engine_thread
 from stage.calibration import Calibration, calibrate
 from stage.engine import EngineConfig, RangeEngine
-from stage.engine_choice import Engine, open_engine
+from stage.engine_choice import KV_BYTES, OVERHEAD, Engine, open_engine
 from stage.prepare import PreparedStage
-
-KV_BYTES = {"llama": 2, "mlx": 4}  # per element: llama.cpp's f16 cache, MLX's f32 (as mesh's fit check counts)
-ENGINE_BYTES = 32 << 20  # the engine's own, past weights and KV (measured in DESIGN.md §3)
 
 
 @dataclass(frozen=True)
@@ -137,20 +134,22 @@ class Hosting:
     async def release(self, hosted: Hosted, coordinator: str) -> None:
         """The coordinator's lanes back; the range unloads when no claim holds it."""
         await hosted.give_back(coordinator)
-        if not hosted.holders and not hosted.batcher.stopped:
-            if self.ranges.get(hosted.key) is hosted:
-                del self.ranges[hosted.key]
-            await hosted.batcher.stop()
-            await close_engine(hosted.engine)
+        if not hosted.holders:
+            await self._unload(hosted)
 
     async def close(self) -> None:
         for hosted in list(self.ranges.values()):
             for coordinator in list(hosted.holders):
                 await self.release(hosted, coordinator)
-        for hosted in list(self.ranges.values()):  # held by nobody: none left, normally
+            await self._unload(hosted)  # held by nobody: none left, normally
+
+    async def _unload(self, hosted: Hosted) -> None:
+        if hosted.batcher.stopped:  # unloaded already
+            return
+        if self.ranges.get(hosted.key) is hosted:
             del self.ranges[hosted.key]
-            await hosted.batcher.stop()
-            await close_engine(hosted.engine)
+        await hosted.batcher.stop()
+        await close_engine(hosted.engine)
 
 
 def footprint(p: PreparedStage, engine: Engine, lanes: int, ctx: int) -> int:
@@ -160,7 +159,7 @@ def footprint(p: PreparedStage, engine: Engine, lanes: int, ctx: int) -> int:
     for t in open_gguf(p.gguf).tensors:
         if t.name.endswith((".attn_k.weight", ".attn_v.weight")):
             widths += int(t.shape[-1])
-    return os.path.getsize(p.gguf) + lanes * ctx * KV_BYTES[engine] * widths + ENGINE_BYTES
+    return os.path.getsize(p.gguf) + lanes * ctx * KV_BYTES[engine] * widths + OVERHEAD[engine]
 
 
 def _mib(n: int) -> str:

@@ -26,13 +26,8 @@ from mesh.routing.planner import StageRange
 from packages.gguf_files import open_gguf
 from packages.manifest import Manifest
 from stage.checkpoints import DEPTH
-from stage.engine_choice import Engine
+from stage.engine_choice import KV_BYTES, OVERHEAD, Engine
 from stage.mlx_tensors import MLX_GGUF_TYPES, mlx_unreadable
-
-KV_BYTES = {"llama": 2, "mlx": 4}  # per element: llama.cpp's f16 cache, MLX's f32
-# The engine's own: library, compute buffers, MLX's buffer cache. RSS growth past weights + KV,
-# SmolLM2 with every lane filled (DESIGN.md §3): llama.cpp -9..+17 MiB, MLX +43..+49 MiB.
-OVERHEAD = {"llama": 32 << 20, "mlx": 64 << 20}
 
 
 @dataclass(frozen=True)
