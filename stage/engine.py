@@ -19,7 +19,7 @@ from stage.checkpoints import DEPTH
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How to run a range; every engine takes it (`batch` and `flash_attn` matter to llama.cpp only)."""
+    """How to run a range; every engine takes it (`batch`, `flash_attn` and `kv_cache` matter to llama.cpp only)."""
 
     first: bool  # the range starts at layer 0: inputs are token ids
     final: bool  # the range ends at the last layer: outputs are logits
@@ -29,6 +29,7 @@ class EngineConfig:
     threads: int = 2
     cpu_lock: Path | None = None  # take turns on the cores with engines in other processes
     flash_attn: bool | None = None  # None: stage.llama_model's choice for every process
+    kv_cache: tuple[str, str] | None = None  # llama.cpp's K and V cache types; None: stage.llama_model's
     # Copies of a lane's recurrent state kept to roll back to (stage.checkpoints): a rejection
     # reaches back at most the frames a session keeps in flight.
     checkpoints: int = DEPTH

@@ -16,7 +16,7 @@ from common.errors import EngineError
 from packages.architectures import hidden_input_scale
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
-from stage.llama_model import INVARIANT_ROWS, architecture, flash_attn_type, load_model
+from stage.llama_model import INVARIANT_ROWS, KV_TYPES, architecture, flash_attn_type, kv_cache_for, load_model
 from stage.native_tap import open_tap
 from stage.recurrent_lanes import RecurrentLanes
 
@@ -53,6 +53,7 @@ class LlamaRangeEngine:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.graph_rows = min(cfg.batch, INVARIANT_ROWS)
+        self.kv_cache = cfg.kv_cache or kv_cache_for(gguf)  # stage.llama_model: the type that keeps rows exact
         # 1.0 except where the graph scales hidden-state input as it scales token input (gemma2)
         self.input_scale = 1.0 if cfg.first else hidden_input_scale(architecture(self.model), self.width)
         self.tap = None if cfg.final else open_tap(self.n_layer - 1, self.width, cfg.batch)
@@ -81,6 +82,8 @@ class LlamaRangeEngine:
         # The same attention kernels as every other model in the project (stage.llama_model):
         # a verify window is then computed as plain decoding computes its rows.
         p.flash_attn_type = flash_attn_type() if cfg.flash_attn is None else int(cfg.flash_attn)
+        # and a cache type whose attention gives every row one kernel at any thread count
+        p.type_k, p.type_v = (KV_TYPES[t] for t in self.kv_cache)
         p.n_threads = p.n_threads_batch = cfg.threads
         if eval_callback is not None:
             p.cb_eval = eval_callback
@@ -201,6 +204,10 @@ class LlamaRangeEngine:
         logits = np.ctypeslib.as_array(L.llama_get_logits(self.ctx), shape=(n_out, self.n_vocab)).copy()
         for step_index, first, count in logit_rows:
             outputs[step_index].append(logits[first : first + count])
+
+    def set_threads(self, threads: int) -> None:
+        """Run later decodes on `threads` threads (the numerics bench times one engine at several)."""
+        L.llama_set_n_threads(self.ctx, threads, threads)
 
     def _check_lane(self, lane: int) -> int:
         if not 0 <= lane < self.lanes:

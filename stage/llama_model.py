@@ -17,8 +17,17 @@ load through here. Two choices are made once, for all of them:
 - **Flash attention.** With it on, a verify window of k rows gives logits bit-identical to k
   single-row decodes on SmolLM2 Q4_1, so speculation cannot change greedy output (README,
   "Numerics"). `MESHPIPE_FLASH_ATTN=on|off` overrides it.
+- **The KV cache's types.** llama.cpp's default f16 cache sends a one-row graph with 512 KV
+  cells or more down another flash-attention kernel than a graph of several rows: on two or
+  more threads it splits the KV across them and sums the parts in another order, so a verify
+  window parts from plain decoding past the first 256 tokens (issue 52). That path takes only
+  an f16 or f32 cache with K and V alike; off it, every row count runs one kernel that gives
+  each row to one thread whole, at any thread count. So K is cached in q8_0 and V in f16: as
+  fast as llama.cpp's default here, a quarter less memory (DESIGN.md §9). K is bf16 where a
+  head's size is not a multiple of q8_0's 32-element block, and V takes K's type where
+  llama.cpp refuses unlike types (MLA). `MESHPIPE_KV_CACHE=f16` (or `K/V`) overrides it.
 
-Both are read from the environment so that processes the project spawns (local stages, the
+All are read from the environment so that processes the project spawns (local stages, the
 bench baseline) make the same choice as their parent.
 """
 
@@ -35,6 +44,7 @@ import llama_cpp
 from llama_cpp import llama_cpp as L
 
 from config.errors import MeshpipeError
+from packages.gguf_header import read_scalars
 from stage.ggml_lib import ggml
 
 EXTRA_BUFTS_ENV = "MESHPIPE_EXTRA_BUFTS"
@@ -88,6 +98,59 @@ def flash_attn() -> bool:
     return _setting(FLASH_ATTN_ENV, True)
 
 
+KV_CACHE_ENV = "MESHPIPE_KV_CACHE"
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}  # name -> enum ggml_type (ggml.h)
+_BLOCK = {"q8_0": 32}  # a quantized cache's block, which must divide every head's size
+KvCache = tuple[str, str]  # the K and V cache types
+EXACT_KV: KvCache = ("q8_0", "f16")
+LLAMA_KV: KvCache = ("f16", "f16")  # llama.cpp's own default
+_SAME_TYPES = ("deepseek4",)  # llama.cpp refuses unlike K and V types for these and for MLA
+
+
+def kv_cache_setting() -> KvCache | None:
+    """MESHPIPE_KV_CACHE as (K, V) types: `f16`, `q8_0/f16`, ...; None for auto (the default)."""
+    value = os.environ.get(KV_CACHE_ENV, "auto").strip().lower()
+    if value == "auto":
+        return None
+    k, _, v = value.partition("/")
+    if k not in KV_TYPES or (v or k) not in KV_TYPES:
+        raise LoadSettingError(f"{KV_CACHE_ENV}={value!r}: choose auto, or a type or K/V pair of "
+                               f"{', '.join(KV_TYPES)} (e.g. f16 for llama.cpp's default)")
+    return k, v or k
+
+
+def kv_cache_for(gguf: Path) -> KvCache:
+    """The cache types a context on `gguf` gets: MESHPIPE_KV_CACHE, else the exact pair, its K
+    in bf16 where q8_0's block does not divide a head, and V like K where llama.cpp needs it."""
+    chosen = kv_cache_setting()
+    if chosen is not None:
+        return chosen
+    header = _attention_header(gguf)
+    sizes = [int(str(v)) for k, v in header.items() if k.endswith(("key_length", "value_length", "key_length_mla"))]
+    k = EXACT_KV[0] if sizes and all(s % _BLOCK[EXACT_KV[0]] == 0 for s in sizes) else "bf16"
+    same = any(key.endswith("key_length_mla") for key in header) or header.get("arch") in _SAME_TYPES
+    return (k, k) if same else (k, EXACT_KV[1])
+
+
+def _attention_header(gguf: Path) -> dict[str, object]:
+    """The architecture and head sizes a GGUF declares; a head's size from the width and head
+    count where the header gives none."""
+    arch = str(read_scalars(gguf, ["general.architecture"]).get("general.architecture", ""))
+    keys = [f"{arch}.attention.{k}" for k in ("key_length", "value_length", "key_length_mla", "head_count")]
+    found: dict[str, object] = {**read_scalars(gguf, [*keys, f"{arch}.embedding_length"]), "arch": arch}
+    heads, width = found.pop(keys[3], None), found.pop(f"{arch}.embedding_length", None)
+    if keys[0] not in found and heads and width:
+        found[keys[0]] = int(str(width)) // int(str(heads))
+    return found
+
+
+def kv_row_invariant(kv: KvCache) -> bool:
+    """Whether attention computes a row the same bits whatever rows share its graph and however
+    many threads run it: flash attention on, off the split-KV path that an f16 or f32 cache
+    with K and V alike takes for a one-row graph (ggml-cpu/ops.cpp, DESIGN.md §9)."""
+    return flash_attn() and (kv[0] != kv[1] or kv[0] not in ("f16", "f32"))
+
+
 def model_params(vocab_only: bool = False) -> L.llama_model_params:
     params = L.llama_model_default_params()
     params.use_extra_bufts = use_extra_bufts()
@@ -117,6 +180,10 @@ def open_llama(gguf: Path, **kwargs: Any) -> llama_cpp.Llama:
     kwargs.setdefault("verbose", False)
     kwargs.setdefault("flash_attn", flash_attn())
     kwargs.setdefault("n_ubatch", INVARIANT_ROWS)
+    if not kwargs.get("vocab_only"):
+        k, v = kv_cache_for(gguf)
+        kwargs.setdefault("type_k", KV_TYPES[k])
+        kwargs.setdefault("type_v", KV_TYPES[v])
     kwargs.setdefault("use_mmap", use_mmap())  # Llama sets load_mode from it, over the params
     original = L.llama_model_default_params
     params = model_params()
@@ -133,3 +200,22 @@ def architecture(model: ctypes.c_void_p) -> str:
     buf = ctypes.create_string_buffer(64)
     n = L.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
     return buf.value.decode() if n >= 0 else ""
+
+
+def numerics_promise(threads: int) -> str:
+    """What speculation promises about the numbers on this process's llama.cpp settings, said
+    by `mesh serve` at start (DESIGN.md §9 holds the measurements quoted)."""
+    kv = kv_cache_setting() or EXACT_KV  # auto's fallbacks are row-invariant too
+    name = "/".join(kv) if kv[0] != kv[1] else kv[0]
+    if kv_row_invariant(kv) or (flash_attn() and threads <= 1):
+        how = f"a {name} KV cache" if kv_row_invariant(kv) else f"a {name} KV cache on one thread"
+        return (f"flash attention with {how} computes a verify window's rows as plain decoding does: "
+                f"output with speculation equals --no-draft bit for bit, logprobs included, where the "
+                f"model's matmuls are row-invariant too (Q4_0 and Q4_1 measured); a K-quant model may "
+                f"part at a near tie (Gemma-3 Q4_K_M: logits within 1.54)")
+    why = ("flash attention is off: K·Q of several rows runs another kernel than one row's (logits within "
+           "1.14 on SmolLM2)" if not flash_attn() else
+           f"the {name} KV cache splits a one-row decode's attention across {threads} threads past 512 cells "
+           f"(logits within 0.76 on SmolLM2)")
+    return (f"WARNING: {why}, so speculative output may part from --no-draft at near ties (DESIGN.md §9); "
+            f"leave {KV_CACHE_ENV} and {FLASH_ATTN_ENV} unset for bit-identical output")
