@@ -63,6 +63,7 @@ from stage.control import split_endpoint
 from stage.engine import EngineConfig, RangeEngine
 from stage.engine_choice import open_engine
 from stage.grpc_auth import TokenInterceptor
+from stage.llama_model import numerics_promise
 from stage.tls import add_port, client_ssl
 from stage.transport import REPLIES_ROLE, Link, connect
 
@@ -125,6 +126,8 @@ class Coordinator:
                      f"{DEPTH - 1} frames in flight, and a free lane is reused only by a prompt that extends it")
         await self.build_route()
         await self._load_draft()
+        if self.proposer is not None:
+            self.say(f"numerics: {numerics_promise(self.settings.own_threads, 'mlx' in self.settings.engines)}")
         if self.settings.warm_up and self.tokenizer is not None and chooses(self.spec, self.proposer):
             await warm_up(self.requests, self.tokenizer, self.say)
         self.healer.watch()

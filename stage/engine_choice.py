@@ -21,7 +21,9 @@ Engine = Literal["llama", "mlx"]
 ENGINE_CHOICES = ("auto", "llama", "mlx")
 # What a range costs each engine besides its weights, as the planner's fit check
 # (mesh/routing/stage_fit.py) and a stage's own memory check (stage/hosted.py) count it:
-KV_BYTES: dict[Engine, int] = {"llama": 2, "mlx": 4}  # a KV element: llama.cpp's f16 cache, MLX's f32
+# A KV element: MLX's f32; llama.cpp's the most its cache types take (stage.llama_model: f16, or
+# a bf16 K), though the default q8_0 K beside an f16 V averages 1.53, so the fit check errs safe.
+KV_BYTES: dict[Engine, int] = {"llama": 2, "mlx": 4}
 # The engine's own: library, compute buffers, MLX's buffer cache. RSS growth past weights + KV,
 # SmolLM2 with every lane filled (DESIGN.md §3): llama.cpp -9..+17 MiB, MLX +43..+49 MiB.
 OVERHEAD: dict[Engine, int] = {"llama": 32 << 20, "mlx": 64 << 20}

@@ -202,13 +202,21 @@ def architecture(model: ctypes.c_void_p) -> str:
     return buf.value.decode() if n >= 0 else ""
 
 
-def numerics_promise(threads: int) -> str:
-    """What speculation promises about the numbers on this process's llama.cpp settings, said
-    by `mesh serve` at start (DESIGN.md §9 holds the measurements quoted)."""
+def numerics_promise(threads: int, mlx: bool = False) -> str:
+    """What speculation promises about the numbers on this process's llama.cpp settings (and
+    MLX stages'), said by `mesh serve` at start (DESIGN.md §9 holds the measurements quoted)."""
+    llama = _llama_promise(threads)
+    if not mlx:
+        return llama
+    return (f"{llama}; MLX stages compute a window's rows as row by row too (mlx[cpu] measured "
+            f"past 512 positions; Metal not measured)")
+
+
+def _llama_promise(threads: int) -> str:
     kv = kv_cache_setting() or EXACT_KV  # auto's fallbacks are row-invariant too
     name = "/".join(kv) if kv[0] != kv[1] else kv[0]
     if kv_row_invariant(kv) or (flash_attn() and threads <= 1):
-        how = f"a {name} KV cache" if kv_row_invariant(kv) else f"a {name} KV cache on one thread"
+        how = f"the {name} KV cache" + ("" if kv_row_invariant(kv) else " on one thread")
         return (f"flash attention with {how} computes a verify window's rows as plain decoding does: "
                 f"output with speculation equals --no-draft bit for bit, logprobs included, where the "
                 f"model's matmuls are row-invariant too (Q4_0 and Q4_1 measured); a K-quant model may "

@@ -18,9 +18,10 @@ __all__ = ["free_port", "mesh_serve", "metric", "stage_daemon", "wait_for"]
 
 
 @contextlib.contextmanager
-def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None
-               ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Yield (base URL, process); one engine thread per stage keeps 2-core machines calm. The
+def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None,
+               threads: int | None = 1) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Yield (base URL, process); one engine thread per stage keeps 2-core machines calm, and
+    `threads=None` runs `mesh serve`'s default (every core), where the exactness tests run. The
     model is cut on parameters unless `args` say `--cut-on`: a re-cut on measured time loads
     every stage twice, which a test that is not about it need not wait for. For the same
     reason there is no start-up warm-up unless `args` say `--warm-up`."""
@@ -28,7 +29,8 @@ def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str
     cut = () if "--cut-on" in args else ("--cut-on", "parameters")
     warm = () if "--warm-up" in args else ("--no-warm-up",)
     args = tuple(a for a in args if a != "--warm-up")
-    with local_serve(["--threads", "1", *cut, *warm, *args], cache, env, timeout) as server:
+    thread_args = () if threads is None else ("--threads", str(threads))
+    with local_serve([*thread_args, *cut, *warm, *args], cache, env, timeout) as server:
         yield server.url, server.process
 
 

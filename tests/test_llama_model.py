@@ -1,4 +1,4 @@
-"""Every llama.cpp load makes the same extra-buffer-type and flash-attention choice."""
+"""Every llama.cpp load makes the same extra-buffer-type, flash-attention and KV cache choice."""
 
 from __future__ import annotations
 
@@ -84,7 +84,74 @@ def test_the_choice_reaches_every_loader(draft_gguf: Path, host, env, repacked):
     assert bool(REPACKED.search(engine_log)) is repacked
     for log in (llama_log, engine_log):  # mapped exactly when not repacked (MESHPIPE_MMAP unset)
         assert ("(load_mode = mmap)" in log) is not repacked, log[-2000:]
+        assert re.search(r"K \(q8_0\): .*V \(f16\)", log), log[-2000:]  # the row-invariant cache
 
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("MESHPIPE_")}
+
+
+def test_the_kv_cache_setting_reads_a_type_or_a_pair(monkeypatch):
+    monkeypatch.delenv(lm.KV_CACHE_ENV, raising=False)
+    assert lm.kv_cache_setting() is None
+    for value, pair in (("f16", ("f16", "f16")), ("q8_0/f16", ("q8_0", "f16")), (" BF16 ", ("bf16", "bf16"))):
+        monkeypatch.setenv(lm.KV_CACHE_ENV, value)
+        assert lm.kv_cache_setting() == pair
+    monkeypatch.setenv(lm.KV_CACHE_ENV, "q4_0")
+    with pytest.raises(lm.LoadSettingError, match="'q4_0': choose auto, or a type or K/V pair of f32, f16, q8_0, bf16"):
+        lm.kv_cache_setting()
+
+
+def _header(path: Path, arch: str, **lengths: int) -> Path:
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(path, arch)
+    writer.add_embedding_length(1024)
+    writer.add_head_count(8)
+    for key, value in lengths.items():
+        writer.add_uint32(f"{arch}.attention.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+def test_auto_keeps_every_model_off_the_split_kv_path(monkeypatch, tmp_path):
+    """q8_0 K beside f16 V; bf16 K where q8_0's block does not divide a head; K and V alike
+    where llama.cpp refuses unlike types (MLA). Every one of them is row-invariant."""
+    monkeypatch.delenv(lm.KV_CACHE_ENV, raising=False)
+    monkeypatch.delenv(lm.FLASH_ATTN_ENV, raising=False)
+    cases = {
+        _header(tmp_path / "llama.gguf", "llama"): ("q8_0", "f16"),  # 1024 / 8 = 128
+        _header(tmp_path / "odd.gguf", "llama", key_length=80, value_length=80): ("bf16", "f16"),
+        _header(tmp_path / "mla.gguf", "deepseek2", key_length=192, value_length=128, key_length_mla=576):
+            ("q8_0", "q8_0"),
+        _header(tmp_path / "v4.gguf", "deepseek4", key_length=512): ("q8_0", "q8_0"),
+    }
+    for gguf, pair in cases.items():
+        assert lm.kv_cache_for(gguf) == pair, gguf.name
+        assert lm.kv_row_invariant(pair)
+    monkeypatch.setenv(lm.KV_CACHE_ENV, "f16")
+    assert lm.kv_cache_for(tmp_path / "llama.gguf") == lm.LLAMA_KV
+
+
+def test_only_an_f16_cache_with_k_and_v_alike_or_flash_attention_off_is_row_dependent(monkeypatch):
+    monkeypatch.delenv(lm.FLASH_ATTN_ENV, raising=False)
+    assert not lm.kv_row_invariant(("f16", "f16"))
+    assert not lm.kv_row_invariant(("f32", "f32"))
+    assert lm.kv_row_invariant(("q8_0", "f16"))
+    assert lm.kv_row_invariant(("bf16", "bf16"))
+    monkeypatch.setenv(lm.FLASH_ATTN_ENV, "off")
+    assert not lm.kv_row_invariant(("q8_0", "f16"))
+
+
+def test_mesh_serve_states_the_promise_its_settings_keep(monkeypatch):
+    monkeypatch.delenv(lm.KV_CACHE_ENV, raising=False)
+    monkeypatch.delenv(lm.FLASH_ATTN_ENV, raising=False)
+    assert "equals --no-draft bit for bit" in lm.numerics_promise(2)
+    assert "MLX stages" in lm.numerics_promise(2, mlx=True)
+    monkeypatch.setenv(lm.KV_CACHE_ENV, "f16")
+    assert "bit for bit" in lm.numerics_promise(1)  # one thread: the split path has one part
+    assert lm.numerics_promise(2).startswith("WARNING: the f16 KV cache splits a one-row decode's attention")
+    monkeypatch.setenv(lm.FLASH_ATTN_ENV, "off")
+    assert lm.numerics_promise(1).startswith("WARNING: flash attention is off")

@@ -6,6 +6,7 @@ import concurrent.futures
 import os
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import openai
@@ -203,3 +204,46 @@ def test_an_unknown_strategy_is_an_error_naming_the_built_in_ones(serve_cache):
     assert done.returncode == 2
     assert "'lookahead' (CLI) is not declared by the package" in done.stderr
     assert "built in: auto, disabled, ngram, ngram+draft" in done.stderr
+
+
+# -- exact at the default thread count, past 512 KV cells (issue 52) ---------------------------
+
+# ~640 tokens of prompt: a lane's KV view passes 512 cells, where llama.cpp's f16 cache gave a
+# one-row decode on two threads another attention kernel than a verify window's rows
+LONG_PROMPT = "Read these notes, then answer the last one.\n\n" + "\n".join(PROMPTS * 7)
+LONG_REQUESTS: dict[str, dict[str, Any]] = {"greedy": {"temperature": 0}, "seeded": {"temperature": 0.9, "seed": 1234}}
+
+
+def _long(url: str) -> dict[str, tuple[str, list[dict], dict]]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    out = {}
+    for name, sampling in LONG_REQUESTS.items():
+        r = client.chat.completions.create(
+            model=EMBEDDED_ID, messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=48,
+            logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True}, **sampling)
+        assert r.usage is not None
+        assert r.usage.prompt_tokens > 600
+        assert r.choices[0].logprobs is not None
+        assert r.choices[0].logprobs.content is not None
+        out[name] = (r.choices[0].message.content or "", [c.model_dump() for c in r.choices[0].logprobs.content],
+                     r.usage.model_dump())
+    return out
+
+
+@pytest.fixture(scope="module")
+def long_no_draft(serve_cache) -> dict[str, tuple[str, list[dict], dict]]:
+    with mesh_serve(serve_cache, "--no-draft", threads=None) as (url, _):
+        return _long(url)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_long_context_at_default_threads_with_the_draft_equals_no_draft_in_logprobs(serve_cache, long_no_draft,
+                                                                                     stages):
+    with mesh_serve(serve_cache, "--local-stages", str(stages), "--draft-window", "4", "--frames-in-flight", "2",
+                    threads=None) as (url, _):
+        answers = _long(url)
+    for name, (text, logprobs, usage) in answers.items():
+        expected_text, expected_logprobs, _ = long_no_draft[name]
+        assert usage["speculative"]["proposed"] > 0, name  # windows were verified, not skipped
+        assert text == expected_text, name
+        assert logprobs == expected_logprobs, name  # bit for bit, every token's top 3 too

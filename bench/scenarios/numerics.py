@@ -1,12 +1,15 @@
 """`mesh bench --scenarios numerics`: is a verify window computed as plain decoding computes it?
 
-For each model and flash-attention setting, one lane decodes a window of rows in one pass
-and another lane decodes the same rows one at a time, both after the same prefill. The
-largest logit difference says whether speculation can change greedy output (0 means bit
-for bit). Where they differ, the comparison runs again with every graph node recorded, and
-the first node where some row differs names the kernel responsible. Decode cost is timed
-at 1, 5 and 9 rows. Logits and timings come from an engine without the recorder: asking
-for every node makes ggml compute the graph node by node, unfused and slower.
+For each model and kernel setting (flash attention, the KV cache's types), one lane decodes
+a window of rows in one pass and another lane decodes the same rows one at a time, both
+after the same prefill past 512 KV cells, where llama.cpp's f16 cache splits a one-row
+decode's attention across threads. The largest logit difference says whether speculation can
+change greedy output (0 means bit for bit). Where they differ, the comparison runs again with
+every graph node recorded, and the first node where some row differs names the kernel
+responsible. Decode cost is timed at 1, 5 and 9 rows. Logits and timings come from an engine
+without the recorder: asking for every node makes ggml compute the graph node by node,
+unfused and slower. Last, one-row decode speed at long contexts, the project's cache against
+llama.cpp's default, interleaved (issue 52's cost).
 """
 
 from __future__ import annotations
@@ -29,29 +32,36 @@ from packages.speculative import declared, verify_draft
 from stage.engine import Step
 from stage.ggml_lib import ggml
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
+from stage.llama_model import LLAMA_KV, KvCache, kv_cache_for
 
-POSITION = 200  # where the window starts, as in DESIGN.md §9's cost table
+POSITION = 700  # where the window starts: past 512 cells (a lane's KV view is padded to 256)
 WINDOW = 9
 TIMED_ROWS = (1, 5, 9)
+CONTEXTS = (512, 2048, 8192)  # one-row decode speed at these positions
+SPEED_REPEATS = 15
 
 
 @dataclass(frozen=True)
 class Numerics:
     model: str
     flash_attn: bool
+    kv: KvCache
     max_diff: float  # largest |batched - single| logit over the window's rows
     row0_diff: float  # the same, row 0 only
     first_node: str  # the first graph node where some row differs, "" when none does
     decode_ms: Mapping[int, float]  # rows -> median ms of one decode at POSITION
 
 
-def measure(name: str, gguf: Path, tokens: list[int], threads: int, flash: bool, repeats: int = 15) -> Numerics:
-    """Window-versus-rows logits and decode cost for one model and setting."""
+def measure(name: str, gguf: Path, tokens: list[int], threads: int, setting: tuple[bool, KvCache],
+            repeats: int = 15) -> Numerics:
+    """Window-versus-rows logits and decode cost for one model and setting (flash attention, KV types)."""
     need = POSITION + WINDOW
     if len(tokens) < need:
         raise ValueError(f"numerics needs {need} tokens of text, got {len(tokens)}")
     ids = np.asarray(tokens[:need], dtype=np.int32)
-    cfg = EngineConfig(first=True, final=True, lanes=2, ctx_per_lane=need + 8, threads=threads, flash_attn=flash)
+    flash, kv = setting
+    cfg = EngineConfig(first=True, final=True, lanes=2, ctx_per_lane=need + 8, threads=threads, flash_attn=flash,
+                       kv_cache=kv)
     engine = LlamaRangeEngine(gguf, cfg)
     try:
         batched, single = _window_and_rows(engine, ids)
@@ -60,7 +70,7 @@ def measure(name: str, gguf: Path, tokens: list[int], threads: int, flash: bool,
         engine.close()
     diff = np.abs(batched - single)
     first_node = _first_differing_node(gguf, cfg, ids) if diff.max() > 0 else ""
-    return Numerics(name, flash, float(diff.max()), float(diff[0].max()), first_node, MappingProxyType(timed))
+    return Numerics(name, flash, kv, float(diff.max()), float(diff[0].max()), first_node, MappingProxyType(timed))
 
 
 def _window_and_rows(engine: LlamaRangeEngine, ids: np.ndarray, recorder: NodeRecorder | None = None
@@ -198,22 +208,70 @@ def run(asked: Asked) -> Outcome:
 
 
 def numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
-    """The package's target and in-package drafts, and any GGUF given, flash attention on and off."""
+    """The package's target and in-package drafts, and any GGUF given: the project's kernels,
+    then llama.cpp's default cache, then flash attention off; and the target's decode speed."""
     models = [(f"{setup.model_id} {setup.quant}", setup.gguf)]
     _, strategies = declared(setup.manifest.generation)
     models += [(f"draft {s.name}", verify_draft(setup.package, s)) for s in strategies.values() if s.in_package]
     models += [(gguf.stem, gguf) for gguf in extra]
-    text = " ".join(PROMPTS * 8)
+    text = " ".join(PROMPTS * 16)
     rows = []
     for name, gguf in models:
         tokens = Tokenizer(gguf, name).tokenize(text, False)
-        for flash in (True, False):
-            n = measure(name, gguf, tokens, setup.threads, flash)
-            fa = f"flash attn {'on' if flash else 'off'}"
-            culprit = f"; first differing node {n.first_node}" if n.first_node else ""
-            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, {WINDOW}-row window vs "
-                                                f"row by row{culprit}", n.max_diff))
-            rows.append(Row(f"numerics {name}", f"{fa}: max logit diff, row 0", n.row0_diff))
-            rows += [Row(f"numerics {name}", f"{fa}: ms per decode of {k} rows at position "
-                                             f"{POSITION}", ms) for k, ms in n.decode_ms.items()]
+        for setting in ((True, kv_cache_for(gguf)), (True, LLAMA_KV), (False, LLAMA_KV)):
+            rows += _window_rows(measure(name, gguf, tokens, setup.threads, setting))
+    tokens = Tokenizer(setup.gguf, "target").tokenize(text, False)
+    return rows + speed_rows(f"{setup.model_id} {setup.quant}", setup.gguf, tokens, setup.threads)
+
+
+def _setting(flash: bool, kv: KvCache) -> str:
+    return f"flash attn {'on' if flash else 'off'}, {'/'.join(kv)} KV"
+
+
+def _window_rows(n: Numerics) -> list[Row]:
+    label = _setting(n.flash_attn, n.kv)
+    culprit = f"; first differing node {n.first_node}" if n.first_node else ""
+    rows = [Row(f"numerics {n.model}", f"{label}: max logit diff, {WINDOW}-row window vs row by row at "
+                                       f"position {POSITION}{culprit}", n.max_diff),
+            Row(f"numerics {n.model}", f"{label}: max logit diff, row 0", n.row0_diff)]
+    return rows + [Row(f"numerics {n.model}", f"{label}: ms per decode of {k} rows at position {POSITION}", ms)
+                   for k, ms in n.decode_ms.items()]
+
+
+def speed_rows(name: str, gguf: Path, tokens: list[int], threads: int) -> list[Row]:
+    """One-row decode tok/s at each of CONTEXTS, the project's cache against llama.cpp's default,
+    at one thread and at `threads`: both engines loaded, their decodes interleaved."""
+    ids = np.resize(np.asarray(tokens, dtype=np.int32), CONTEXTS[-1] + 1)
+    kvs = {"project": kv_cache_for(gguf), "llama.cpp default": LLAMA_KV}
+    engines = {k: LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=CONTEXTS[-1] + 8,
+                                                      threads=threads, batch=48, kv_cache=kv)) for k, kv in kvs.items()}
+    rows, done = [], 0
+    try:
+        for context in CONTEXTS:
+            for e in engines.values():
+                e.step([Step(0, done, tokens=ids[done:context])])
+            done = context
+            for t in sorted({1, threads}):
+                rates = _interleaved_rates(engines, ids, context, t)
+                rows += [Row(f"numerics {name}", f"tok/s of one-row decodes at {context} tokens, {t} thread(s), "
+                                                 f"{'/'.join(kvs[k])} KV ({k})", rate) for k, rate in rates.items()]
+                rows.append(Row(f"numerics {name}", f"project ÷ llama.cpp default at {context} tokens, {t} thread(s)",
+                                rates["project"] / rates["llama.cpp default"]))
+    finally:
+        for e in engines.values():
+            e.close()
     return rows
+
+
+def _interleaved_rates(engines: dict[str, LlamaRangeEngine], ids: np.ndarray, at: int, threads: int
+                       ) -> dict[str, float]:
+    samples: dict[str, list[float]] = {k: [] for k in engines}
+    for e in engines.values():
+        e.set_threads(threads)
+    for _ in range(SPEED_REPEATS):
+        for k, e in engines.items():
+            began = time.perf_counter()
+            e.step([Step(0, at, tokens=ids[at : at + 1])])
+            samples[k].append(time.perf_counter() - began)
+            e.trim(0, at)
+    return {k: 1 / statistics.median(v) for k, v in samples.items()}
