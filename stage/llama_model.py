@@ -220,10 +220,10 @@ def _llama_promise(threads: int) -> str:
         return (f"flash attention with {how} computes a verify window's rows as plain decoding does: "
                 f"output with speculation equals --no-draft bit for bit, logprobs included, where the "
                 f"model's matmuls are row-invariant too (Q4_0 and Q4_1 measured); a K-quant model may "
-                f"part at a near tie (Gemma-3 Q4_K_M: logits within 1.54)")
+                f"part at a near tie (Gemma-3 Q4_K_M: logits within 1.61)")
     why = ("flash attention is off: K·Q of several rows runs another kernel than one row's (logits within "
            "1.14 on SmolLM2)" if not flash_attn() else
            f"the {name} KV cache splits a one-row decode's attention across {threads} threads past 512 cells "
-           f"(logits within 0.76 on SmolLM2)")
+           f"(logits within 0.98 on SmolLM2)")
     return (f"WARNING: {why}, so speculative output may part from --no-draft at near ties (DESIGN.md §9); "
             f"leave {KV_CACHE_ENV} and {FLASH_ATTN_ENV} unset for bit-identical output")

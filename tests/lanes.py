@@ -15,25 +15,33 @@ import httpx
 
 from mesh.model.source import EMBEDDED_ID
 
-# at the mesh's own --threads (mesh_serve's 1): llama.cpp's sums depend on the thread count,
-# and a reference on 2 threads parted from every mesh at a near tie on a 2,000-character prompt
+# Run at mesh serve's default thread count (every core), as the meshes they are held to: with
+# llama.cpp's f16 KV cache a one-row decode on 2 threads summed attention in another order than
+# a verify window, and a reference parted from every mesh at a near tie on a 2,000-character
+# prompt (issue 52); the project's cache computes every row alike at any thread count.
 REFERENCE_ARGS = ("--no-draft", "--no-prefix-cache", "--lanes", "2")
+THREADS = None  # mesh_serve's threads: the default
 TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 
 
 @dataclass(frozen=True)
 class Answer:
-    """What a request came back with: its status, and for a 200 its text, finish reason and
-    completion tokens (equal text and token count: the same tokens, as a client sees them)."""
+    """What a request came back with: its status, and for a 200 its text, finish reason,
+    completion tokens (equal text and token count: the same tokens, as a client sees them) and
+    each token's logprob, bit for bit."""
 
     status: int
     text: str = ""
     finish: str = ""
     tokens: int = 0
     error: str = ""
+    logprobs: tuple[float, ...] = ()
 
 
 def ask(url: str, path: str, body: dict[str, Any]) -> Answer:
+    """The answer to `body`, with its tokens' logprobs asked for unless it says otherwise."""
+    chat = path.endswith("chat/completions")
+    body = {"logprobs": True if chat else 1, **body}
     r = httpx.post(f"{url}{path}", json={"model": EMBEDDED_ID, **body}, timeout=TIMEOUT)
     if r.status_code != 200:
         return Answer(r.status_code, error=r.text[:2000])
@@ -42,8 +50,11 @@ def ask(url: str, path: str, body: dict[str, Any]) -> Answer:
 
 def answer_of(path: str, body: dict[str, Any]) -> Answer:
     choice = body["choices"][0]
-    text = (choice["message"]["content"] or "") if path.endswith("chat/completions") else choice["text"]
-    return Answer(200, text, choice["finish_reason"], body["usage"]["completion_tokens"])
+    chat = path.endswith("chat/completions")
+    text = (choice["message"]["content"] or "") if chat else choice["text"]
+    logprobs = choice.get("logprobs") or {}
+    values = [e["logprob"] for e in logprobs.get("content") or []] if chat else logprobs.get("token_logprobs") or []
+    return Answer(200, text, choice["finish_reason"], body["usage"]["completion_tokens"], logprobs=tuple(values))
 
 
 class Reference:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from lanes import REFERENCE_ARGS, Reference, ask
+from lanes import REFERENCE_ARGS, THREADS, Reference, ask
 from mesh_server import mesh_serve
 
 pytestmark = pytest.mark.mesh
@@ -27,12 +27,12 @@ HISTORY = ["Item 0: the quick brown fox", LONG, LONG[:60], LONG[:200], "Hello"]
 
 @pytest.fixture(scope="module")
 def reference(serve_cache: Path) -> Iterator[Reference]:
-    with mesh_serve(serve_cache, *REFERENCE_ARGS) as (url, _):
+    with mesh_serve(serve_cache, *REFERENCE_ARGS, threads=THREADS) as (url, _):
         yield Reference(url)
 
 
 def test_a_shorter_prompt_after_a_long_one_on_the_same_lane_is_served(serve_cache, reference):
-    with mesh_serve(serve_cache, "--local-stages", "2", "--draft-window", "4") as (url, _):
+    with mesh_serve(serve_cache, "--local-stages", "2", "--draft-window", "4", threads=THREADS) as (url, _):
         answers = [ask(url, "/v1/completions", {"prompt": p, "max_tokens": 8, "temperature": 0}) for p in HISTORY]
         health = httpx.get(f"{url}/health", timeout=10).json()
     expected = [reference("/v1/completions", {"prompt": p, "max_tokens": 8, "temperature": 0}) for p in HISTORY]

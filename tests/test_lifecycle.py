@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
-from lanes import REFERENCE_ARGS, TIMEOUT, Answer, Reference, ask
+from lanes import REFERENCE_ARGS, THREADS, TIMEOUT, Answer, Reference, ask
 from mesh_server import mesh_serve, wait_for
 
 from bench.harness.local_server import stage_pids
@@ -168,14 +168,14 @@ def _healthy(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def reference(serve_cache: Path) -> Iterator[Reference]:
-    with mesh_serve(serve_cache, *REFERENCE_ARGS) as (url, _):
+    with mesh_serve(serve_cache, *REFERENCE_ARGS, threads=THREADS) as (url, _):
         yield Reference(url)
 
 
 @pytest.mark.parametrize("stages", [2, 3])
 def test_lanes_through_any_history_answer_as_a_single_node_does(serve_cache, reference, stages):
     args = ("--local-stages", str(stages), "--strategy", "ngram+draft", "--lanes", "2", "--warm-up")
-    with mesh_serve(serve_cache, *args) as (url, proc):
+    with mesh_serve(serve_cache, *args, threads=THREADS) as (url, proc):
         machine = type(f"Lifecycle{stages}", (Lifecycle,), {"url": url, "pid": proc.pid, "stages": stages,
                                                           "reference": reference})
         run_state_machine_as_test(machine, settings=settings(

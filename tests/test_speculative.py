@@ -342,10 +342,11 @@ def test_adaptive_window_moves_within_bounds():
 
 
 # Measured by `mesh bench --scenarios numerics --numerics-gguf gemma-3-270m-q4_k_m.gguf`: a
-# window's logits differ from row-by-row logits by at most 1.54 on Gemma-3 Q4_K_M (the
-# Q4_K matmuls take another kernel for several rows). An argmax can only flip where the
-# top-2 margin is below twice the largest difference.
-GEMMA_WINDOW_DIFF = 1.6
+# window's logits differ from row-by-row logits by at most 1.54 on Gemma-3 Q4_K_M at position
+# 200 on an f16 cache, 1.61 at 700 on the project's q8_0/f16 one (the Q4_K matmuls take
+# another kernel for several rows; DESIGN.md §9). An argmax can only flip where the top-2
+# margin is below twice the largest difference.
+GEMMA_WINDOW_DIFF = 1.7
 NEAR_TIE = 2 * GEMMA_WINDOW_DIFF
 
 
