@@ -9,7 +9,7 @@ format. Token ids in at the first stage, hidden states in and out in between (fl
 Steps of several sessions with the same number of rows (decodes, equal verify windows)
 run as one forward pass; others run one after another. Activations are float32, as llama.cpp's on
 a CPU; the numbers still differ from llama.cpp's in the last bits (its matmuls quantize
-activations to 8 bits, and its KV is float16), so hidden states agree to a tolerance and
+activations to 8 bits, and its KV is q8_0 and f16), so hidden states agree to a tolerance and
 greedy tokens agree (tests/test_mlx_engine.py).
 """
 
