@@ -1,7 +1,7 @@
 """The one place a llama.cpp model is loaded, so every part of the project runs the same kernels.
 
 The range engine, the draft, the tokenizer, the bench baseline and the test references all
-load through here. Two choices are made once, for all of them:
+load through here. These choices are made once, for all of them:
 
 - **Extra buffer types.** llama.cpp repacks weights into CPU-specific layouts (CPU_REPACK,
   AMX). The AMX one segfaults at the first decode of several rows (upstream llama.cpp #20824;
