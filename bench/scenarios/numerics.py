@@ -216,12 +216,11 @@ def numerics_rows(setup: Setup, extra: list[Path]) -> list[Row]:
     models += [(gguf.stem, gguf) for gguf in extra]
     text = " ".join(PROMPTS * 16)
     rows = []
+    tokenized = {gguf: Tokenizer(gguf, name).tokenize(text, False) for name, gguf in models}
     for name, gguf in models:
-        tokens = Tokenizer(gguf, name).tokenize(text, False)
         for setting in ((True, kv_cache_for(gguf)), (True, LLAMA_KV), (False, LLAMA_KV)):
-            rows += _window_rows(measure(name, gguf, tokens, setup.threads, setting))
-    tokens = Tokenizer(setup.gguf, "target").tokenize(text, False)
-    return rows + speed_rows(f"{setup.model_id} {setup.quant}", setup.gguf, tokens, setup.threads)
+            rows += _window_rows(measure(name, gguf, tokenized[gguf], setup.threads, setting))
+    return rows + speed_rows(models[0][0], setup.gguf, tokenized[setup.gguf], setup.threads)
 
 
 def _setting(flash: bool, kv: KvCache) -> str:
