@@ -26,7 +26,10 @@ __all__ = ["Acceptance", "Account", "Backend", "Generation", "GenerationEvent", 
 
 
 class MeshUnavailableError(MeshpipeError):
-    """The pipeline route is broken (a stage died or refused); maps to HTTP 503."""
+    """The pipeline route is broken (a stage died or refused); maps to HTTP 503 with
+    Retry-After: a rebuilt route usually serves within seconds."""
+
+    retry_after_s = 5
 
 
 class RequestRejectedError(MeshpipeError):

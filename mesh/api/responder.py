@@ -207,7 +207,8 @@ def as_api_error(exc: BaseException, request_id: str, metrics: Metrics) -> ApiEr
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, MeshUnavailableError):
-        return ApiError(503, str(exc), "mesh_unavailable", kind="server_error")
+        return ApiError(503, str(exc), "mesh_unavailable", kind="server_error",
+                        headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, RequestRejectedError):
         return ApiError(400, str(exc), "request_rejected")
     if isinstance(exc, MeshBusyError):  # OpenAI's shape for a rate limit; clients honour Retry-After

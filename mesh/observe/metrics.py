@@ -156,3 +156,5 @@ class _HopCollector:
         yield frames
         yield seconds
         yield rows
+        yield CounterMetricFamily("meshpipe_late_replies", "frames unanswered at their reply deadline while the "
+                                  "stages kept working: waited for, not a break", value=self.totals.late_replies)

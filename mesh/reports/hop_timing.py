@@ -36,6 +36,7 @@ class HopTotals:
     rows_sent: int = 0
     rows_voided: int = 0
     bytes_sent: int = 0
+    late_replies: int = 0  # frames still unanswered at their deadline while the stages worked on
 
     def record(self, kind: int, own: pb.Hop, downstream: Iterable[pb.Hop] = (), round_trip_s: float = 0.0) -> None:
         """Add one frame: stage 0's hop, the hops its reply carried, and the round trip."""

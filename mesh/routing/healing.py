@@ -1,7 +1,9 @@
 """Healing (DESIGN.md §2, replay-resume): keep a route serving while stages die or hang.
 
-Liveness pings find a dead or frozen stage within seconds, and a closed link or a missed
-reply deadline breaks the route at once (`Pipeline.fail`, which tells `route_broken`). The
+Liveness pings find a dead or frozen stage within seconds, and a closed link breaks the
+route at once (`Pipeline.fail`, which tells `route_broken`). A reply past its deadline breaks
+it only when no stage made progress meanwhile: the pings read each stage's engine time, and
+one that grew means the stage works through a queue (slow under load is not dead). The
 route is rebuilt as soon as it breaks, with or without traffic. In-flight generations wait
 for the new route (`next_pipeline`) and resume on it; new requests wait as they do
 (`live_pipeline`), or get 503 with `--resume-timeout 0`.
@@ -54,6 +56,7 @@ class Healer:
         self.recoveries, self.say = recoveries, say
         self.last_error = ""
         self.rebuilding = False
+        self.busy: dict[str, float] = {}  # each stage's engine seconds at the last ping
         self.tasks = TaskScope("server")
 
     def start(self) -> None:
@@ -137,6 +140,8 @@ class Healer:
             problem = await ping(route)
             if problem is None:
                 self.recoveries.alive()
+                if worked(route, self.busy):
+                    pipeline.progressed()
             elif self.served.pipeline is pipeline:  # still the route that was pinged
                 pipeline.fail(problem)
 
@@ -164,6 +169,18 @@ def replacements(before: tuple[str, ...], after: tuple[str, ...]) -> tuple[tuple
     gone = [e for e in before if e not in after]
     new = [e for e in after if e not in before]
     return tuple((old, new[i] if i < len(new) else "") for i, old in enumerate(gone))
+
+
+def worked(route: Route, seen: dict[str, float]) -> bool:
+    """Whether a stage's engine time grew since the last ping (`seen` is updated): it finished
+    work, so a frame past its reply deadline is queued behind others', not lost."""
+    grew = False
+    for stage in route.stages:
+        if stage.status is not None:
+            busy = stage.status.busy_seconds
+            grew = grew or busy > seen.get(stage.endpoint, busy)
+            seen[stage.endpoint] = busy
+    return grew
 
 
 async def ping(route: Route) -> str | None:

@@ -81,6 +81,7 @@ class Pending:
     answered_at: float = 0.0
     left_at: float = field(default_factory=time.perf_counter)  # made as `send` returns
     rows: int = 0  # every row of the frame, earlier chunks too: its reply deadline follows them
+    ahead: int = 0  # rows of this pipeline's frames still out when it left: queued before it
     kind: int = pb.DECODE  # the kind its hops are summed under
     own: pb.Hop = field(default_factory=pb.Hop)  # stage 0's part of the frame
     posted_at: float = 0.0  # onto the link: the round trip the hops divide counts from here
@@ -127,6 +128,9 @@ class Pipeline:
         self.waiters: dict[tuple[SessionId, FrameId], Pending] = {}  # frames sent, their replies awaited
         self.hops = hops or HopTotals()
         self.broken: str | None = None
+        # the last sign that the later stages work: a reply, or (the healer's pings) a stage's
+        # engine time grown. A frame past its deadline fails the route only without one.
+        self.progress_at = time.perf_counter()
         self.tasks = TaskScope("pipeline")  # the route's own: its reply readers
 
     def start(self) -> None:
@@ -193,7 +197,8 @@ class Pipeline:
                                              all_logits=all_logits))
         frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1, masks, proposed)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
-        pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind)
+        pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind,
+                          ahead=sum(p.rows for p in self.waiters.values()))
         self.hops.rows_sent += len(tokens)
         if self.link is None:
             return self._answer_here(pending, header, work, out, frame, len(last))
@@ -201,24 +206,41 @@ class Pipeline:
         return pending
 
     async def wait(self, pending: Pending) -> list[Sampled]:
-        """The tokens of a frame `send` sent."""
+        """The tokens of a frame `send` sent. Past its deadline the route is broken only if
+        nothing moved meanwhile: under load a frame waits behind others' work (slow is not
+        dead), and it waits another deadline for every one in which the stages made progress."""
         if pending.reply is None:
             assert pending.local is not None
             return pending.local
-        deadline = self.deadline.for_rows(pending.rows)
         if self.broken and not pending.reply.done():  # no reply can come any more
             raise MeshUnavailableError(self.broken)
-        try:
-            left = deadline - (time.perf_counter() - pending.left_at)
-            # not asyncio.wait_for: on Python 3.11 it returns the reply, and swallows the
-            # task's cancellation, when the two come in the same loop turn, so a request whose
-            # client had gone ran on to its last token (a 200 nobody read, its lane held)
-            async with asyncio.timeout(max(left, 0.0)):
-                return _tokens_of(await pending.reply)
-        except TimeoutError:
-            self.fail(f"no reply from the pipeline within {deadline:.1f}s (the deadline for a frame of "
-                      f"{pending.rows} rows, from the replies so far)")
-            raise MeshUnavailableError(self.broken) from None
+        since, waited = pending.left_at, 0.0
+        while True:
+            deadline = self.deadline.for_rows(pending.rows + pending.ahead)
+            try:
+                # not asyncio.wait_for: on Python 3.11 it returns the reply, and swallows the
+                # task's cancellation, when the two come in the same loop turn, so a request whose
+                # client had gone ran on to its last token (a 200 nobody read, its lane held).
+                # Shielded: a deadline passed cancels the wait, not the reply still to come.
+                async with asyncio.timeout(max(deadline - (time.perf_counter() - since), 0.0)):
+                    return _tokens_of(await asyncio.shield(pending.reply))
+            except asyncio.CancelledError:
+                pending.reply.cancel()  # the caller is gone: as unshielded, the reply is not awaited
+                raise
+            except TimeoutError:
+                waited += deadline
+                if self.progress_at <= since:
+                    self.fail(f"no reply from the pipeline within {waited:.1f}s and no progress on any stage "
+                              f"(the deadline for a frame of {pending.rows} rows, {pending.ahead} ahead of it, "
+                              "from the replies so far)")
+                    raise MeshUnavailableError(self.broken) from None
+                if since == pending.left_at:
+                    self.hops.late_replies += 1
+                since = time.perf_counter()
+
+    def progressed(self) -> None:
+        """A later stage did work (the healer saw its engine time grow): the route is slow, not dead."""
+        self.progress_at = time.perf_counter()
 
     def void(self, pending: Pending) -> None:
         """Forget a frame whose reply can no longer count: it is dropped when it comes."""
@@ -330,6 +352,7 @@ class Pipeline:
             self.hops.record(pending.kind, pending.own, header.timings.hops, round_trip)
             pending.hops = tuple(header.timings.hops)
             self.deadline.observe(pending.rows, round_trip)
+        self.progress_at = time.perf_counter()
         pending.reply.set_result(header)
 
 
