@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
@@ -130,7 +130,7 @@ class _Scoring(FakeBackend):
     def generate(self, req: GenerationRequest) -> Generation:
         inner = super().generate(req)
 
-        async def events() -> AsyncIterator[GenerationEvent]:
+        async def events() -> AsyncGenerator[GenerationEvent, None]:
             if req.prompt_logprobs:
                 yield PromptLogprobs(tuple(Sampled(t, -1.5, ((t, -1.5),)) for t in req.prompt[1:]))
             async for event in inner:
