@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
-from fake_backend import BYTE0, FakeBackend, byte_tokens
+from fake_backend import BYTE0, EOS, FakeBackend, byte_tokens
 from fastapi.testclient import TestClient
 from test_stage_core import two_stages
 from toy_engine import ToyEngine
@@ -203,3 +203,23 @@ def test_a_prompt_that_fills_the_context_can_be_scored(byte_tokenizer):
     assert status == 200
     status, _ = _post({"prompt": full, "max_tokens": 1}, _Scoring(byte_tokenizer))
     assert status == 400
+
+
+def test_the_tokenizer_endpoints_answer_as_vllms_do(byte_tokenizer):
+    # lm-eval's `remote` tokenizer backend reads these instead of downloading a tokenizer
+    with TestClient(build_app(FakeBackend(byte_tokenizer), Metrics())) as client:
+        info = client.get("/tokenizer_info").json()
+        assert info["eos_token"] == byte_tokenizer.token_text(EOS).decode()
+        plain = client.post("/tokenize", json={"prompt": "ab", "add_special_tokens": False}).json()
+        assert plain["tokens"] == byte_tokenizer.tokenize("ab", add_bos=False)
+        assert plain["count"] == len(plain["tokens"])
+        special = client.post("/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()
+        assert special["tokens"] == [EOS]  # a special token's text is its id, as Hugging Face's tokenizers read it
+        with_bos = client.post("/tokenize", json={"prompt": "ab"}).json()
+        assert with_bos["tokens"][0] == byte_tokenizer.bos
+        text = client.post("/detokenize", json={"tokens": byte_tokens("ab")}).json()
+        assert text == {"prompt": "ab"}
+        r = client.post("/detokenize", json={"tokens": [10**6]})
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "tokens")
+        r = client.post("/tokenize", json={"prompt": "ab", "model": "other"})
+        assert r.status_code == 404
