@@ -226,7 +226,8 @@ class Pipeline:
             work, out = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
                                                  all_logits=True))
             header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, pb.PREFILL, frame, True)
-            chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=pos + len(piece),
+            # its own rows: the reply deadline learns a frame's time by its rows, and a void counts them
+            chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(piece),
                             kind=pb.PREFILL, targets=frame.targets)
             if self.link is None:
                 self._answer_here(chunk, header, work, out, frame, len(piece))
