@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from mesh.constraints.compile import Constraint
 
 __all__ = ["Acceptance", "Account", "Backend", "Generation", "GenerationEvent", "GenerationRequest",
-           "MeshBusyError", "MeshUnavailableError", "RequestRejectedError", "RequestTimeoutError", "Resumed"]
+           "MeshBusyError", "MeshUnavailableError", "PromptLogprobs", "RequestRejectedError", "RequestTimeoutError",
+           "Resumed"]
 
 
 class MeshUnavailableError(MeshpipeError):
@@ -58,6 +59,8 @@ class GenerationRequest:
     constraint: Constraint | None = None  # a grammar every token must follow (mesh/constraints/)
     keep: bool = True  # its tokens stay in its lane for a later request (the prefix cache)
     request_id: str = ""  # the API's id for it (cmpl-..., chatcmpl-...): the log and an error name it
+    # the prompt's own logprobs come first (/v1/completions' echo), with sampling.logprobs top ones
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(self.prompt))
@@ -136,7 +139,16 @@ class Resumed:
     pause_s: float
 
 
-GenerationEvent: TypeAlias = Sampled | Resumed
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """The prompt's own log-probabilities, before any token, when the request asked: entry i
+    is prompt token i + 1, its logprob given the tokens before it, and the top ones there.
+    The first prompt token has none: nothing comes before it."""
+
+    scores: tuple[Sampled, ...]
+
+
+GenerationEvent: TypeAlias = Sampled | Resumed | PromptLogprobs
 
 
 class Generation:
@@ -181,8 +193,9 @@ class Backend(Protocol):
         """Generate for `req`.
 
         One `Sampled` per completion token, in order (a stop token ends the generation and
-        is not yielded). `Resumed` says the route broke and was rebuilt, and the tokens go
-        on. The account says how it ended, once it did by itself. Errors raise from the iterator:
+        is not yielded); first, when `req.prompt_logprobs`, one `PromptLogprobs`. `Resumed`
+        says the route broke and was rebuilt, and the tokens go on. The account says how it
+        ended, once it did by itself. Errors raise from the iterator:
         `RequestRejectedError` before any event, `MeshUnavailableError` at any point.
         Closing the iterator early (a stop string, a client gone) frees the session on
         every stage.

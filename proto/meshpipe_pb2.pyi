@@ -332,7 +332,7 @@ class LogitBias(_message.Message):
     def __init__(self, token: _Optional[int] = ..., bias: _Optional[float] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "history", "drafts", "masks", "rejection", "proposed", "checks_first")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "history", "drafts", "masks", "rejection", "proposed", "checks_first", "targets")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +347,7 @@ class Sampling(_message.Message):
     REJECTION_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIRST_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -361,7 +362,8 @@ class Sampling(_message.Message):
     rejection: bool
     proposed: _containers.RepeatedCompositeFieldContainer[Proposed]
     checks_first: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBias, _Mapping]]] = ..., logprobs: _Optional[int] = ..., history: _Optional[_Iterable[int]] = ..., drafts: _Optional[_Iterable[int]] = ..., masks: _Optional[_Iterable[bytes]] = ..., rejection: _Optional[bool] = ..., proposed: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., checks_first: _Optional[bool] = ...) -> None: ...
+    targets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBias, _Mapping]]] = ..., logprobs: _Optional[int] = ..., history: _Optional[_Iterable[int]] = ..., drafts: _Optional[_Iterable[int]] = ..., masks: _Optional[_Iterable[bytes]] = ..., rejection: _Optional[bool] = ..., proposed: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., checks_first: _Optional[bool] = ..., targets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Proposed(_message.Message):
     __slots__ = ("token", "ids", "weights")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 8  # 8: several coordinators share a stage, each call naming its coordinator_id;
+PROTOCOL_VERSION = 9  # 9: Sampling.targets (scored prompt rows); an 8 stage would sample every row
+# of such a frame and answer with tokens where stage 0 reads logprobs of the prompt
+# 8: several coordinators share a stage, each call naming its coordinator_id;
 # a 7 stage would let a second coordinator's Claim unload the first's range
 # 7: Sampling.rejection, .proposed and .checks_first (rejection sampling): a 6 peer
 # would sample such a frame by exact match and answer a checks_first frame one token short

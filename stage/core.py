@@ -27,7 +27,7 @@ from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, error_frame, input_rows, reply_frame
 from stage.lanes import LanePool
 from stage.rejection import Tail, verify_frame
-from stage.sampling import sample_rows
+from stage.sampling import sample_rows, score_rows
 from stage.transport import decode_tensor, encode_tensor
 
 
@@ -160,6 +160,8 @@ class StageCore:
         """Sampling arrives from the network (`sampling`, read off `header`): check it
         before it reaches the sampler."""
         rows = input_rows(header) if header.all_logits else 1
+        if sampling.targets and not header.all_logits:
+            return f"stage {self.index}: a frame that scores rows must compute all of them (all_logits)"
         problem = sampling.problem(self.engine.n_vocab, self.engine.ctx_per_lane, rows)
         return None if problem is None else f"stage {self.index}: {problem}"
 
@@ -174,17 +176,23 @@ class StageCore:
 
     def sample(self, work: Work, logits: np.ndarray, frame: FrameSampling, start: int,
                rows: int, session: SessionId | None = None) -> tuple[list[Sampled], pb.Hop]:
-        """The final stage's tokens for a step of `rows` input rows fed at `start`; by
-        rejection sampling where the frame asks, against `session`'s last row."""
+        """The final stage's tokens for a step of `rows` input rows fed at `start`: the scored
+        rows' first, then those sampled, by rejection sampling where the frame asks, against
+        `session`'s last row."""
         sampling = time.perf_counter()
         try:
-            if frame.params.rejects and session is not None:
+            scored = score_rows(logits[: frame.scored], frame.targets, frame.params) if frame.scored else []
+            logits = logits[frame.scored :]
+            picks: list[Sampled] = []
+            if not len(logits):
+                pass  # an earlier chunk of a scored prompt: its last row's next token is the next chunk's
+            elif frame.params.rejects and session is not None:
                 picks, self.tails[session] = verify_frame(logits, frame, start, rows, self.tails.get(session))
             else:
                 picks = sample_rows(logits, frame.params, start, rows, frame.history, frame.drafts, frame.masks)
         except ValueError as exc:  # finite but extreme values can still overflow to NaN probabilities
             raise CannotSampleError(f"stage {self.index}: cannot sample: {exc}") from None
-        return picks, self._hop(work, sample_s=time.perf_counter() - sampling)
+        return scored + picks, self._hop(work, sample_s=time.perf_counter() - sampling)
 
     def answer(self, h: pb.FrameHeader, work: Work, logits: np.ndarray, frame: FrameSampling,
                rows: int) -> pb.FrameHeader:

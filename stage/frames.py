@@ -29,6 +29,11 @@ class FrameSampling:
     masks: tuple[bytes, ...] = ()  # per sampled row, a grammar's allowed tokens (stage/masks.py)
     proposed: tuple[Proposed, ...] = ()  # REJECTION: every draft fed, with its q
     checks_first: bool = False  # REJECTION: the first fed token is a draft the row before predicted
+    targets: tuple[int, ...] = ()  # scored rows: the first len(targets) rows report these tokens' logprobs
+
+    @property
+    def scored(self) -> int:
+        return len(self.targets)
 
     @classmethod
     def for_rows(cls, params: SamplingParams, history: Sequence[int], tokens: Sequence[int],
@@ -54,6 +59,7 @@ class FrameSampling:
             wire.history.extend(self.history)
             wire.drafts.extend(self.drafts)
         wire.masks.extend(self.masks)
+        wire.targets.extend(self.targets)
         if p.acceptance == REJECTION:
             wire.rejection = True
             wire.checks_first = self.checks_first
@@ -61,15 +67,32 @@ class FrameSampling:
         return wire
 
     def problem(self, vocab: int, ctx: int, rows: int) -> str | None:
-        """None when a frame with `rows` logits rows can be sampled like this, else why not."""
+        """None when a frame with `rows` logits rows can be sampled like this, else why not.
+        Scored rows come first; the rows after them are sampled."""
         if (problem := self.params.problem(vocab)) is not None:
             return problem
+        if (problem := self._targets_problem(vocab, rows)) is not None:
+            return problem
+        rows -= self.scored
         if len(self.history) + len(self.drafts) > ctx or len(self.drafts) >= max(rows, 1):
             return (f"penalty history of {len(self.history)} + {len(self.drafts)} drafts does not fit "
                     f"{rows} logits rows in a context of {ctx}")
         if any(not 0 <= t < vocab for t in (*self.history, *self.drafts)):
             return f"penalty history holds a token outside the vocabulary of {vocab}"
         return masks_problem(self.masks, vocab, rows) or self._proposed_problem(vocab, rows)
+
+    def _targets_problem(self, vocab: int, rows: int) -> str | None:
+        if not self.targets:
+            return None
+        if self.params.logprobs < 0:
+            return "scored rows report logprobs: a frame with targets must ask for them"
+        if self.scored > rows:
+            return f"{self.scored} scored rows in a frame of {rows} logits rows"
+        if self.drafts or self.proposed or self.checks_first:
+            return "a frame that scores rows carries no drafts"  # only a prompt's rows are scored
+        if any(not 0 <= t < vocab for t in self.targets):
+            return f"a scored row's target is outside the vocabulary of {vocab}"
+        return None
 
     def _proposed_problem(self, vocab: int, rows: int) -> str | None:
         if not self.params.rejects:
@@ -91,7 +114,8 @@ def sampling_of(header: pb.FrameHeader) -> FrameSampling:
                             tuple((b.token, b.bias) for b in s.logit_bias),
                             s.logprobs if s.HasField("logprobs") else -1, REJECTION if s.rejection else EXACT)
     proposed = tuple(Proposed(d.token, tuple(d.ids), tuple(d.weights)) for d in s.proposed)
-    return FrameSampling(params, tuple(s.history), tuple(s.drafts), tuple(s.masks), proposed, s.checks_first)
+    return FrameSampling(params, tuple(s.history), tuple(s.drafts), tuple(s.masks), proposed, s.checks_first,
+                         tuple(s.targets))
 
 
 def input_rows(h: pb.FrameHeader) -> int:
@@ -111,7 +135,8 @@ def compute_frame(session: SessionId, frame: FrameId, lane: LaneId, start: int, 
 
 
 def reply_frame(h: pb.FrameHeader, picks: list[Sampled], hop: pb.Hop) -> pb.FrameHeader:
-    """The final stage's answer to frame `h`: its tokens, and every hop's timings with its own last."""
+    """The final stage's answer to frame `h`: its tokens (a scored row's first, as its target
+    with its logprob), and every hop's timings with its own last."""
     reply = pb.FrameHeader(session_id=h.session_id, frame_id=h.frame_id, kind=pb.REPLY,
                            start_pos=h.start_pos, epoch=h.epoch)
     add_sampled(reply, picks)

@@ -39,6 +39,13 @@ def sample_rows(logits: np.ndarray, params: SamplingParams, start: int, rows: in
     return with_logprobs(tokens, processed, params)
 
 
+def score_rows(logits: np.ndarray, targets: Sequence[int], params: SamplingParams) -> list[Sampled]:
+    """Each row's logprob of its given next token (a prompt's own), with the top ones: the rows
+    as a draw would read them, so after logit_bias; the penalties count the completion only,
+    which has no token yet at a prompt's rows."""
+    return with_logprobs(targets, processed_rows(logits, params), params)
+
+
 def processed_rows(logits: np.ndarray, params: SamplingParams, committed: Sequence[int] = (),
                    drafts: Sequence[int] = (), masks: Sequence[bytes] = ()) -> np.ndarray:
     """The logits a draw reads: bias, then penalties, then a grammar's masks."""

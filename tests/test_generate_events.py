@@ -116,6 +116,7 @@ def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | 
         # on purpose: scripted stand-ins for the concrete Pipeline and Draft classes, duck-typed
         loop = generate(scripted, Lease(1, 0), live, 64, draft, window, in_flight)  # type: ignore[arg-type]
         async for sampled in loop:
+            assert isinstance(sampled, Sampled)  # no prompt logprobs were asked
             run.append(sampled)
             run.records.append(live.state.acceptance)
 
@@ -225,7 +226,7 @@ def test_controllers_hear_of_every_frame_plain_decodes_included():
 
     async def go() -> list[Sampled]:
         return [e async for e in generate(ScriptedPipeline(LONG), Lease(1, 0), live, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
-                                          recorder, 3)]
+                                          recorder, 3) if isinstance(e, Sampled)]
 
     events = asyncio.run(go())
     assert [e.token for e in events] == LONG[:20]
@@ -344,6 +345,7 @@ def test_a_route_that_breaks_while_sending_still_hands_on_every_committed_token(
         window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
         async for sampled in generate(pipeline, Lease(SessionId(1), LaneId(0)), live, 64,  # type: ignore[arg-type]
                                       ScriptedDraft(LONG), window):
+            assert isinstance(sampled, Sampled)
             got.append(sampled.token)
 
     with pytest.raises(MeshUnavailableError):

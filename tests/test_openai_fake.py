@@ -177,8 +177,8 @@ def test_supported_defaults_are_accepted(client: TestClient):
 def test_unknown_fields_and_completion_only_fields_are_refused(client: TestClient):
     _error(client.post(CHAT, json={"model": "tiny", "messages": HI, "frobnicate": 1}), 400,
            "unsupported_parameter", "frobnicate")
-    _error(client.post(COMPLETIONS, json={"model": "tiny", "prompt": "hi", "echo": True}), 400,
-           "unsupported_parameter", "echo")
+    _error(client.post(COMPLETIONS, json={"model": "tiny", "prompt": "hi", "suffix": "end"}), 400,
+           "unsupported_parameter", "suffix")
     _error(client.post(COMPLETIONS, json={"model": "tiny", "prompt": "hi", "messages": HI}), 400,
            "unsupported_parameter", "messages")
 

@@ -78,7 +78,7 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
 async def _generated(pipeline, lease, req, draft, window, in_flight=1) -> tuple[list[Sampled], Account]:
     """A whole generation on `lease`: its tokens and its record's account at the end."""
     live = Live(RequestState(req, speculative=draft is not None))
-    out = [s async for s in generate(pipeline, lease, live, 512, draft, window, in_flight)]
+    out = [s async for s in generate(pipeline, lease, live, 512, draft, window, in_flight) if isinstance(s, Sampled)]
     return out, live.state.account()
 
 
@@ -134,7 +134,9 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 events = generate(pipeline, lease, live, 512, draft, controller_for(fixed))
                 out: list[int] = []
                 while len(out) < 6:  # 1 from prefill, then 5 windows
-                    out.append((await anext(events)).token)  # ignore_eos: nothing finishes this early
+                    event = await anext(events)  # ignore_eos: nothing finishes this early
+                    assert isinstance(event, Sampled)
+                    out.append(event.token)
                 acceptance = live.state.acceptance
                 assert acceptance.accepted == 0
                 assert acceptance.windows == 5

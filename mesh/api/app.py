@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions, /v1/completions.
+"""The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions, /v1/completions, and
+vLLM's tokenizer endpoints (mesh/api/tokenize.py).
 
 Handlers never block the event loop: bodies are bounded before they are read, and parsing,
 template rendering and tokenization run on a small thread pool. A request whose client goes
@@ -37,6 +38,7 @@ from mesh.api.origins import OriginGuard
 from mesh.api.request import Prepared, prepare
 from mesh.api.responder import Responder, as_api_error
 from mesh.api.structured import constrain
+from mesh.api.tokenize import tokenizer_router
 from mesh.api.ui import Feed, ui_router
 from mesh.backend import Backend
 from mesh.observe.metrics import Metrics
@@ -80,6 +82,7 @@ def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BO
 
     app.include_router(_operations(backend, metrics, keys, access.public_metrics))
     app.include_router(_v1(backend, metrics, max_body), dependencies=[Depends(keys.required)])
+    app.include_router(tokenizer_router(backend, max_body), dependencies=[Depends(keys.required)])
     if ui is not None:
         app.include_router(ui_router(ui, keys))
     return app

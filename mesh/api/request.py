@@ -106,7 +106,6 @@ class CompletionRequest(_Common):
 _SUPPORTED_VALUES: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v in (None, 1),
     "best_of": lambda v: v in (None, 1),
-    "echo": lambda v: not v,
     "suffix": lambda v: not v,
     "functions": lambda v: not v,
     "function_call": lambda v: v in (None, "none"),
@@ -136,6 +135,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     structure: Structure | None = None  # a grammar to compile in before generating (mesh/api/structured.py)
+    echo: str | None = None  # /v1/completions' echo: the prompt's text, which the response's text begins with
 
 
 def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool, acceptance: str = AUTO) -> Prepared:
@@ -170,8 +170,18 @@ def prepare(tok: Tokenizer, model_id: str, ctx: int, data: Any, chat: bool, acce
     max_tokens = _max_tokens(body, len(prompt), ctx, where)
     stream = bool(body.stream)
     include_usage = bool(stream and body.stream_options and body.stream_options.include_usage)
-    generation = GenerationRequest(prompt, max_tokens, sampling, tok.eos_tokens(), bool(body.ignore_eos))
-    return Prepared(generation, stops, chat, stream, include_usage, shape)
+    echo = _echo(tok, body, prompt)
+    generation = GenerationRequest(prompt, max_tokens, sampling, tok.eos_tokens(), bool(body.ignore_eos),
+                                   prompt_logprobs=echo is not None and sampling.logprobs >= 0)
+    return Prepared(generation, stops, chat, stream, include_usage, shape, echo)
+
+
+def _echo(tok: Tokenizer, body: _Common, prompt: list[int]) -> str | None:
+    """The text an echoed prompt begins the response with: the prompt as sent, or its tokens' text."""
+    if not isinstance(body, CompletionRequest) or not body.echo:
+        return None
+    one = _one_prompt(body.prompt)
+    return one if isinstance(one, str) else tok.detokenize(prompt).decode(errors="replace")
 
 
 def _structure(tok: Tokenizer, body: _Common) -> Structure | None:
@@ -337,11 +347,7 @@ def _content_text(i: int, content: str | list[dict[str, Any]] | None) -> str | N
 def _completion_prompt(tok: Tokenizer, prompt: str | list[str] | list[int] | list[list[int]],
                        ctx: int) -> list[int]:
     """A string, a list of token ids, or a batch of exactly one of either."""
-    one: Any = prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
-        if len(prompt) != 1:
-            raise bad_request("exactly one prompt per request is supported", "prompt")
-        one = prompt[0]
+    one = _one_prompt(prompt)
     if isinstance(one, str):
         return tok.tokenize(one, special=False, limit=ctx)
     ids = [int(t) for t in one]
@@ -350,16 +356,28 @@ def _completion_prompt(tok: Tokenizer, prompt: str | list[str] | list[int] | lis
     return ids
 
 
+def _one_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> str | list[int]:
+    """The request's one prompt, out of a batch of one."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+        if len(prompt) != 1:
+            raise bad_request("exactly one prompt per request is supported", "prompt")
+        return prompt[0]
+    return prompt  # type: ignore[return-value]  # a list of ints, or a string
+
+
 def _max_tokens(body: _Common, prompt: int, ctx: int, where: str) -> int:
     asked = body.max_tokens
     if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
         asked = body.max_completion_tokens
-    if asked is not None and asked <= 0:
-        raise bad_request("max_tokens must be a positive integer", "max_tokens", "invalid_max_tokens")
+    # /v1/completions takes 0, as OpenAI's legacy API does: with echo and logprobs it scores a
+    # prompt and generates nothing (lm-eval's loglikelihood); a chat has nothing to show for it
+    least = 0 if isinstance(body, CompletionRequest) else 1
+    if asked is not None and asked < least:
+        raise bad_request(f"max_tokens must be an integer of at least {least}", "max_tokens", "invalid_max_tokens")
     if prompt == 0:
         raise bad_request("the prompt is empty", where, "invalid_prompt")
     room = ctx - prompt
-    if room <= 0:
+    if room <= 0 and not (asked == 0 and room == 0):
         raise bad_request(f"the prompt is {prompt} tokens, and the context holds {ctx}: "
                           "no room is left to generate", where, "context_length_exceeded")
     if asked is None:

@@ -17,7 +17,7 @@ from common.sampling import Sampled
 from mesh.api.error import ApiError
 from mesh.api.request import Prepared
 from mesh.api.responses import ChatCompletion, ChatDelta, Completion, Usage
-from mesh.api.shape import ResponseShape
+from mesh.api.shape import Echo, ResponseShape
 from mesh.api.stop_strings import find_stop, held_back
 from mesh.api.tool_calls import ToolCall, is_text, parse_calls
 from mesh.backend import (
@@ -26,6 +26,7 @@ from mesh.backend import (
     Generation,
     MeshBusyError,
     MeshUnavailableError,
+    PromptLogprobs,
     RequestRejectedError,
     RequestTimeoutError,
 )
@@ -49,6 +50,7 @@ class Responder:
         self.account = Account(len(prepared.generation.prompt), 0)  # the generation's, as last read
         self.first: Sampled | None = None
         self.stopped = False  # by a stop string, which the backend never sees
+        self.scores: tuple[Sampled, ...] = ()  # the prompt's own logprobs, when echoed with logprobs
         self.shape = ResponseShape(backend, self.id, int(time.time()), prepared.chat,
                                    logprobs=prepared.generation.sampling.logprobs >= 0)
 
@@ -72,6 +74,8 @@ class Responder:
             while (event := await anext(self.events, None)) is not None:
                 if isinstance(event, Sampled):
                     return event
+                if isinstance(event, PromptLogprobs):
+                    self.scores = event.scores
             return None
         finally:
             self.account = self.events.account
@@ -114,7 +118,7 @@ class Responder:
     def _body(self, text: str, made: list[Sampled]) -> ChatCompletion | Completion:
         reason, usage = self.finish_reason(), self.usage()
         if not self.p.chat:
-            return self.shape.completion_body(text, made, reason, usage)
+            return self.shape.completion_body(text, made, reason, usage, self._echo())
         content, calls = self._calls(text)
         reason = "tool_calls" if calls and reason == "stop" else reason
         return self.shape.chat_body(content, calls, made, reason, usage)
@@ -124,6 +128,8 @@ class Responder:
         try:
             if self.p.chat:
                 yield _sse(self.shape.chunk("", role="assistant"))
+            elif (echo := self._echo()) is not None:
+                yield _sse(self.shape.echo_chunk(echo))
             if self._tools is not None:
                 async for chunk in self._tool_chunks():
                     yield chunk
@@ -141,6 +147,12 @@ class Responder:
         finally:
             await self._finish(failed=failed)
         yield "data: [DONE]\n\n"
+
+    def _echo(self) -> Echo | None:
+        """The prompt the response begins with, when echoed; its logprobs came before any token."""
+        if self.p.echo is None:
+            return None
+        return Echo(self.p.echo, self.p.generation.prompt, self.scores)
 
     @property
     def _tools(self) -> ToolFormat | None:

@@ -111,9 +111,16 @@ class ChatLogprobs(_Body):
 
 class CompletionLogprobs(_Body):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token, which nothing predicts
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+    def then(self, later: CompletionLogprobs) -> CompletionLogprobs:
+        """These entries, then `later`'s: an echoed prompt's, then the completion's."""
+        return CompletionLogprobs(tokens=self.tokens + later.tokens,
+                                  token_logprobs=self.token_logprobs + later.token_logprobs,
+                                  top_logprobs=self.top_logprobs + later.top_logprobs,
+                                  text_offset=self.text_offset + later.text_offset)
 
 
 class ChatMessage(_Body):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from common.sampling import Sampled
@@ -38,9 +40,24 @@ class ResponseShape:
         chat = ChatChoice(finish_reason=reason, logprobs=self._chat_logprobs(made), message=message)
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[chat], usage=usage)
 
-    def completion_body(self, text: str, made: list[Sampled], reason: str, usage: Usage) -> Completion:
-        choice = CompletionChoice(finish_reason=reason, logprobs=self._completion_logprobs(made), text=text)
+    def completion_body(self, text: str, made: list[Sampled], reason: str, usage: Usage,
+                        echo: Echo | None = None) -> Completion:
+        """The body; with `echo`, its text and logprobs begin with the prompt's."""
+        before = self._echoed(echo)
+        logprobs = self._completion_logprobs(made)
+        if before is not None and logprobs is not None:
+            logprobs = before.then(logprobs)
+        text = text if echo is None else echo.text + text
+        choice = CompletionChoice(finish_reason=reason, logprobs=logprobs, text=text)
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage)
+
+    def echo_chunk(self, echo: Echo) -> Completion:
+        """A stream's first chunk, when the prompt is echoed: its text, and its logprobs when asked (as vLLM)."""
+        choice = CompletionChoice(finish_reason=None, logprobs=self._echoed(echo), text=echo.text)
+        return Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def _echoed(self, echo: Echo | None) -> CompletionLogprobs | None:
+        return self.logprobs.prompt(echo) if self.logprobs is not None and echo is not None else None
 
     def chunk(self, text: str | None, finish: str | None = None, made: list[Sampled] | None = None,
               role: Literal["assistant"] | None = None) -> ChatCompletionChunk | Completion:
@@ -69,6 +86,16 @@ class ResponseShape:
         return self.logprobs.completion(made) if self.logprobs is not None and made is not None else None
 
 
+@dataclass(frozen=True)
+class Echo:
+    """An echoed prompt: its text, its tokens, and (when logprobs were asked) each token's
+    after the first, as the backend scored them."""
+
+    text: str
+    tokens: Sequence[int]
+    scores: Sequence[Sampled] = ()
+
+
 class _Logprobs:
     """The target's log-probabilities in the shape each endpoint documents."""
 
@@ -89,12 +116,26 @@ class _Logprobs:
 
     def completion(self, made: list[Sampled]) -> CompletionLogprobs:
         texts = [self._text(s.token) for s in made]
+        return CompletionLogprobs(tokens=texts, token_logprobs=[_lp(s.logprob) for s in made],
+                                  top_logprobs=[self._completion_top(s) for s in made],
+                                  text_offset=self._offsets(texts))
+
+    def prompt(self, echo: Echo) -> CompletionLogprobs:
+        """The prompt's entries: its first token has no logprob and no alternatives (null)."""
+        if len(echo.scores) != max(len(echo.tokens) - 1, 0):
+            raise ValueError(f"{len(echo.scores)} prompt logprobs for a prompt of {len(echo.tokens)} tokens")
+        texts = [self._text(t) for t in echo.tokens]
+        return CompletionLogprobs(tokens=texts, token_logprobs=[None, *(_lp(s.logprob) for s in echo.scores)],
+                                  top_logprobs=[None, *(self._completion_top(s) for s in echo.scores)],
+                                  text_offset=self._offsets(texts))
+
+    def _offsets(self, texts: list[str]) -> list[int]:
+        """Where each text begins in the response's text so far, which they then extend."""
         offsets = []
         for text in texts:
             offsets.append(self.offset)
             self.offset += len(text)
-        return CompletionLogprobs(tokens=texts, token_logprobs=[_lp(s.logprob) for s in made],
-                                  top_logprobs=[self._completion_top(s) for s in made], text_offset=offsets)
+        return offsets
 
     def _text(self, token: int) -> str:
         return self._bytes(token).decode(errors="replace")

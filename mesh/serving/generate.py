@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from common.sampling import Sampled
-from mesh.backend import MeshUnavailableError
+from mesh.backend import MeshUnavailableError, PromptLogprobs
 from mesh.constraints.guide import Guide, frame_masks
 from mesh.serving.pipeline import Lease, Pending, Pipeline
 from mesh.serving.proposals import NOTHING, Proposals, Windows
@@ -33,15 +33,16 @@ from proto import meshpipe_pb2 as pb
 
 async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft: Proposer | None = None,
                    window: Windows | None = None, in_flight: int = 1, forced: bool = True
-                   ) -> AsyncIterator[Sampled]:
-    """The tokens of one generation on one route, as `Backend.generate` documents them; the
-    record in `live` moves with every frame. `in_flight` bounds the frames out at once;
-    `forced`: a constrained request's forced tokens are proposed."""
+                   ) -> AsyncIterator[Sampled | PromptLogprobs]:
+    """The tokens of one generation on one route, as `Backend.generate` documents them (the
+    prompt's logprobs first, when asked); the record in `live` moves with every frame.
+    `in_flight` bounds the frames out at once; `forced`: a constrained request's forced tokens
+    are proposed."""
     live.state = live.state.leased(lease.lane, lease.cached)
     constraint = live.state.req.constraint
     by = Proposals(draft, window, Guide(constraint) if constraint is not None else None, forced, in_flight)
     out: deque[Pending] = deque()  # the frames in flight, as `live.state.frames` counts them
-    ready: tuple[Sampled, ...] = ()
+    ready: tuple[Sampled | PromptLogprobs, ...] = ()
     try:
         while True:
             broke: MeshUnavailableError | None = None
@@ -49,9 +50,10 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft
                 await _send(pipeline, lease, live, out, by, ctx)
             except MeshUnavailableError as exc:  # what is committed is the target's: hand it on, then resume
                 broke = exc
-            for sampled in ready:  # the next frame is on its way: the caller's work overlaps it
-                live.state = live.state.delivered_one()
-                yield sampled
+            for event in ready:  # the next frame is on its way: the caller's work overlaps it
+                if isinstance(event, Sampled):
+                    live.state = live.state.delivered_one()
+                yield event
             if broke is not None:
                 raise broke
             if live.state.finish is not None:
@@ -79,22 +81,34 @@ async def _send(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending
                                                         frame.start, frame.tokens, frame.drafts)
         kind = pb.VERIFY if frame.drafts else pb.DECODE if len(frame.tokens) == 1 else pb.PREFILL
         proposed = proposal.proposed() if s.req.sampling.rejects else ()
-        out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens, s.req.sampling,
-                                       all_logits=bool(frame.drafts), kind=kind, history=frame.history,
-                                       epoch=live.state.epoch, masks=masks, proposed=proposed))
+        if s.scoring:  # leased with nothing cached (RequestState.leased): the prompt from 0, no drafts
+            assert frame.start == 0, "a prompt to score is fed whole"
+            out.append(await pipeline.score(lease.session, lease.lane, frame.tokens, s.req.sampling,
+                                            live.state.epoch, masks))
+        else:
+            out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens, s.req.sampling,
+                                           all_logits=bool(frame.drafts), kind=kind, history=frame.history,
+                                           epoch=live.state.epoch, masks=masks, proposed=proposed))
         if before is not None and frame.drafts:
             out[-1].pace = out[-1].left_at - before.left_at
         before = out[-1]
 
 
-async def _apply(pipeline: Pipeline, live: Live, out: deque[Pending], by: Proposals) -> tuple[Sampled, ...]:
-    """Await the oldest frame's reply and apply it; the tokens it committed."""
+async def _apply(pipeline: Pipeline, live: Live, out: deque[Pending], by: Proposals
+                 ) -> tuple[Sampled | PromptLogprobs, ...]:
+    """Await the oldest frame's reply and apply it; what it gave: the prompt's logprobs, if it
+    scored them, and the tokens it committed."""
     before = live.state
-    live.state, reply = before.apply(await pipeline.wait(out[0]), out[0].epoch)
+    got = await pipeline.wait(out[0])
+    scores, got = tuple(got[: out[0].scored]), got[out[0].scored :]
+    live.state, reply = before.apply(got, out[0].epoch)
+    scored = (PromptLogprobs(scores),) if before.scoring and out[0].epoch == before.epoch else ()
+    if scored:
+        live.state = live.state.prompt_scored()
     if reply.settled:
         by.settled(reply.settled, out, len(reply.committed))
     out.popleft()
     if live.state.epoch != before.epoch or live.state.finish is not None:
         while out:  # all sent beyond is void
             pipeline.void(out.popleft())
-    return reply.committed
+    return (*scored, *reply.committed)

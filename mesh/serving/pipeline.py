@@ -87,6 +87,13 @@ class Pending:
     posted_at: float = 0.0  # onto the link: the round trip the hops divide counts from here
     hops: tuple[pb.Hop, ...] = ()  # the later stages' parts of the frame, as its reply carried them
     pace: float | None = None  # set by the loop: seconds after the frame before it left, both in one burst
+    targets: tuple[int, ...] = ()  # a scored prompt's: the tokens whose logprobs this frame's rows report
+    earlier: tuple[Pending, ...] = ()  # a scored prompt's earlier chunks, each answered on its own
+
+    @property
+    def scored(self) -> int:
+        """The scored rows `Pipeline.wait` gives first, before the sampled ones: every chunk's."""
+        return sum(len(p.targets) for p in (*self.earlier, self))
 
     @property
     def key(self) -> tuple[SessionId, FrameId]:
@@ -198,17 +205,58 @@ class Pipeline:
         frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1, masks, proposed)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind,
-                          ahead=sum(p.rows for p in self.waiters.values()))
+                          ahead=self._out())
         self.hops.rows_sent += len(tokens)
         if self.link is None:
             return self._answer_here(pending, header, work, out, frame, len(last))
         await self._forward(header, work, out, pending)
         return pending
 
+    async def score(self, session: SessionId, lane: LaneId, tokens: list[int], sampling: SamplingParams,
+                    epoch: int = 0, masks: Sequence[bytes] = ()) -> Pending:
+        """Feed a whole prompt at position 0 as `send` would, every row's logits computed: each
+        row reports the logprob of the prompt's next token (a scored row), and the last row
+        samples the first token. Each chunk asks for its own reply, since the final stage
+        keeps nothing between frames; `wait` gives every chunk's scored rows, then the token."""
+        sent_at = time.perf_counter()
+        if self.broken:
+            raise MeshUnavailableError(self.broken)
+        chunks: list[Pending] = []
+        for pos in range(0, len(tokens), self.chunk):
+            piece = tokens[pos : pos + self.chunk]
+            last = pos + len(piece) == len(tokens)
+            # each row's next prompt token; the prompt's last row has none: it is sampled
+            frame = FrameSampling(sampling, masks=tuple(masks) if last else (),
+                                  targets=tuple(tokens[pos + 1 : pos + len(piece) + 1]))
+            work, out = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
+                                                 all_logits=True))
+            header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, pb.PREFILL, frame, True)
+            # its own rows: the reply deadline learns a frame's time by its rows, and a void counts them
+            chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(piece),
+                            kind=pb.PREFILL, targets=frame.targets, ahead=self._out())
+            if self.link is None:
+                self._answer_here(chunk, header, work, out, frame, len(piece))
+            else:
+                await self._forward(header, work, out, chunk)
+            chunks.append(chunk)
+        self.hops.rows_sent += len(tokens)
+        chunks[-1].earlier = tuple(chunks[:-1])
+        return chunks[-1]
+
     async def wait(self, pending: Pending) -> list[Sampled]:
-        """The tokens of a frame `send` sent. Past its deadline the route is broken only if
-        nothing moved meanwhile: under load a frame waits behind others' work (slow is not
-        dead), and it waits another deadline for every one in which the stages made progress."""
+        """The tokens of a frame `send` sent; of one `score` sent, every chunk's scored rows first."""
+        got: list[Sampled] = []
+        for p in (*pending.earlier, pending):
+            answered = await self._answer(p)
+            if [s.token for s in answered[: len(p.targets)]] != list(p.targets):
+                raise StageFailedError("a reply's scored rows are not the tokens the frame asked for")
+            got += answered
+        return got
+
+    async def _answer(self, pending: Pending) -> list[Sampled]:
+        """The tokens of one frame. Past its deadline the route is broken only if nothing
+        moved meanwhile: under load a frame waits behind others' work (slow is not dead), and
+        it waits another deadline for every one in which the stages made progress."""
         if pending.reply is None:
             assert pending.local is not None
             return pending.local
@@ -238,12 +286,18 @@ class Pipeline:
                     self.hops.late_replies += 1
                 since = time.perf_counter()
 
+    def _out(self) -> int:
+        """Rows of the frames sent and not yet answered: what a frame sent now queues behind."""
+        return sum(p.rows for p in self.waiters.values())
+
     def progressed(self) -> None:
         """A later stage did work (the healer saw its engine time grow): the route is slow, not dead."""
         self.progress_at = time.perf_counter()
 
     def void(self, pending: Pending) -> None:
         """Forget a frame whose reply can no longer count: it is dropped when it comes."""
+        for chunk in pending.earlier:
+            self.void(chunk)
         self.waiters.pop(pending.key, None)
         self.hops.rows_voided += pending.rows
         if pending.reply is not None:

@@ -79,6 +79,7 @@ class RequestState:
     resumed: int = 0  # times the route broke under it and it went on
     delivered: int = 0  # output tokens handed to the caller
     finish: FinishReason | None = None
+    scored: bool = False  # the prompt's own logprobs came back (asked by `req.prompt_logprobs`)
 
     # -- derived -------------------------------------------------------------------------
 
@@ -104,6 +105,12 @@ class RequestState:
         first), and only the last committed token is left to feed."""
         return bool(self.output) and self.fed >= len(self.req.prompt) + len(self.output) - 1
 
+    @property
+    def scoring(self) -> bool:
+        """The next frame scores the prompt's rows: asked, and not come back yet (a route that
+        broke before it did is asked again, from position 0)."""
+        return self.req.prompt_logprobs and not self.scored
+
     def room(self, ctx: int) -> int:
         """Drafts the next frame may carry within the context and the token budget."""
         n = len(self.req.prompt) + len(self.output) + len(self.drafts)
@@ -117,7 +124,9 @@ class RequestState:
     # -- transitions ---------------------------------------------------------------------
 
     def leased(self, lane: LaneId, cached: int) -> RequestState:
-        """On a (new) lane whose KV holds the first `cached` tokens already."""
+        """On a (new) lane whose KV holds the first `cached` tokens already. A prompt to score
+        is fed whole: a cached row has no logits to score."""
+        cached = 0 if self.scoring else cached
         first = self.resumed == 0
         return replace(self, lane=lane, computed=cached, cached=cached if first else self.cached)
 
@@ -135,6 +144,9 @@ class RequestState:
         frame = Frame(start, rows, len(drafts), by, seconds)
         state = replace(self, drafts=(*self.drafts, *drafts), frames=(*self.frames, frame))
         return state, Outgoing(start, list(seq[start:]), len(drafts), tuple(history))
+
+    def prompt_scored(self) -> RequestState:
+        return replace(self, scored=True)
 
     def delivered_one(self) -> RequestState:
         return replace(self, delivered=self.delivered + 1)

@@ -33,6 +33,7 @@ from mesh.backend import (
     GenerationEvent,
     GenerationRequest,
     MeshUnavailableError,
+    PromptLogprobs,
     RequestRejectedError,
     RequestTimeoutError,
     Resumed,
@@ -170,9 +171,9 @@ class Requests:
                         # closed here, not left to the garbage collector: a client that leaves
                         # must free the session on every stage before the next request comes
                         async with contextlib.aclosing(self._attempt(pipeline, session, live)) as tokens:
-                            while (sampled := await _until(deadline, anext(tokens, None))) is not None:
-                                self.generated += 1
-                                yield sampled
+                            while (event := await _until(deadline, anext(tokens, None))) is not None:
+                                self.generated += isinstance(event, Sampled)
+                                yield event
                         return
                     except MeshUnavailableError:
                         if pipeline.broken is None or self.settings.resume_s <= 0:
@@ -193,11 +194,14 @@ class Requests:
                 self.host.proposer.forget(state.lane)
             log.info("session %d: %s", session, _outcome(state.account()))
 
-    async def _attempt(self, pipeline: Pipeline, session: SessionId, live: Live) -> AsyncGenerator[Sampled, None]:
+    async def _attempt(self, pipeline: Pipeline, session: SessionId, live: Live
+                       ) -> AsyncGenerator[Sampled | PromptLogprobs, None]:
         """One run of the generate loop on one route; a resumed one asks for its old lane,
         where the draft's KV still holds its tokens. The session ends there with it, and
-        what every stage's KV holds of it stays in the lane (the prefix cache)."""
-        lease = pipeline.lease(session, live.state.tokens, live.state.lane)
+        what every stage's KV holds of it stays in the lane (the prefix cache). A prompt to
+        score matches no lane's tokens: it is fed whole, and a lane that holds some of it is
+        better left to a request that can use them."""
+        lease = pipeline.lease(session, () if live.state.scoring else live.state.tokens, live.state.lane)
         failed = False
         try:
             in_flight = frames_in_flight(self.host.spec, pipeline.link is not None, self.settings.cpu_lock)
