@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.api.body import parse_json, read_body
@@ -150,6 +151,8 @@ def _v1(backend: Backend, metrics: Metrics, max_body: int) -> APIRouter:
                 generation = await constrain(backend.tok(), prepared.structure, prepared.generation)
                 prepared = dataclasses.replace(prepared, generation=generation)
             return await _respond(request, Responder(backend, metrics, prepared, endpoint), prepared)
+        except ClientDisconnect:  # hung up mid-body: the client's doing, never an internal error
+            return Response(status_code=CLIENT_GONE)
         except ApiError as err:
             return error_response(err)
         except Exception as exc:  # noqa: BLE001 -- a bug: logged, counted, a 500 to the client, server on

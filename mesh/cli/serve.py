@@ -174,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
     metrics.watch_windows(coordinator.requests.choices)
+    metrics.watch_failures(coordinator.requests.failures)  # /health's record: the two count alike
     sampler = Sampler(coordinator, metrics)  # the web page's snapshots
     app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access, ui=sampler)
     try:
