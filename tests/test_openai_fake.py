@@ -214,6 +214,44 @@ def test_an_empty_content_array_is_refused(backend: FakeBackend, client: TestCli
     assert backend.requests == []
 
 
+CALLED = {"role": "assistant", "content": None,
+          "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}
+
+
+@pytest.mark.parametrize(("messages", "param", "words"), [
+    ([*HI, CALLED, {"role": "tool", "content": "2"}], "messages.2.tool_call_id",
+     "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'."),
+    ([*HI, {"role": "tool", "tool_call_id": "call_1", "content": "2"}], "messages.1.role",
+     "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'."),
+    ([*HI, CALLED, {"role": "tool", "tool_call_id": "call_2", "content": "2"}], "messages.2.role",
+     "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'."),
+])
+def test_a_tool_message_must_answer_an_earlier_call(backend: FakeBackend, client: TestClient,
+                                                   messages: list[Any], param: str, words: str):
+    """As OpenAI answers (issue 53), in its words: a tool reply names a call an assistant turn made."""
+    err = _error(client.post(CHAT, json={"model": "tiny", "messages": messages}), 400, param=param)
+    assert err["message"] == words
+    assert backend.requests == []
+    answered = [*HI, CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "2"}]
+    assert client.post(CHAT, json={"model": "tiny", "messages": answered}).status_code == 200
+
+
+@pytest.mark.parametrize("prompt", ["", [""]])
+def test_an_empty_prompt_starts_from_bos(smollm2_gguf, prompt: Any):
+    """OpenAI accepts "prompt": "" (issue 53). SmolLM2 adds no BOS of its own, so its empty prompt
+    tokenizes to nothing: it starts from the BOS, the start of a text."""
+    from mesh.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2_gguf, "tiny")
+    assert tok.tokenize("", special=False) == []
+    backend = FakeBackend(tok, "Hello world")
+    with _client(backend) as c:
+        r = c.post(COMPLETIONS, json={"model": "tiny", "prompt": prompt, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 1
+    assert list(backend.requests[0].prompt) == [tok.bos]
+
+
 JSON_OBJECT = {"type": "json_object"}
 NO_JSON = "'{}' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'."
 
