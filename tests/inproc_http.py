@@ -12,14 +12,15 @@ from collections.abc import Callable, Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from mesh.api.server import bind
+from mesh.api.reads import ReadLimits
+from mesh.api.server import bind, uvicorn_config
 
 
 @contextlib.contextmanager
-def http_server(app: FastAPI) -> Iterator[int]:
-    """Serve `app` until the block ends; yields the port."""
+def http_server(app: FastAPI, reads: ReadLimits | None = None) -> Iterator[int]:
+    """Serve `app` as `mesh serve` does, until the block ends; yields the port."""
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, reads or ReadLimits()))
     runner = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     runner.start()
     try:
