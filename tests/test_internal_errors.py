@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+import httpx
 import pytest
 from fake_backend import FakeBackend
 from fastapi.testclient import TestClient
@@ -119,3 +120,30 @@ def test_the_api_answers_an_internal_error_500_with_the_request_id_and_counts_it
             assert r.status_code == (200 if stream else 500)  # a stream's error is an event after its 200
         assert 'meshpipe_internal_errors_total{cause="KeyError"} 2.0' in client.get("/metrics").text
     assert [req.request_id.startswith("cmpl-") for req in backend.requests] == [True, True]
+
+
+def test_health_and_metrics_count_the_same_internal_errors(served, byte_tokenizer):
+    """One record for both (issue 53): the mesh's internal error, counted where it happened,
+    is not counted again by the API, and one the API meets outside the mesh reaches /health."""
+
+    async def scenario() -> None:
+        async with served() as served_:
+            requests, metrics = served_.requests, Metrics()
+            metrics.watch_failures(requests.failures)  # as `mesh serve` does
+            mesh = FakeBackend(byte_tokenizer)
+            mesh.generate = requests.generate  # type: ignore[method-assign]
+            buggy = FakeBackend(byte_tokenizer, fail=lambda: KeyError("lost"))
+            _faulty(served_).fail = 1
+            for backend in (mesh, buggy):
+                transport = httpx.ASGITransport(app=build_app(backend, metrics))
+                async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+                    r = await client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT})
+                    assert r.status_code == 500, r.text
+            rendered = metrics.render().decode()
+            assert 'meshpipe_internal_errors_total{cause="RuntimeError"} 1.0' in rendered
+            assert 'meshpipe_internal_errors_total{cause="KeyError"} 1.0' in rendered
+            assert requests.failures.count == 2  # what /health reports as internal_errors
+            assert requests.failures.last is not None
+            assert requests.failures.last.cause == "KeyError"
+
+    asyncio.run(scenario())

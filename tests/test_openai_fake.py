@@ -214,6 +214,84 @@ def test_an_empty_content_array_is_refused(backend: FakeBackend, client: TestCli
     assert backend.requests == []
 
 
+CALLED = {"role": "assistant", "content": None,
+          "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}
+
+
+@pytest.mark.parametrize(("messages", "param", "words"), [
+    ([*HI, CALLED, {"role": "tool", "content": "2"}], "messages.2.tool_call_id",
+     "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'."),
+    ([*HI, {"role": "tool", "tool_call_id": "call_1", "content": "2"}], "messages.1.role",
+     "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'."),
+    ([*HI, CALLED, {"role": "tool", "tool_call_id": "call_2", "content": "2"}], "messages.2.role",
+     "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'."),
+])
+def test_a_tool_message_must_answer_an_earlier_call(backend: FakeBackend, client: TestClient,
+                                                   messages: list[Any], param: str, words: str):
+    """As OpenAI answers (issue 53), in its words: a tool reply names a call an assistant turn made."""
+    err = _error(client.post(CHAT, json={"model": "tiny", "messages": messages}), 400, param=param)
+    assert err["message"] == words
+    assert backend.requests == []
+    answered = [*HI, CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "2"}]
+    assert client.post(CHAT, json={"model": "tiny", "messages": answered}).status_code == 200
+
+
+@pytest.mark.parametrize("prompt", ["", [""]])
+def test_an_empty_prompt_starts_from_bos(smollm2_gguf, prompt: Any):
+    """OpenAI accepts "prompt": "" (issue 53). SmolLM2 adds no BOS of its own, so its empty prompt
+    tokenizes to nothing: it starts from the BOS, the start of a text."""
+    from mesh.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2_gguf, "tiny")
+    assert tok.tokenize("", special=False) == []
+    backend = FakeBackend(tok, "Hello world")
+    with _client(backend) as c:
+        r = c.post(COMPLETIONS, json={"model": "tiny", "prompt": prompt, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 1
+    assert list(backend.requests[0].prompt) == [tok.bos]
+
+
+WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CUT_CALLS = {  # a call cut inside its arguments, in each model's format
+    "byte_tokenizer": '{"name": "get_weather", "arguments": {"city": "Par',  # unknown format: the bare call
+    "smollm2_gguf": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',  # Hermes
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("model", list(CUT_CALLS))
+def test_a_tool_call_cut_by_max_tokens_keeps_what_was_generated(request: pytest.FixtureRequest, model: str,
+                                                                 stream: bool):
+    """As OpenAI (issue 53): finish_reason "length" with the call's name and its arguments' text so
+    far, streamed or not, not an empty message."""
+    from mesh.model.tokenizer import Tokenizer
+
+    tok = request.getfixturevalue(model)
+    tok = tok if isinstance(tok, Tokenizer) else Tokenizer(tok, "tiny")
+    backend = FakeBackend(tok, CUT_CALLS[model], eos=False)  # the script runs out: cut by length
+    if model != "byte_tokenizer":  # the fake's script is bytes of the tiny vocabulary; these are SmolLM2's tokens
+        backend.script = tok.tokenize(CUT_CALLS[model], special=True, add_bos=False)
+    backend.ctx_per_session = 2048  # room for the tools' system message (a token a byte on the tiny vocabulary)
+    body = {"model": "tiny", "messages": HI, "tools": WEATHER_TOOL, "tool_choice": "required", "stream": stream}
+    with _client(backend) as c:
+        if stream:
+            chunks = [e["choices"][0] for e in _events(c, CHAT, body)]
+            deltas = [d for ch in chunks for d in ch["delta"].get("tool_calls", [])]
+            assert not [ch for ch in chunks if ch["delta"].get("content")]
+            assert [d["function"] for d in deltas] == [{"name": "get_weather", "arguments": ""},
+                                                       {"arguments": '{"city": "Par'}]
+            assert chunks[-1]["finish_reason"] == "length"
+            return
+        (choice,) = c.post(CHAT, json=body).json()["choices"]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Par'}
+    assert call["id"].startswith("call_")
+
+
 JSON_OBJECT = {"type": "json_object"}
 NO_JSON = "'{}' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'."
 

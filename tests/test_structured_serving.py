@@ -212,6 +212,33 @@ def test_streamed_tool_call_deltas_reassemble_to_the_whole_response(served):
 
 
 @on("1-plain")
+def test_a_tool_call_cut_by_max_tokens_keeps_its_name_and_its_arguments_so_far(served):
+    """As OpenAI (issue 53): cut inside its arguments, a call still comes back, with its name
+    and the arguments' text so far, finish_reason "length", streamed or not."""
+    args = dict(model=EMBEDDED_ID, messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+                parallel_tool_calls=False, temperature=0)
+    whole = _client(served.url).chat.completions.create(**args, max_tokens=60)
+    [call] = whole.choices[0].message.tool_calls
+    # the last tokens end the unit, the arguments, the call and its marker: without them it is cut inside
+    cut = _client(served.url).chat.completions.create(**args, max_tokens=whole.usage.completion_tokens - 8)
+    assert cut.choices[0].finish_reason == "length"
+    [part] = cut.choices[0].message.tool_calls
+    assert part.function.name == call.function.name == "get_weather"
+    assert part.id.startswith("call_")
+    assert call.function.arguments.startswith(part.function.arguments)
+    assert 0 < len(part.function.arguments) < len(call.function.arguments)
+    streamed = {"name": "", "arguments": ""}
+    finish = None
+    for chunk in _client(served.url).chat.completions.create(**args, max_tokens=whole.usage.completion_tokens - 8,
+                                                             stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            streamed["name"] += delta.function.name or ""
+            streamed["arguments"] += delta.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (streamed, finish) == ({"name": part.function.name, "arguments": part.function.arguments}, "length")
+
+
+@on("1-plain")
 def test_a_follow_up_tool_message_is_answered(served):
     """The assistant's call and the tool's result go back in; the model answers in text."""
     first = _client(served.url).chat.completions.create(

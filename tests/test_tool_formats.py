@@ -19,13 +19,14 @@ from mesh.api.tool_format import BARE, GEMMA3, LLAMA3, tool_format, tools_messag
 from mesh.constraints.compile import build
 from mesh.constraints.errors import ConstraintError
 from mesh.constraints.guide import Guide
-from mesh.constraints.tools import Function, tool_grammar
+from mesh.constraints.tools import Function, Marker, ToolFormat, tool_grammar
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]},
                                             "days": {"type": "integer"}},
            "required": ["city"], "additionalProperties": False}
 FUNCTIONS = [Function("get_weather", WEATHER), Function("now", {"type": "object", "properties": {},
                                                                 "additionalProperties": False})]
+HERMES = ToolFormat("hermes", Marker("<tool_call>"), Marker("</tool_call>"))
 TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": f.name, "parameters": f.parameters}}
                               for f in FUNCTIONS]
 
@@ -108,6 +109,30 @@ def test_llama3_auto_allows_text_or_call_objects_with_their_parameters(byte_toke
     assert not _accepts(byte_tokenizer, single, "It is sunny.")
 
 
+@pytest.mark.parametrize(("fmt", "written", "name", "arguments"), [
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "get_weather", '{"city": "Par'),
+    (HERMES, '<tool_call>\n{"name": "now", "arguments": {}', "now", "{}"),
+    (HERMES, '<tool_call>\n{"name": "now", "argu', "now", ""),
+    (HERMES, '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_', "now", "{}"),  # whole but its end marker
+    (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Paris", "un', "get_weather", '{"city": "Paris", "un'),
+    (GEMMA3, '[get_weather(city="Paris", days=3', "get_weather", '{"city": "Paris", "days": 3'),
+    (GEMMA3, '[get_weather(city="Paris", da', "get_weather", '{"city": "Paris"'),
+])
+def test_a_call_cut_by_max_tokens_keeps_its_name_and_its_arguments_so_far(fmt, written, name, arguments):
+    """As OpenAI (issue 53): the arguments' text as far as it was generated, JSON or not yet."""
+    content, [call] = parse_calls(written, fmt)
+    assert content is None
+    assert (call.name, call.arguments) == (name, arguments)
+    assert call.id.startswith("call_")
+
+
+@pytest.mark.parametrize(("fmt", "written"), [(HERMES, '<tool_call>\n{"name": "get_w'), (LLAMA3, '{"na'),
+                                              (GEMMA3, "[get_wea")])
+def test_a_call_cut_before_its_name_is_whole_leaves_the_text_as_content(fmt, written):
+    """It names nothing a client could run; the text is what the tokens were."""
+    assert parse_calls(written, fmt) == (written, [])
+
+
 def test_llama3_calls_parse_and_a_call_cut_short_is_dropped():
     content, calls = parse_calls(f'{LLAMA_CALL}; {{"name": "now", "parameters": {{}}}}; {{"name": "ge', LLAMA3)
     assert content is None
@@ -154,11 +179,12 @@ def test_a_name_the_pythonic_format_cannot_write_is_refused_naming_it():
         tool_grammar([Function("f", {"type": "object", "properties": {"first-name": {}}})], "auto", True, GEMMA3)
 
 
-def test_gemma3_calls_parse_without_evaluating_anything_and_a_call_cut_short_is_dropped():
+def test_gemma3_calls_parse_without_evaluating_anything_and_a_call_cut_short_keeps_its_text():
     content, calls = parse_calls('[get_weather(city="Paris, \\"FR\\"", days=3), now(), get_weather(city="Lo', GEMMA3)
     assert content is None
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == \
+    assert [(c.name, json.loads(c.arguments)) for c in calls[:2]] == \
         [("get_weather", {"city": 'Paris, "FR"', "days": 3}), ("now", {})]
+    assert (calls[2].name, calls[2].arguments) == ("get_weather", '{"city": "Lo')  # as OpenAI: the text so far
     assert read_pythonic("[__import__('os').system('true')]") == []  # a call that is no name(key=value)
     assert read_pythonic("[f(x=True, y=None, z='a')]") == [("f", {"x": True, "y": None, "z": "a"})]
     assert parse_calls("It is sunny.", GEMMA3) == ("It is sunny.", [])

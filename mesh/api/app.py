@@ -10,7 +10,8 @@ Every response, errors included, is counted in /metrics, and no exception escape
 The front door, outermost first: a web origin not allowed is refused (mesh/api/origins.py);
 every /v1 path needs an API key when keys are set (mesh/api/keys.py), one with no route too,
 and so do /metrics, /health's details and the web page's data (mesh/api/ui.py); a POST must
-be JSON, sent uncompressed (mesh/api/media.py); then the body's size.
+be JSON, sent uncompressed (mesh/api/media.py); then the body's size, and the time it may
+take to arrive (mesh/api/reads.py, which bounds the head in the server before any of this).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.api.body import parse_json, read_body
@@ -35,6 +37,7 @@ from mesh.api.error import ApiError
 from mesh.api.keys import ApiKeys
 from mesh.api.media import json_required
 from mesh.api.origins import OriginGuard
+from mesh.api.reads import BoundedBody, ReadLimits
 from mesh.api.request import Prepared, prepare
 from mesh.api.responder import Responder, as_api_error
 from mesh.api.structured import constrain
@@ -58,10 +61,12 @@ class Access:
 
 
 def build_app(backend: Backend, metrics: Metrics, max_body: int = DEFAULT_MAX_BODY,
-              access: Access | None = None, ui: Feed | None = None) -> FastAPI:
-    """The API; with `ui`, the web page of the mesh too (mesh/api/ui.py)."""
+              access: Access | None = None, ui: Feed | None = None, reads: ReadLimits | None = None) -> FastAPI:
+    """The API; with `ui`, the web page of the mesh too (mesh/api/ui.py). `reads` bounds the
+    time a body may take (the head is bounded in the server: mesh/api/reads.py)."""
     access = access or Access()
     app = FastAPI(title="meshpipe", docs_url=None, redoc_url=None, lifespan=_sampling(ui))
+    app.add_middleware(BoundedBody, timeout_s=(reads or ReadLimits()).body_timeout_s)  # innermost: its 408 is counted
     app.add_middleware(OriginGuard, origins=access.cors_origins)
     app.add_middleware(_CountResponses, metrics=metrics)  # outermost: counts the guard's refusals too
     keys = ApiKeys(access.api_keys)
@@ -153,6 +158,8 @@ def _v1(backend: Backend, metrics: Metrics, max_body: int) -> APIRouter:
                 generation = await constrain(backend.tok(), prepared.structure, prepared.generation)
                 prepared = dataclasses.replace(prepared, generation=generation)
             return await _respond(request, Responder(backend, metrics, prepared, endpoint), prepared)
+        except ClientDisconnect:  # hung up mid-body: the client's doing, never an internal error
+            return Response(status_code=CLIENT_GONE)
         except ApiError as err:
             return error_response(err)
         except Exception as exc:  # noqa: BLE001 -- a bug: logged, counted, a 500 to the client, server on

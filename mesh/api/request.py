@@ -304,7 +304,24 @@ def _token_id(key: str, n_vocab: int) -> int | None:
 
 
 def _messages(messages: list[Message], tok: Tokenizer) -> list[dict[str, Any]]:
+    _tool_replies(messages)
     return [_message(i, m, tok) for i, m in enumerate(messages)]
+
+
+def _tool_replies(messages: list[Message]) -> None:
+    """As OpenAI, in its words (its spelling too: clients match them): a tool message names
+    the call it answers, and an earlier assistant turn made that call. A reply to no call
+    would reach the model as a result out of nowhere."""
+    called: set[str] = set()
+    for i, m in enumerate(messages):
+        if m.role == "assistant":
+            called |= {c["id"] for c in m.tool_calls or () if isinstance(c.get("id"), str)}
+        elif m.role == "tool" and m.tool_call_id is None:
+            raise bad_request("Missing parameter 'tool_call_id': messages with role 'tool' must have a "
+                              "'tool_call_id'.", f"messages.{i}.tool_call_id", "missing_required_parameter")
+        elif m.role == "tool" and m.tool_call_id not in called:
+            raise bad_request("Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                              "message with 'tool_calls'.", f"messages.{i}.role")
 
 
 def _message(i: int, m: Message, tok: Tokenizer) -> dict[str, Any]:
@@ -349,7 +366,9 @@ def _completion_prompt(tok: Tokenizer, prompt: str | list[str] | list[int] | lis
     """A string, a list of token ids, or a batch of exactly one of either."""
     one = _one_prompt(prompt)
     if isinstance(one, str):
-        return tok.tokenize(one, special=False, limit=ctx)
+        # OpenAI accepts "": generation starts from the start of a text, which a model that adds
+        # no BOS of its own (SmolLM2) would otherwise not see, leaving no token to start from
+        return tok.tokenize(one, special=False, limit=ctx) or ([tok.bos] if tok.bos >= 0 else [])
     ids = [int(t) for t in one]
     if any(not 0 <= t < tok.n_vocab for t in ids):
         raise bad_request(f"the prompt holds token ids outside 0..{tok.n_vocab - 1}", "prompt")

@@ -214,8 +214,9 @@ class Responder:
 
 def as_api_error(exc: BaseException, request_id: str, metrics: Metrics) -> ApiError:
     """The API's answer to a failure: its status and OpenAI's error shape. An internal error
-    is counted by cause and named by request id; one the mesh did not log already is logged
-    here, with its traceback."""
+    is named by request id; one the mesh did not log and count already is logged here, with
+    its traceback, and counted where the mesh counts its own (/health and /metrics read one
+    record)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, MeshUnavailableError):
@@ -228,11 +229,10 @@ def as_api_error(exc: BaseException, request_id: str, metrics: Metrics) -> ApiEr
                         headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, RequestTimeoutError):
         return ApiError(504, str(exc), "request_timeout", kind="server_error")
-    if isinstance(exc, InternalError):  # the mesh logged it with its traceback
-        metrics.internal_errors.labels(exc.cause).inc()
+    if isinstance(exc, InternalError):  # the mesh logged it with its traceback and counted it
         return ApiError(500, str(exc), "internal_error", kind="server_error")
     log.error("request %s: internal error", request_id, exc_info=exc)
-    metrics.internal_errors.labels(type(exc).__name__).inc()
+    metrics.internal_error(request_id, exc)
     return ApiError(500, f"internal error (request {request_id}, logged with its traceback): "
                     f"{type(exc).__name__}: {exc}", "internal_error", kind="server_error")
 

@@ -20,6 +20,7 @@ import psutil
 import uvicorn
 from fastapi import FastAPI
 
+from mesh.api.reads import ReadLimits, bounded_protocol
 from mesh.coordinator import Coordinator
 
 log = logging.getLogger("meshpipe.server")
@@ -108,13 +109,21 @@ def kill_children() -> None:
     psutil.wait_procs(children, timeout=5)
 
 
+def uvicorn_config(app: FastAPI, reads: ReadLimits, grace: float | None = None) -> uvicorn.Config:
+    """uvicorn serving `app`, each request's head bounded by `reads` (mesh/api/reads.py)."""
+    # h11 whatever is installed (uvicorn would pick httptools if it were): the bounds live in
+    # its protocol. uvicorn annotates the grace as int but only hands it to asyncio.wait_for
+    return uvicorn.Config(app, log_level="warning", http=bounded_protocol(reads),
+                          h11_max_incomplete_event_size=reads.header_bytes,
+                          timeout_graceful_shutdown=grace)  # type: ignore[arg-type]
+
+
 async def serve(coordinator: Coordinator, app: FastAPI, sock: socket.socket, grace: float,
-                say: Callable[[str], None], on_stop: Callable[[], None] = lambda: None) -> None:
+                say: Callable[[str], None], on_stop: Callable[[], None] = lambda: None,
+                reads: ReadLimits | None = None) -> None:
     """Build the route, serve until a signal, then stop everything. Returns normally on a signal.
     `on_stop` is told at the first signal (the web page's endless event streams end then)."""
-    # uvicorn annotates the grace as int but only hands it to asyncio.wait_for: a float works
-    config = uvicorn.Config(app, log_level="warning",
-                            timeout_graceful_shutdown=grace)  # type: ignore[arg-type]
+    config = uvicorn_config(app, reads or ReadLimits(), grace)
     logging.getLogger("uvicorn.error").addFilter(_QuietCancel())  # after Config set up logging
     server = _Server(config, lambda: say(f"serving {coordinator.model_id} on {url_of(sock)}/v1 "
                                          f"(the mesh's page: {url_of(sock)}/ui)"))

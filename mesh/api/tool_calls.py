@@ -5,17 +5,27 @@ either free text (which never begins as calls do) or calls from its first byte. 
 are the marked JSON objects in order (Hermes), the JSON objects one after another (Llama
 3.x, and the bare call of a model of unknown format), or the Python list of calls
 (Gemma-3). `is_text` tells a stream which of the two it is as soon as it can.
+
+Output cut short by max_tokens keeps its last call as OpenAI does: its name and the text of
+its arguments so far, JSON or not yet. The grammar writes a call's name first, so a call is
+known by name once that is whole; before that it names nothing a client could run, and is
+left out (when it is the only call, the text is returned as content: the tokens were billed).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from mesh.api.pythonic_calls import read_pythonic
+from mesh.api.pythonic_calls import cut_pythonic, read_pythonic
 from mesh.constraints.tools import ToolFormat
+
+_STRING = r'"(?:[^"\\]|\\.)*"'  # a whole JSON string
+_NAME = re.compile(rf"\s*\{{\s*\"name\"\s*:\s*({_STRING})")  # a call object's start, to its whole name
+_KEY = re.compile(rf"\s*,\s*{_STRING}\s*:\s*")  # the arguments' key after it
 
 
 @dataclass(frozen=True)
@@ -31,31 +41,44 @@ class ToolCall:
 
 
 def parse_calls(text: str, fmt: ToolFormat) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of `text`; no calls when it holds none (free text under `auto`)."""
+    """(content, calls) of `text`; no calls when it holds none (free text under `auto`), or
+    when it was cut before the first call's name was whole (then the text is the content)."""
     if fmt.lead is not None and not text.startswith(fmt.lead):
         return text, []
     if fmt.pythonic:
         calls = [_new(name, arguments) for name, arguments in read_pythonic(text)]
+        cut = cut_pythonic(text)
+        calls += [_new(*cut)] if cut is not None else []
     elif fmt.begin is None or fmt.end is None:
         calls = _objects(text, fmt)
-        if fmt.lead is None and not calls:
-            return text, []
     else:
         calls = _marked(text, fmt.begin.text, fmt.end.text, fmt)
-    return None, calls
+    return (None, calls) if calls or not text else (text, [])
 
 
 def _marked(text: str, begin: str, end: str, fmt: ToolFormat) -> list[ToolCall]:
     """The call objects between `begin` and `end` markers, in order."""
-    calls, at = [], 0
+    calls, at = list[ToolCall](), 0
     while (at := text.find(begin, at)) >= 0:
         close = text.find(end, at + len(begin))
-        call = _call(text[at + len(begin) : close if close >= 0 else len(text)], fmt)
+        if close < 0:  # the last call, its end marker not written (max_tokens)
+            cut = _last(text[at + len(begin) :], fmt)
+            return [*calls, cut] if cut is not None else calls
+        call = _call(text[at + len(begin) : close], fmt)
         if call is None:
-            break  # cut short (max_tokens): what is whole is returned, the rest is dropped
+            break
         calls.append(call)
-        at = close + len(end) if close >= 0 else len(text)
+        at = close + len(end)
     return calls
+
+
+def _last(body: str, fmt: ToolFormat) -> ToolCall | None:
+    """A call whose end marker was not written: whole if its object is, else cut short."""
+    try:
+        value, _ = json.JSONDecoder().raw_decode(body.lstrip())
+    except json.JSONDecodeError:
+        return _partial(body)
+    return _read(value, fmt)
 
 
 def _objects(text: str, fmt: ToolFormat) -> list[ToolCall]:
@@ -65,7 +88,8 @@ def _objects(text: str, fmt: ToolFormat) -> list[ToolCall]:
         try:
             value, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError:
-            return calls  # cut short: what is whole is returned
+            cut = _partial(text[at:])
+            return [*calls, cut] if cut is not None else calls
         call = _read(value, fmt)
         if call is None:
             return calls
@@ -87,6 +111,20 @@ def _call(body: str, fmt: ToolFormat) -> ToolCall | None:
     except json.JSONDecodeError:
         return None
     return _read(value, fmt)
+
+
+def _partial(body: str) -> ToolCall | None:
+    """A call object cut short: its name, once whole, and its arguments' text so far (nothing
+    before their key is whole); None before the name is whole."""
+    head = _NAME.match(body)
+    if head is None:
+        return None
+    key = _KEY.match(body, head.end())
+    try:
+        name = json.loads(head.group(1))
+    except json.JSONDecodeError:  # an escape no JSON has: the grammar never writes one
+        return None
+    return _new(name, body[key.end():] if key is not None else "")
 
 
 def _read(value: Any, fmt: ToolFormat) -> ToolCall | None:

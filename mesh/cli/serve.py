@@ -14,6 +14,7 @@ from common import event_loop
 from config.paths import cache_dir
 from config.settings import Config, Speculative, UsageError, load_config
 from mesh.api.app import build_app
+from mesh.api.reads import ReadLimits
 from mesh.api.server import bind, kill_children, serve
 from mesh.cli.access_args import access_of, add_access_arguments, open_warning
 from mesh.cli.bench_args import add_bench_arguments
@@ -65,6 +66,15 @@ def _http_arguments(p: argparse.ArgumentParser) -> None:
                    "cancelled; a second signal exits at once (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="N",
                    help="largest request body accepted (default: %(default)s)")
+    p.add_argument("--header-timeout", type=float, default=ReadLimits.header_timeout_s, metavar="SECONDS",
+                   help="time a request's head (request line and headers) may take to arrive whole; past it, "
+                   "408 and the connection closes (default: %(default)s, as nginx)")
+    p.add_argument("--body-timeout", type=float, default=ReadLimits.body_timeout_s, metavar="SECONDS",
+                   help="longest pause between two reads of a request body; past it, 408 and the connection "
+                   "closes (default: %(default)s, as nginx)")
+    p.add_argument("--max-header-bytes", type=int, default=ReadLimits.header_bytes, metavar="N",
+                   help="largest request head (request line and headers) accepted; beyond it, 431 "
+                   "(default: %(default)s, as nginx's 4 x 8k)")
     p.add_argument("--max-queue", type=int, default=None, metavar="N",
                    help="requests that may wait for a lane; beyond the lanes and these, 429 with Retry-After "
                    "(default: 4 x --lanes; 0: none wait)")
@@ -174,10 +184,12 @@ def _run(args: argparse.Namespace) -> int:
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
     metrics.watch_windows(coordinator.requests.choices)
+    metrics.watch_failures(coordinator.requests.failures)  # /health's record: the two count alike
     sampler = Sampler(coordinator, metrics)  # the web page's snapshots
-    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access, ui=sampler)
+    reads = ReadLimits(args.header_timeout, args.body_timeout, args.max_header_bytes)
+    app = build_app(coordinator, metrics, max_body=args.max_body_bytes, access=access, ui=sampler, reads=reads)
     try:
-        event_loop.run(serve(coordinator, app, sock, args.shutdown_grace, _say, on_stop=sampler.close))
+        event_loop.run(serve(coordinator, app, sock, args.shutdown_grace, _say, on_stop=sampler.close, reads=reads))
     finally:
         kill_children()  # normally none are left; a forced or abandoned stop may leave some
     return 0
@@ -192,6 +204,10 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--port must be 0-65535, got {args.port}")
     if args.shutdown_grace < 0 or args.max_body_bytes < 1:
         raise UsageError("--shutdown-grace must be >= 0 and --max-body-bytes >= 1")
+    if not (0 < args.header_timeout <= 3600 and 0 < args.body_timeout <= 3600):
+        raise UsageError("--header-timeout and --body-timeout must be more than 0 and at most 3600 seconds")
+    if args.max_header_bytes < 1024:
+        raise UsageError("--max-header-bytes must be at least 1024")
     if args.max_queue is not None and args.max_queue < 0:
         raise UsageError("--max-queue must be >= 0")
     if args.request_timeout is not None and not 0 < args.request_timeout <= 86400:

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from mesh.backend import Acceptance, WindowChoice
+from mesh.reports.failures import Failures
 from mesh.reports.hop_timing import HopTotals
 from mesh.reports.recovery import Recoveries
 from mesh.serving.admission import Admission
@@ -19,8 +20,10 @@ class Metrics:
         self.requests = Counter("meshpipe_requests", "HTTP requests", ["endpoint", "status"], registry=r)
         self.stream_errors = Counter("meshpipe_stream_errors", "streams that failed after their 200 began",
                                      ["endpoint", "status"], registry=r)
-        self.internal_errors = Counter("meshpipe_internal_errors", "requests that failed inside the server "
-                                       "(HTTP 500), by the exception's class", ["cause"], registry=r)
+        # internal errors are counted once, in the record /health reads too (`watch_failures`):
+        # the two cannot disagree on what they count
+        self.failures = Failures()
+        r.register(_FailureCollector(self))
         self.prompt_tokens = Counter("meshpipe_prompt_tokens", "prompt tokens processed", registry=r)
         self.prompt_cached = Counter("meshpipe_prompt_tokens_cached", "prompt tokens found in the KV "
                                      "(the prefix cache): reused, not prefilled", registry=r)
@@ -71,6 +74,15 @@ class Metrics:
             self.proposer_accepted.labels(name).inc(record.accepted)
             self.proposer_windows.labels(name).inc(record.windows)
 
+    def watch_failures(self, failures: Failures) -> None:
+        """Count internal errors in the coordinator's record: the mesh's own, which /health
+        reports, and the API's (`internal_error`), which then /health reports as well."""
+        self.failures = failures
+
+    def internal_error(self, request_id: str, exc: BaseException) -> None:
+        """An internal error the API met outside the mesh (the mesh counts its own)."""
+        self.failures.failed(request_id, exc)
+
     def watch_recoveries(self, recoveries: Recoveries) -> None:
         """Export route recoveries: how many, how long breaks went unnoticed and took to heal."""
         self.registry.register(_RecoveryCollector(recoveries))
@@ -89,6 +101,18 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _FailureCollector:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics  # read at each scrape: `watch_failures` may swap the record
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("meshpipe_internal_errors", "requests that failed inside the server "
+                                     "(HTTP 500), by the exception's class", labels=["cause"])
+        for cause, count in sorted(self.metrics.failures.by_cause.items()):
+            family.add_metric([cause], count)
+        yield family
 
 
 class _RecoveryCollector:

@@ -1,8 +1,9 @@
 """Generations that failed inside the mesh: counted by cause, and whether /health should say so.
 
 An internal error is a bug or a broken state, never the client's doing: a refusal, a busy
-queue, a timeout or a route being rebuilt are not one. Each is logged with its traceback
-where it happens (mesh/serving/requests.py); here it is counted, and the last one kept for /health.
+queue, a timeout, a route being rebuilt or a client that hangs up are not one. Each is
+logged with its traceback where it happens (mesh/serving/requests.py, or the HTTP layer for
+its own); here it is counted, and the last one kept, for /health and /metrics alike.
 
 /health is a load balancer's signal, so it turns on the recent run of outcomes, not the
 count since start: FAILING_STREAK generations in a row that ended in an internal error,

@@ -86,6 +86,6 @@ class Health(_Frozen):
     recoveries: int = 0  # route rebuilds after a break, since start
     sessions_resumed: int = 0  # generations that went on through one
     last_recovery: RecoveryHealth | None = None
-    internal_errors: int = 0  # generations that failed inside the mesh (HTTP 500), since start
+    internal_errors: int = 0  # requests that failed inside the server (HTTP 500), since start: /metrics' count
     last_internal_error: str | None = None  # the latest: its request id, cause and message
 
