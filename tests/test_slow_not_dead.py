@@ -1,5 +1,5 @@
 """Slow is not dead (issue 53): a frame past its reply deadline breaks the route only when no
-stage made progress meanwhile (mesh/serving/pipeline.py `wait`, mesh/routing/healing.py
+stage made progress meanwhile (mesh/serving/reply_deadline.py `ReplyWatch`, mesh/routing/healing.py
 `worked`). No model, no process: a toy stage 0 and a final stage on a real link."""
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ async def _one_frame(reply_s: float, progress_every_s: float | None) -> tuple[li
     link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
     broke: list[str] = []
     pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, on_break=broke.append)
-    pipeline.deadline = ReplyDeadline(floor_s=DEADLINE_S, first_s=DEADLINE_S)
+    pipeline.watch.deadline = ReplyDeadline(floor_s=DEADLINE_S, first_s=DEADLINE_S)
     pipeline.start()
 
     async def pings() -> None:
         while progress_every_s is not None:
             await asyncio.sleep(progress_every_s)
-            pipeline.progressed()
+            pipeline.watch.progressed()
 
     healer = asyncio.ensure_future(pings())
     try:
@@ -89,11 +89,11 @@ def test_progress_stopping_mid_wait_breaks_it_one_deadline_later():
         link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
         broke: list[str] = []
         pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, on_break=broke.append)
-        pipeline.deadline = ReplyDeadline(floor_s=DEADLINE_S, first_s=DEADLINE_S)
+        pipeline.watch.deadline = ReplyDeadline(floor_s=DEADLINE_S, first_s=DEADLINE_S)
         pipeline.start()
         loop = asyncio.get_running_loop()
         for at in (0.2, 0.4, 0.6):  # the stage works for 0.6 s, then nothing moves
-            loop.call_later(at, pipeline.progressed)
+            loop.call_later(at, pipeline.watch.progressed)
         started = loop.time()
         try:
             pending = await pipeline.send(SessionId(1), pipeline.open(SessionId(1)), 0, [3], SamplingParams())

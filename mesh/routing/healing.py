@@ -141,7 +141,7 @@ class Healer:
             if problem is None:
                 self.recoveries.alive()
                 if worked(route, self.busy):
-                    pipeline.progressed()
+                    pipeline.watch.progressed()
             elif self.served.pipeline is pipeline:  # still the route that was pinged
                 pipeline.fail(problem)
 

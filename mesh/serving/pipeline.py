@@ -34,7 +34,7 @@ from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.reports.hop_timing import HopTotals
 from mesh.serving.prefix_cache import PrefixCache
-from mesh.serving.reply_deadline import ReplyDeadline
+from mesh.serving.reply_deadline import ReplyWatch, StalledError
 from proto import meshpipe_pb2 as pb
 from stage.checkpoints import DEPTH
 from stage.core import StageCore, Work
@@ -129,15 +129,12 @@ class Pipeline:
         self.link = link
         self.reply_link = replies  # to the final stage, past the middle ones (direct return)
         self.chunk = chunk
-        self.deadline = ReplyDeadline()
+        self.hops = hops or HopTotals()
+        self.watch = ReplyWatch(self.hops)  # how long each reply is waited for
         self.on_break = on_break  # told once, when the route breaks: the coordinator heals it
         self.frames = itertools.count(1)  # frame ids, one per frame sent
         self.waiters: dict[tuple[SessionId, FrameId], Pending] = {}  # frames sent, their replies awaited
-        self.hops = hops or HopTotals()
         self.broken: str | None = None
-        # the last sign that the later stages work: a reply, or (the healer's pings) a stage's
-        # engine time grown. A frame past its deadline fails the route only without one.
-        self.progress_at = time.perf_counter()
         self.tasks = TaskScope("pipeline")  # the route's own: its reply readers
 
     def start(self) -> None:
@@ -205,7 +202,7 @@ class Pipeline:
         frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1, masks, proposed)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind,
-                          ahead=self._out())
+                          ahead=_rows_out(self.waiters))
         self.hops.rows_sent += len(tokens)
         if self.link is None:
             return self._answer_here(pending, header, work, out, frame, len(last))
@@ -233,7 +230,7 @@ class Pipeline:
             header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, pb.PREFILL, frame, True)
             # its own rows: the reply deadline learns a frame's time by its rows, and a void counts them
             chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(piece),
-                            kind=pb.PREFILL, targets=frame.targets, ahead=self._out())
+                            kind=pb.PREFILL, targets=frame.targets, ahead=_rows_out(self.waiters))
             if self.link is None:
                 self._answer_here(chunk, header, work, out, frame, len(piece))
             else:
@@ -247,52 +244,21 @@ class Pipeline:
         """The tokens of a frame `send` sent; of one `score` sent, every chunk's scored rows first."""
         got: list[Sampled] = []
         for p in (*pending.earlier, pending):
-            answered = await self._answer(p)
+            if p.reply is None:
+                assert p.local is not None
+                answered = p.local
+            else:
+                if self.broken and not p.reply.done():  # no reply can come any more
+                    raise MeshUnavailableError(self.broken)
+                try:
+                    answered = _tokens_of(await self.watch.reply(p.reply, p.rows + p.ahead, p.left_at))
+                except StalledError as exc:
+                    self.fail(str(exc))
+                    raise MeshUnavailableError(self.broken) from None
             if [s.token for s in answered[: len(p.targets)]] != list(p.targets):
                 raise StageFailedError("a reply's scored rows are not the tokens the frame asked for")
             got += answered
         return got
-
-    async def _answer(self, pending: Pending) -> list[Sampled]:
-        """The tokens of one frame. Past its deadline the route is broken only if nothing
-        moved meanwhile: under load a frame waits behind others' work (slow is not dead), and
-        it waits another deadline for every one in which the stages made progress."""
-        if pending.reply is None:
-            assert pending.local is not None
-            return pending.local
-        if self.broken and not pending.reply.done():  # no reply can come any more
-            raise MeshUnavailableError(self.broken)
-        since, waited = pending.left_at, 0.0
-        while True:
-            deadline = self.deadline.for_rows(pending.rows + pending.ahead)
-            try:
-                # not asyncio.wait_for: on Python 3.11 it returns the reply, and swallows the
-                # task's cancellation, when the two come in the same loop turn, so a request whose
-                # client had gone ran on to its last token (a 200 nobody read, its lane held).
-                # Shielded: a deadline passed cancels the wait, not the reply still to come.
-                async with asyncio.timeout(max(deadline - (time.perf_counter() - since), 0.0)):
-                    return _tokens_of(await asyncio.shield(pending.reply))
-            except asyncio.CancelledError:
-                pending.reply.cancel()  # the caller is gone: as unshielded, the reply is not awaited
-                raise
-            except TimeoutError:
-                waited += deadline
-                if self.progress_at <= since:
-                    self.fail(f"no reply from the pipeline within {waited:.1f}s and no progress on any stage "
-                              f"(the deadline for a frame of {pending.rows} rows, {pending.ahead} ahead of it, "
-                              "from the replies so far)")
-                    raise MeshUnavailableError(self.broken) from None
-                if since == pending.left_at:
-                    self.hops.late_replies += 1
-                since = time.perf_counter()
-
-    def _out(self) -> int:
-        """Rows of the frames sent and not yet answered: what a frame sent now queues behind."""
-        return sum(p.rows for p in self.waiters.values())
-
-    def progressed(self) -> None:
-        """A later stage did work (the healer saw its engine time grow): the route is slow, not dead."""
-        self.progress_at = time.perf_counter()
 
     def void(self, pending: Pending) -> None:
         """Forget a frame whose reply can no longer count: it is dropped when it comes."""
@@ -380,7 +346,7 @@ class Pipeline:
                 if pending is None or header.epoch != pending.epoch:
                     continue  # a void frame's reply, or one of another epoch: it never counts
                 del self.waiters[key]
-                self._deliver(pending, header)
+                _deliver(pending, header, self.hops, self.watch)
         except LinkClosedError as exc:
             self.fail(f"{name} lost: {exc or 'closed'}")
         except FrameError as exc:
@@ -398,16 +364,22 @@ class Pipeline:
                 pending.reply.set_exception(MeshUnavailableError(reason))
         self.waiters.clear()
 
-    def _deliver(self, pending: Pending, header: pb.FrameHeader) -> None:
-        if pending.reply is None or pending.reply.done():
-            return
-        if header.kind == pb.REPLY:
-            round_trip = time.perf_counter() - pending.posted_at
-            self.hops.record(pending.kind, pending.own, header.timings.hops, round_trip)
-            pending.hops = tuple(header.timings.hops)
-            self.deadline.observe(pending.rows, round_trip)
-        self.progress_at = time.perf_counter()
-        pending.reply.set_result(header)
+def _deliver(pending: Pending, header: pb.FrameHeader, hops: HopTotals, watch: ReplyWatch) -> None:
+    if pending.reply is None or pending.reply.done():
+        return
+    if header.kind == pb.REPLY:
+        round_trip = time.perf_counter() - pending.posted_at
+        hops.record(pending.kind, pending.own, header.timings.hops, round_trip)
+        pending.hops = tuple(header.timings.hops)
+        watch.observe(pending.rows, round_trip)
+    else:
+        watch.progressed()  # an ERROR frame: the stages answer
+    pending.reply.set_result(header)
+
+
+def _rows_out(waiters: dict[tuple[SessionId, FrameId], Pending]) -> int:
+    """Rows of the frames sent and not yet answered: what a frame sent now queues behind."""
+    return sum(p.rows for p in waiters.values())
 
 
 async def round_trip(pipeline: Pipeline, session: SessionId, lane: LaneId, start: int, tokens: list[int],
