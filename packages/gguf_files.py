@@ -17,7 +17,7 @@ from packages.errors import PackageError
 _DERIVED_KEYS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
 
 
-class _Reader(GGUFReader):
+class SlicedReader(GGUFReader):
     """GGUFReader, its fields and tensors sliced from a plain ndarray view of the mapping.
 
     Slicing np.memmap runs Python code per slice (its __getitem__ and __array_finalize__), and
@@ -42,7 +42,7 @@ def open_gguf(path: Path) -> GGUFReader:
     if not path.is_file():
         raise PackageError(f"missing file: {path}")
     try:
-        return _Reader(path, "r")
+        return SlicedReader(path, "r")
     except Exception as exc:  # noqa: BLE001 -- the reader raises ValueError, struct.error, IndexError, ...
         raise PackageError(f"not a valid GGUF file: {path} ({type(exc).__name__}: {exc})") from None
 

@@ -14,13 +14,15 @@ a stage holds, and active ones, which a decode costs. A dense layer's are equal.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gguf import GGUFReader
 from gguf.constants import TENSOR_NAMES
 
 from packages.gguf_files import open_gguf
+from packages.gguf_infos import TensorInfo
 from packages.manifest import Manifest
 
 # Per-expert tensors, by the name after `blk.N.`: gguf.constants' `..._exps` and `..._chexps`.
@@ -44,18 +46,21 @@ class LayerParameters:
 def package_parameters(package_dir: Path, manifest: Manifest) -> LayerParameters:
     """Raises PackageError when an artifact cannot be read."""
     used = _experts_used(package_dir, manifest)
-    total, active = [], []
-    for i, artifact in enumerate(manifest.layers):
-        all_, act = _layer(open_gguf(package_dir / artifact.path), used[i] if used else None)
-        total.append(float(all_))
-        active.append(act)
+    layers = [[TensorInfo.of(t) for t in open_gguf(package_dir / a.path).tensors] for a in manifest.layers]
     head = 0.0
     for name, tensor in (("output", "output.weight"), ("embeddings", "token_embd.weight")):
         if name in manifest.shared:
             head = float(_parameters(package_dir / manifest.shared[name].path, tensor))
         if head:
             break
-    return LayerParameters(tuple(total), tuple(active), head)
+    return parameters_of(layers, used, head)
+
+
+def parameters_of(layers: Sequence[Sequence[TensorInfo]], used: Sequence[int] | None, head: float) -> LayerParameters:
+    """From each layer's tensor infos (a package's or a GGUF header's, for `mesh plan`) and
+    `expert_used_count` per layer (None: dense)."""
+    counted = [_layer(tensors, used[i] if used else None) for i, tensors in enumerate(layers)]
+    return LayerParameters(tuple(float(t) for t, _ in counted), tuple(a for _, a in counted), head)
 
 
 def layer_parameters(package_dir: Path, manifest: Manifest) -> tuple[list[float], float]:
@@ -72,18 +77,25 @@ def _experts_used(package_dir: Path, manifest: Manifest) -> list[int] | None:
         return None
     field = open_gguf(package_dir / manifest.shared["metadata"].path).fields.get(
         f"{manifest.architecture}.expert_used_count")
-    if field is None:
+    return used_per_layer(field.contents() if field is not None else None, manifest.layer_count)
+
+
+def used_per_layer(value: Any, layer_count: int) -> list[int] | None:
+    """`expert_used_count`'s value (a scalar, or one per layer) for each of the layers; None
+    without one (a dense model)."""
+    if value is None:
         return None
-    value = field.contents()
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)] * manifest.layer_count
+    if isinstance(value, list):
+        return [int(v) for v in value[:layer_count]]
+    return [int(value)] * layer_count
 
 
-def _layer(reader: GGUFReader, used: int | None) -> tuple[int, float]:
+def _layer(tensors: Iterable[TensorInfo], used: int | None) -> tuple[int, float]:
     """(all parameters, active ones) of one layer's tensors. An expert tensor's expert axis is
     its last (ggml order), `{arch}.expert_count` long for `_exps`."""
     total, active = 0, 0.0
-    for t in reader.tensors:
-        n = int(t.n_elements)
+    for t in tensors:
+        n = t.n_elements
         total += n
         parts = t.name.split(".")
         experts = int(t.shape[-1]) if len(parts) > 3 and parts[2] in EXPERT_TENSORS else 0

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from mesh.routing.planner import StageRange
 from packages.gguf_files import open_gguf
+from packages.gguf_infos import TensorInfo
 from packages.manifest import Manifest
 from stage.checkpoints import DEPTH
 from stage.engine_choice import KV_BYTES, OVERHEAD, Engine
@@ -55,23 +56,37 @@ class Footprint:
 
 def package_sizes(package_dir: Path, manifest: Manifest) -> PackageSizes:
     """Read from the package's tensor headers; raises PackageError when one cannot be read."""
-    kv, types, state = [], [], []
-    d_state = _state_size(package_dir, manifest)
-    for layer in manifest.layers:
-        tensors = open_gguf(package_dir / layer.path).tensors
-        widths = {t.name.rsplit(".", 2)[-2]: int(t.shape[-1]) for t in tensors}
-        kv.append(widths.get("attn_k", 0) + widths.get("attn_v", 0))
-        types.append(tuple((t.name, t.tensor_type.name) for t in tensors))
-        state.append(sum(_state_elements(t.name, [int(n) for n in t.shape], d_state) for t in tensors))
+    layers = [[TensorInfo.of(t) for t in open_gguf(package_dir / layer.path).tensors] for layer in manifest.layers]
     shared = manifest.shared
     output = shared.get("output")
     tied = output is None or not any(t.name == "output.weight"
                                      for t in open_gguf(package_dir / output.path).tensors)
-    return PackageSizes(layer_weights=tuple(a.tensor_bytes for a in manifest.layers), layer_kv=tuple(kv),
-                        layer_state=tuple(state),
-                        layer_types=tuple(types),
-                        embeddings=shared["embeddings"].tensor_bytes if "embeddings" in shared else 0,
-                        head=output.tensor_bytes if output else 0, tied=tied)
+    return sizes_of(layers, embeddings=shared["embeddings"].tensor_bytes if "embeddings" in shared else 0,
+                    head=output.tensor_bytes if output else 0, tied=tied,
+                    d_state=_state_size(package_dir, manifest))
+
+
+def sizes_of(layers: Sequence[Sequence[TensorInfo]], embeddings: int, head: int, tied: bool,
+             d_state: int) -> PackageSizes:
+    """What the fit checks count, from each layer's tensor infos: a package's or a GGUF
+    header's (`mesh plan`, mesh/routing/header_plan.py), by the same arithmetic."""
+    kv, types, state = [], [], []
+    for tensors in layers:
+        kv.append(sum(_kv_elements(t) for t in tensors))
+        types.append(tuple((t.name, t.type_name) for t in tensors))
+        state.append(sum(_state_elements(t.name, list(t.shape), d_state) for t in tensors))
+    return PackageSizes(layer_weights=tuple(sum(t.n_bytes for t in tensors) for tensors in layers),
+                        layer_kv=tuple(kv), layer_state=tuple(state), layer_types=tuple(types),
+                        embeddings=embeddings, head=head, tied=tied)
+
+
+def _kv_elements(tensor: TensorInfo) -> int:
+    """What a layer's tensor says it keeps per position: the output widths of `attn_k` and
+    `attn_v`; with multi-head latent attention (DeepSeek, GLM-5), the compressed latent and its
+    RoPE part, `attn_kv_a_mqa`'s output, and no V (llama_kv_cache: `has_v = !is_mla`); and a
+    sparse-attention indexer's keys (`indexer.attn_k`), which its own cache keeps."""
+    role = tensor.name.split(".", 2)[-1].removesuffix(".weight")
+    return tensor.shape[-1] if role in ("attn_k", "attn_v", "attn_kv_a_mqa", "indexer.attn_k") else 0
 
 
 def footprint(sizes: PackageSizes, rng: StageRange, engine: Engine, lanes: int, ctx: int) -> Footprint:
