@@ -24,7 +24,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (MeshpipeError, OSError)
 # Each command's module is imported only when it runs (or for --help): a stage daemon then
 # never loads the HTTP server, the Hub client or the benchmark, which is memory it keeps.
 COMMANDS = {"serve": "mesh.cli.serve", "stage": "mesh.cli.stage", "status": "mesh.cli.status",
-            "package": "mesh.cli.package", "bench": "bench.run"}
+            "package": "mesh.cli.package", "plan": "mesh.cli.plan", "bench": "bench.run"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
