@@ -119,6 +119,9 @@ RULES: dict[str, CutRule] = {
                                  f"{_ONE_KIND}; build_inp_embd applies f_embedding_scale to embd input too"),
     "qwen35": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35.cpp")),
     "qwen3next": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen3next.cpp")),
+    # qwen35's layers with an MoE FFN in every one (a shared expert gated per token): nothing
+    # more from the index; its MTP layers past the main stack are dropped like any nextn layers.
+    "qwen35moe": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35moe.cpp")),
 }
 
 # Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).

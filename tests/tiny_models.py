@@ -490,8 +490,9 @@ def _qwen35(t: Tiny) -> None:
     _gated_delta_hybrid(t, t.swiglu, fused_beta_alpha=False)
 
 
-def _qwen3next(t: Tiny) -> None:
-    """Every layer MoE with a gated shared expert."""
+def _gated_shared_moe(t: Tiny) -> Callable[[int], None]:
+    """Every layer MoE with a shared expert gated by a sigmoid of an n_embd vector (qwen3next.cpp,
+    qwen35moe.cpp): the keys, and the writer of layer i's FFN."""
     _moe_keys(t)
     t.key("expert_shared_feed_forward_length", 32)
 
@@ -500,7 +501,17 @@ def _qwen3next(t: Tiny) -> None:
         t.norm(f"blk.{i}.ffn_gate_inp_shexp.weight")
         _shared_experts(t, i, 32)
 
-    _gated_delta_hybrid(t, ffn, fused_beta_alpha=True)
+    return ffn
+
+
+def _qwen3next(t: Tiny) -> None:
+    _gated_delta_hybrid(t, _gated_shared_moe(t), fused_beta_alpha=True)
+
+
+def _qwen35moe(t: Tiny) -> None:
+    """qwen35's layers (beta and alpha apart, M-RoPE sections required) with qwen3next's MoE FFN."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _gated_delta_hybrid(t, _gated_shared_moe(t), fused_beta_alpha=False)
 
 
 def _nemotron_h(t: Tiny) -> None:
@@ -557,6 +568,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
     "qwen3next": _qwen3next,
+    "qwen35moe": _qwen35moe,
     "falcon-h1": _falcon_h1,
 }
 
@@ -585,7 +597,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # 8 layers allow one cut where cuts fall on every 4th layer (llama4, and the hybrids with attention
 # on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
 # layer: 12 allow a split in three.
-LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next"), 12)
+LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
