@@ -81,6 +81,7 @@ RULES: dict[str, CutRule] = {
     "qwen2": CutRule(why=f"{_INDEX_FREE} (qwen2.cpp)"),
     "qwen3": CutRule(why=f"{_INDEX_FREE} (qwen3.cpp)"),
     "qwen3moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (qwen3moe.cpp)"),
+    "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
                       why="load_swa_pattern(ml, 2); the graph scales every input by √n_embd (gemma2.cpp)"),

@@ -547,6 +547,26 @@ def _falcon_h1(t: Tiny) -> None:
         t.swiglu(i)
 
 
+# --- frontier families (issue 54) ---
+
+
+def _minimax_m2(t: Tiny) -> None:
+    """Every layer MoE with sigmoid gating and a selection bias; experts as wide as
+    feed_forward_length (minimax-m2.cpp reads n_ff for them); q/k norms over all heads; RoPE on
+    half the head, as MiniMax-M2 has it."""
+    _moe_keys(t)
+    t.set("feed_forward_length", [32] * t.layers)
+    t.key("expert_gating_func", 2)
+    t.set("rope.dimension_count", t.head_dim // 2)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.heads * t.head_dim, k_norm=t.kv_heads * t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.experts(i, ff_exp=32)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -569,6 +589,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "qwen35": _qwen35,
     "qwen3next": _qwen3next,
     "qwen35moe": _qwen35moe,
+    "minimax-m2": _minimax_m2,
     "falcon-h1": _falcon_h1,
 }
 
@@ -598,6 +619,8 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
+# Families that may split at any layer need few layers to show it: fewer cuts to run.
+LAYERS_OF |= dict.fromkeys(("minimax-m2",), 4)
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
