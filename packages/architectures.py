@@ -97,6 +97,12 @@ RULES: dict[str, CutRule] = {
     "deepseek2": CutRule(front_counts=_LEAD,
                          why="dense FFN where il < n_layer_dense_lead; nextn layers dropped; gating and "
                              "q_lora_rank written as the whole model derives them (deepseek2.cpp)"),
+    # llama_model_mistral4 is deepseek2's loader and graph under another name (models.h); its
+    # attention temperature (Mistral Large's) follows the position, not the layer.
+    "mistral4": CutRule(front_counts=_LEAD,
+                        why="deepseek2's loader and graph: dense FFN where il < n_layer_dense_lead; nextn "
+                            "layers dropped; gating and q_lora_rank written as the whole model derives them "
+                            "(mistral4.cpp, deepseek2.cpp)"),
     # The package also writes M-RoPE sections: the graph aborts on embedding input without them
     # (stage_metadata._glm4moe_keys).
     "glm4moe": CutRule(front_counts=_LEAD,
@@ -124,6 +130,10 @@ RULES: dict[str, CutRule] = {
     # more from the index; its MTP layers past the main stack are dropped like any nextn layers.
     "qwen35moe": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35moe.cpp")),
 }
+
+# Architectures whose hparams llama_model_deepseek2::load_arch_hparams reads (llama_model_mistral4
+# derives from it, models.h): what it derives from n_layer() is written for the whole model.
+DEEPSEEK2_HPARAMS = ("deepseek2", "mistral4")
 
 # Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).
 _NOT_TEXT = {
@@ -207,12 +217,12 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
 def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, end: int) -> str | None:
     """Why layers [start, end) of a package (its metadata) cannot be one stage, or None: what
     llama.cpp decides from a stage's own layers that no key can override."""
-    if architecture == "deepseek2" and int(metadata.get("deepseek2.attention.q_lora_rank") or 0) > 0 \
-            and deepseek2_is_lite(end - start, metadata):
+    if architecture in DEEPSEEK2_HPARAMS and int(metadata.get(f"{architecture}.attention.q_lora_rank") or 0) > 0 \
+            and deepseek2_is_lite(end - start, metadata, architecture):
         # llama_model_deepseek2::load_arch_hparams skips q_lora_rank for a "Lite" layer count
         # (26, 27, or 48 with a 128256 vocabulary): such a stage would look for attn_q, which a
         # model with a q LoRA does not have.
-        return (f"llama.cpp reads a {end - start}-layer deepseek2 as Lite and ignores its "
+        return (f"llama.cpp reads a {end - start}-layer {architecture} as Lite and ignores its "
                 "q_lora_rank (deepseek2.cpp load_arch_hparams)")
     rule = RULES.get(architecture)
     if rule is not None and rule.recurrent_layers:
@@ -240,15 +250,15 @@ def recurrent_layers(architecture: str, metadata: Mapping[str, Any], layer_count
     return [int(n or 0) == 0 for n in heads]
 
 
-def deepseek2_vocab(metadata: Mapping[str, Any]) -> int:
+def deepseek2_vocab(metadata: Mapping[str, Any], architecture: str = "deepseek2") -> int:
     """n_vocab as llama_model_deepseek2::load_arch_hparams reads it: vocab_size, else the token list."""
-    size = metadata.get("deepseek2.vocab_size")
+    size = metadata.get(f"{architecture}.vocab_size")
     return int(size) if size is not None else len(metadata.get("tokenizer.ggml.tokens") or ())
 
 
-def deepseek2_is_lite(layers: int, metadata: Mapping[str, Any]) -> bool:
+def deepseek2_is_lite(layers: int, metadata: Mapping[str, Any], architecture: str = "deepseek2") -> bool:
     """`is_lite` of llama_model_deepseek2::load_arch_hparams, for a model of `layers` = n_layer()."""
-    return layers in (26, 27) or (layers == 48 and deepseek2_vocab(metadata) == 128256)
+    return layers in (26, 27) or (layers == 48 and deepseek2_vocab(metadata, architecture) == 128256)
 
 
 def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:

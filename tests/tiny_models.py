@@ -567,6 +567,14 @@ def _minimax_m2(t: Tiny) -> None:
         t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
 
 
+def _mistral4(t: Tiny) -> None:
+    """deepseek2's layers (llama_model_mistral4 is its loader and graph) with Mistral Large's
+    attention temperature, which grows with the position every 8 tokens here."""
+    t.key("attention.temperature_scale", 0.5)
+    t.key("attention.temperature_length", 8)
+    _deepseek2(t)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -590,6 +598,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "qwen3next": _qwen3next,
     "qwen35moe": _qwen35moe,
     "minimax-m2": _minimax_m2,
+    "mistral4": _mistral4,
     "falcon-h1": _falcon_h1,
 }
 
@@ -620,7 +629,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
-LAYERS_OF |= dict.fromkeys(("minimax-m2",), 4)
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4"), 4)
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
