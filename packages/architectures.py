@@ -44,6 +44,9 @@ class CutRule:
     # `load_swa_pattern(ml, n, dense_first)` makes sliding-window layers from the index unless
     # the per-layer array is present: the package writes the array, so every cut keeps it.
     swa_pattern: tuple[int, bool] | None = None
+    # load_arch_hparams reads the per-layer sliding-window array itself (get_arr, required):
+    # sliced like any per-layer array, but cuts must still leave a sliding layer in every stage.
+    swa_array: bool = False
     # Keys whose value is a period the graph applies to the index (llama4's MoE every n-th
     # layer): cuts fall on multiples of it too.
     period_keys: tuple[str, ...] = ()
@@ -81,6 +84,9 @@ RULES: dict[str, CutRule] = {
     "qwen2": CutRule(why=f"{_INDEX_FREE} (qwen2.cpp)"),
     "qwen3": CutRule(why=f"{_INDEX_FREE} (qwen3.cpp)"),
     "qwen3moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (qwen3moe.cpp)"),
+    "step35": CutRule(swa_array=True,
+                      why="sliding-window layers by the per-layer array, with their own head counts and RoPE; "
+                          "dense or MoE by the tensors; nextn layers dropped (step35.cpp)"),
     "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
@@ -194,7 +200,7 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
     meta = metadata or {}
     cuts: Sequence[int] = range(step, layer_count, step)
     sliding = meta.get(swa_key(architecture))
-    if RULES[architecture].swa_pattern is not None and isinstance(sliding, list):
+    if _slides(RULES[architecture]) and isinstance(sliding, list):
         # With a sliding window, llama_model::create_memory (llama-model.cpp) asserts
         # `hparams.is_swa_any()`: a stage of full-attention layers only aborts the process. A
         # stage starting at a sliding-window layer has one, and so does the first stage when a
@@ -272,6 +278,11 @@ def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:
     return math.lcm(*steps)
 
 
+def _slides(rule: CutRule) -> bool:
+    """Whether the rule's model has sliding-window layers told by the per-layer array."""
+    return rule.swa_pattern is not None or rule.swa_array
+
+
 def swa_key(architecture: str) -> str:
     return f"{architecture}.attention.sliding_window_pattern"
 
@@ -283,11 +294,22 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
         return f"{architecture}: not split ({refusal})"
     n = period(architecture, metadata)
     where = "any layer" if n == 1 else f"every {n}th layer"
-    if RULES[architecture].swa_pattern is not None and isinstance((metadata or {}).get(swa_key(architecture)), list):
+    if _slides(RULES[architecture]) and isinstance((metadata or {}).get(swa_key(architecture)), list):
         where = f"{where} that starts with a sliding-window layer"
     if RULES[architecture].recurrent_layers:
         where = "a recurrent layer that follows an attention layer"
     return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
+
+
+# Graphs that name the last layer's output again after `l_out`: step35.cpp calls
+# cb(cur, "h_nextn", -1) on the un-normed residual after its loop, and a tensor keeps its last
+# name, so a stage's tap reads that one.
+_LAST_OUTPUT = {"step35": "h_nextn"}
+
+
+def tap_name(architecture: str, last_layer: int) -> str:
+    """The graph's name for the output of a stage's last layer, which the hidden tap reads."""
+    return _LAST_OUTPUT.get(architecture, f"l_out-{last_layer}")
 
 
 def hidden_input_scale(architecture: str, width: int) -> float:

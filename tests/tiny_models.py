@@ -65,10 +65,13 @@ class Tiny:
             kv.pop(f"{self.arch}.{suffix}", None)
         self.key(suffix, value, vtype)
 
-    def attention(self, i: int, q_norm: int = 0, k_norm: int = 0, bias: bool = False, q_gate: bool = False) -> None:
+    def attention(self, i: int, q_norm: int = 0, k_norm: int = 0, bias: bool = False, q_gate: bool = False,
+                  heads: tuple[int, int] | None = None) -> None:
         """Separate q, k, v and output projections; `q_norm`/`k_norm` the norms' lengths; with
-        `q_gate`, attn_q carries an output gate as wide as the query (qwen35)."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        `q_gate`, attn_q carries an output gate as wide as the query (qwen35); `heads` this
+        layer's (query, kv) head counts where they differ by layer."""
+        n_q, n_kv = heads or (self.heads, self.kv_heads)
+        q, kv = n_q * self.head_dim, n_kv * self.head_dim
         self.add(f"blk.{i}.attn_q.weight", self.w(2 * q if q_gate else q, self.width))
         self.add(f"blk.{i}.attn_k.weight", self.w(kv, self.width))
         self.add(f"blk.{i}.attn_v.weight", self.w(kv, self.width))
@@ -575,6 +578,36 @@ def _mistral4(t: Tiny) -> None:
     _deepseek2(t)
 
 
+def _step35(t: Tiny) -> None:
+    """Sliding-window layers from the per-layer array (full attention on every 4th from layer 0),
+    with their own head counts and RoPE base; a head-wise attention gate; a dense first layer
+    and MoE with a shared expert after it, told apart by the tensors; per-layer SwiGLU clamps
+    (step35.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    heads = [(8, 4) if s else (t.heads, t.kv_heads) for s in sliding]
+    _moe_keys(t)
+    t.key("expert_shared_feed_forward_length", 32)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.set("attention.head_count", [q for q, _ in heads])
+    t.set("attention.head_count_kv", [kv for _, kv in heads])
+    t.key("swiglu_clamp_exp", [7.0] * t.layers, GGUFValueType.FLOAT32)
+    t.key("swiglu_clamp_shexp", [7.0] * t.layers, GGUFValueType.FLOAT32)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim, heads=heads[i])
+        t.add(f"blk.{i}.attn_gate.weight", t.w(heads[i][0], t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -599,6 +632,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "qwen35moe": _qwen35moe,
     "minimax-m2": _minimax_m2,
     "mistral4": _mistral4,
+    "step35": _step35,
     "falcon-h1": _falcon_h1,
 }
 
@@ -630,6 +664,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4"), 4)
+LAYERS_OF["step35"] = 6  # full attention at 0 and 4: cuts at 2, 3 and 5
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
