@@ -87,6 +87,9 @@ RULES: dict[str, CutRule] = {
     "step35": CutRule(swa_array=True,
                       why="sliding-window layers by the per-layer array, with their own head counts and RoPE; "
                           "dense or MoE by the tensors; nextn layers dropped (step35.cpp)"),
+    "mimo2": CutRule(swa_array=True,
+                     why="sliding-window layers by the per-layer array, with their own head counts and RoPE; "
+                         "dense or MoE by the tensors; nextn layers dropped (mimo2.cpp)"),
     "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,

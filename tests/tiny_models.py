@@ -608,6 +608,31 @@ def _step35(t: Tiny) -> None:
             _shared_experts(t, i, 32)
 
 
+def _mimo2(t: Tiny) -> None:
+    """Sliding-window layers by the per-layer array (full attention on every 4th from layer 0),
+    with their own head counts and RoPE base; attention sinks and a value scale; a dense first
+    layer and sigmoid-routed MoE after it, told apart by the tensors (mimo2.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    heads = [(4, 1) if s else (t.heads, t.kv_heads) for s in sliding]
+    _moe_keys(t)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.key("attention.value_scale", 0.7)
+    t.set("attention.head_count_kv", [kv for _, kv in heads])
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, heads=heads[i])
+        t.add(f"blk.{i}.attn_sinks.weight", t.w(heads[i][0], scale=1.0))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -633,6 +658,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "minimax-m2": _minimax_m2,
     "mistral4": _mistral4,
     "step35": _step35,
+    "mimo2": _mimo2,
     "falcon-h1": _falcon_h1,
 }
 
@@ -664,7 +690,8 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4"), 4)
-LAYERS_OF["step35"] = 6  # full attention at 0 and 4: cuts at 2, 3 and 5
+# full attention at 0 and 4: cuts at 2, 3 and 5
+LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
