@@ -90,6 +90,9 @@ RULES: dict[str, CutRule] = {
     "mimo2": CutRule(swa_array=True,
                      why="sliding-window layers by the per-layer array, with their own head counts and RoPE; "
                          "dense or MoE by the tensors; nextn layers dropped (mimo2.cpp)"),
+    # Only with M-RoPE sections (split_refusal): glm4.cpp aborts on hidden-state input without them.
+    "glm4": CutRule(why=f"{_INDEX_FREE}; nextn layers dropped; M-RoPE, so later stages take hidden states "
+                        "(glm4.cpp)"),
     "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
@@ -188,6 +191,13 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
         # layers gets 1/sqrt(head_dim) instead
         return (f"{architecture} with {blocks} layers (27B) takes its attention scale from the total "
                 f"layer count")
+    sections = (metadata or {}).get("glm4.rope.dimension_sections")
+    if architecture == "glm4" and metadata is not None and not (isinstance(sections, list) and len(sections) >= 2
+                                                                and sections[0] > 0 and sections[1] > 0):
+        # glm4.cpp aborts on embedding input unless the model uses M-RoPE, and text-only GLM-4
+        # rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM) where M-RoPE rotates halves (as NEOX):
+        # unlike glm4moe's NEOX, no sections can be written in without changing the model
+        return "glm4 without M-RoPE sections (text-only GLM-4) cannot take hidden states in a later stage"
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"

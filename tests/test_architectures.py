@@ -317,3 +317,11 @@ def test_a_split_with_iq1_s_zeros_equals_unsplit(tmp_path: Path) -> None:
     later = GGUFReader(materialize_stage(package, manifest, sha, 4, 8, tmp_path / "c")).tensors
     assert next(t for t in later if t.name == "token_embd.weight").tensor_type == GGMLQuantizationType.IQ1_S
     assert _chain_tokens(package, [4], tmp_path / "c") == reference_greedy(gguf, PROMPT, N)
+
+
+def test_a_text_only_glm4_is_not_split() -> None:
+    """glm4.cpp aborts on hidden-state input without M-RoPE, and its NORM RoPE is not M-RoPE's:
+    split only with the model's own sections."""
+    assert "without M-RoPE sections" in (architectures.split_refusal("glm4", {"glm4.block_count": 40}) or "")
+    assert allowed_cuts("glm4", 40, {"glm4.block_count": 40}) == []
+    assert allowed_cuts("glm4", 4, {"glm4.rope.dimension_sections": [8, 12, 12, 0]}) == [1, 2, 3]

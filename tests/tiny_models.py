@@ -633,6 +633,32 @@ def _mimo2(t: Tiny) -> None:
             t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
 
 
+def _glm4(t: Tiny) -> None:
+    """GLM-4 with M-RoPE sections (GLM-4.1V's language model, GLM-OCR): q/k/v biases, norms after
+    attention and FFN, a fused gate+up of 2 * n_ff, and one nextn layer past the main stack, whose
+    tensors llama.cpp skips (glm4.cpp)."""
+    blocks = t.layers + 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+        if i >= t.layers:
+            t.add(f"blk.{i}.nextn.eh_proj.weight", t.w(t.width, 2 * t.width))
+            t.norm(f"blk.{i}.nextn.enorm.weight")
+            t.norm(f"blk.{i}.nextn.hnorm.weight")
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -659,6 +685,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "mistral4": _mistral4,
     "step35": _step35,
     "mimo2": _mimo2,
+    "glm4": _glm4,
     "falcon-h1": _falcon_h1,
 }
 
@@ -689,7 +716,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
-LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4"), 4)
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
