@@ -659,6 +659,14 @@ def _glm4(t: Tiny) -> None:
             t.norm(f"blk.{i}.nextn.hnorm.weight")
 
 
+def _qwen2moe(t: Tiny) -> None:
+    """qwen2's attention (q/k/v biases, q as wide as n_embd) and every layer MoE with a shared
+    expert gated per token (qwen2moe.cpp)."""
+    ffn = _gated_shared_moe(t)
+    _head(t)
+    _pre_norm_blocks(t, ffn, bias=True)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -686,6 +694,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "step35": _step35,
     "mimo2": _mimo2,
     "glm4": _glm4,
+    "qwen2moe": _qwen2moe,
     "falcon-h1": _falcon_h1,
 }
 
@@ -716,7 +725,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
-LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4"), 4)
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
