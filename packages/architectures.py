@@ -94,6 +94,7 @@ RULES: dict[str, CutRule] = {
     "glm4": CutRule(why=f"{_INDEX_FREE}; nextn layers dropped; M-RoPE, so later stages take hidden states "
                         "(glm4.cpp)"),
     "qwen2moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE with a gated shared expert (qwen2moe.cpp)"),
+    "olmoe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (olmoe.cpp)"),
     "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,

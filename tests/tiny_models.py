@@ -667,6 +667,17 @@ def _qwen2moe(t: Tiny) -> None:
     _pre_norm_blocks(t, ffn, bias=True)
 
 
+def _olmoe(t: Tiny) -> None:
+    """Multi-head attention with q/k norms over all of n_embd (so as many KV heads as heads), every
+    layer MoE with experts as wide as feed_forward_length (olmoe.cpp)."""
+    t.kv_heads = t.heads
+    _moe_keys(t)
+    t.set("attention.head_count_kv", [t.kv_heads] * t.layers)
+    t.set("feed_forward_length", [32] * t.layers)
+    _head(t)
+    _pre_norm_blocks(t, lambda i: t.experts(i, ff_exp=32), q_norm=t.width, k_norm=t.width)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -695,6 +706,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "mimo2": _mimo2,
     "glm4": _glm4,
     "qwen2moe": _qwen2moe,
+    "olmoe": _olmoe,
     "falcon-h1": _falcon_h1,
 }
 
@@ -725,7 +737,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
-LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe"), 4)
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
