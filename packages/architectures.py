@@ -44,6 +44,9 @@ class CutRule:
     # `load_swa_pattern(ml, n, dense_first)` makes sliding-window layers from the index unless
     # the per-layer array is present: the package writes the array, so every cut keeps it.
     swa_pattern: tuple[int, bool] | None = None
+    # load_arch_hparams reads the per-layer sliding-window array itself (get_arr, required):
+    # sliced like any per-layer array, but cuts must still leave a sliding layer in every stage.
+    swa_array: bool = False
     # Keys whose value is a period the graph applies to the index (llama4's MoE every n-th
     # layer): cuts fall on multiples of it too.
     period_keys: tuple[str, ...] = ()
@@ -81,6 +84,18 @@ RULES: dict[str, CutRule] = {
     "qwen2": CutRule(why=f"{_INDEX_FREE} (qwen2.cpp)"),
     "qwen3": CutRule(why=f"{_INDEX_FREE} (qwen3.cpp)"),
     "qwen3moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (qwen3moe.cpp)"),
+    "step35": CutRule(swa_array=True,
+                      why="sliding-window layers by the per-layer array, with their own head counts and RoPE; "
+                          "dense or MoE by the tensors; nextn layers dropped (step35.cpp)"),
+    "mimo2": CutRule(swa_array=True,
+                     why="sliding-window layers by the per-layer array, with their own head counts and RoPE; "
+                         "dense or MoE by the tensors; nextn layers dropped (mimo2.cpp)"),
+    # Only with M-RoPE sections (split_refusal): glm4.cpp aborts on hidden-state input without them.
+    "glm4": CutRule(why=f"{_INDEX_FREE}; nextn layers dropped; M-RoPE, so later stages take hidden states "
+                        "(glm4.cpp)"),
+    "qwen2moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE with a gated shared expert (qwen2moe.cpp)"),
+    "olmoe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (olmoe.cpp)"),
+    "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
                       why="load_swa_pattern(ml, 2); the graph scales every input by √n_embd (gemma2.cpp)"),
@@ -96,6 +111,12 @@ RULES: dict[str, CutRule] = {
     "deepseek2": CutRule(front_counts=_LEAD,
                          why="dense FFN where il < n_layer_dense_lead; nextn layers dropped; gating and "
                              "q_lora_rank written as the whole model derives them (deepseek2.cpp)"),
+    # llama_model_mistral4 is deepseek2's loader and graph under another name (models.h); its
+    # attention temperature (Mistral Large's) follows the position, not the layer.
+    "mistral4": CutRule(front_counts=_LEAD,
+                        why="deepseek2's loader and graph: dense FFN where il < n_layer_dense_lead; nextn "
+                            "layers dropped; gating and q_lora_rank written as the whole model derives them "
+                            "(mistral4.cpp, deepseek2.cpp)"),
     # The package also writes M-RoPE sections: the graph aborts on embedding input without them
     # (stage_metadata._glm4moe_keys).
     "glm4moe": CutRule(front_counts=_LEAD,
@@ -119,7 +140,14 @@ RULES: dict[str, CutRule] = {
                                  f"{_ONE_KIND}; build_inp_embd applies f_embedding_scale to embd input too"),
     "qwen35": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35.cpp")),
     "qwen3next": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen3next.cpp")),
+    # qwen35's layers with an MoE FFN in every one (a shared expert gated per token): nothing
+    # more from the index; its MTP layers past the main stack are dropped like any nextn layers.
+    "qwen35moe": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35moe.cpp")),
 }
+
+# Architectures whose hparams llama_model_deepseek2::load_arch_hparams reads (llama_model_mistral4
+# derives from it, models.h): what it derives from n_layer() is written for the whole model.
+DEEPSEEK2_HPARAMS = ("deepseek2", "mistral4")
 
 # Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).
 _NOT_TEXT = {
@@ -165,6 +193,13 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
         # layers gets 1/sqrt(head_dim) instead
         return (f"{architecture} with {blocks} layers (27B) takes its attention scale from the total "
                 f"layer count")
+    sections = (metadata or {}).get("glm4.rope.dimension_sections")
+    if architecture == "glm4" and metadata is not None and not (isinstance(sections, list) and len(sections) >= 2
+                                                                and sections[0] > 0 and sections[1] > 0):
+        # glm4.cpp aborts on embedding input unless the model uses M-RoPE, and text-only GLM-4
+        # rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM) where M-RoPE rotates halves (as NEOX):
+        # unlike glm4moe's NEOX, no sections can be written in without changing the model
+        return "glm4 without M-RoPE sections (text-only GLM-4) cannot take hidden states in a later stage"
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"
@@ -180,7 +215,7 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
     meta = metadata or {}
     cuts: Sequence[int] = range(step, layer_count, step)
     sliding = meta.get(swa_key(architecture))
-    if RULES[architecture].swa_pattern is not None and isinstance(sliding, list):
+    if _slides(RULES[architecture]) and isinstance(sliding, list):
         # With a sliding window, llama_model::create_memory (llama-model.cpp) asserts
         # `hparams.is_swa_any()`: a stage of full-attention layers only aborts the process. A
         # stage starting at a sliding-window layer has one, and so does the first stage when a
@@ -203,12 +238,12 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
 def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, end: int) -> str | None:
     """Why layers [start, end) of a package (its metadata) cannot be one stage, or None: what
     llama.cpp decides from a stage's own layers that no key can override."""
-    if architecture == "deepseek2" and int(metadata.get("deepseek2.attention.q_lora_rank") or 0) > 0 \
-            and deepseek2_is_lite(end - start, metadata):
+    if architecture in DEEPSEEK2_HPARAMS and int(metadata.get(f"{architecture}.attention.q_lora_rank") or 0) > 0 \
+            and deepseek2_is_lite(end - start, metadata, architecture):
         # llama_model_deepseek2::load_arch_hparams skips q_lora_rank for a "Lite" layer count
         # (26, 27, or 48 with a 128256 vocabulary): such a stage would look for attn_q, which a
         # model with a q LoRA does not have.
-        return (f"llama.cpp reads a {end - start}-layer deepseek2 as Lite and ignores its "
+        return (f"llama.cpp reads a {end - start}-layer {architecture} as Lite and ignores its "
                 "q_lora_rank (deepseek2.cpp load_arch_hparams)")
     rule = RULES.get(architecture)
     if rule is not None and rule.recurrent_layers:
@@ -236,15 +271,15 @@ def recurrent_layers(architecture: str, metadata: Mapping[str, Any], layer_count
     return [int(n or 0) == 0 for n in heads]
 
 
-def deepseek2_vocab(metadata: Mapping[str, Any]) -> int:
+def deepseek2_vocab(metadata: Mapping[str, Any], architecture: str = "deepseek2") -> int:
     """n_vocab as llama_model_deepseek2::load_arch_hparams reads it: vocab_size, else the token list."""
-    size = metadata.get("deepseek2.vocab_size")
+    size = metadata.get(f"{architecture}.vocab_size")
     return int(size) if size is not None else len(metadata.get("tokenizer.ggml.tokens") or ())
 
 
-def deepseek2_is_lite(layers: int, metadata: Mapping[str, Any]) -> bool:
+def deepseek2_is_lite(layers: int, metadata: Mapping[str, Any], architecture: str = "deepseek2") -> bool:
     """`is_lite` of llama_model_deepseek2::load_arch_hparams, for a model of `layers` = n_layer()."""
-    return layers in (26, 27) or (layers == 48 and deepseek2_vocab(metadata) == 128256)
+    return layers in (26, 27) or (layers == 48 and deepseek2_vocab(metadata, architecture) == 128256)
 
 
 def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:
@@ -258,6 +293,11 @@ def period(architecture: str, metadata: Mapping[str, Any] | None = None) -> int:
     return math.lcm(*steps)
 
 
+def _slides(rule: CutRule) -> bool:
+    """Whether the rule's model has sliding-window layers told by the per-layer array."""
+    return rule.swa_pattern is not None or rule.swa_array
+
+
 def swa_key(architecture: str) -> str:
     return f"{architecture}.attention.sliding_window_pattern"
 
@@ -269,11 +309,22 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
         return f"{architecture}: not split ({refusal})"
     n = period(architecture, metadata)
     where = "any layer" if n == 1 else f"every {n}th layer"
-    if RULES[architecture].swa_pattern is not None and isinstance((metadata or {}).get(swa_key(architecture)), list):
+    if _slides(RULES[architecture]) and isinstance((metadata or {}).get(swa_key(architecture)), list):
         where = f"{where} that starts with a sliding-window layer"
     if RULES[architecture].recurrent_layers:
         where = "a recurrent layer that follows an attention layer"
     return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
+
+
+# Graphs that name the last layer's output again after `l_out`: step35.cpp calls
+# cb(cur, "h_nextn", -1) on the un-normed residual after its loop, and a tensor keeps its last
+# name, so a stage's tap reads that one.
+_LAST_OUTPUT = {"step35": "h_nextn"}
+
+
+def tap_name(architecture: str, last_layer: int) -> str:
+    """The graph's name for the output of a stage's last layer, which the hidden tap reads."""
+    return _LAST_OUTPUT.get(architecture, f"l_out-{last_layer}")
 
 
 def hidden_input_scale(architecture: str, width: int) -> float:

@@ -14,7 +14,14 @@ from dataclasses import replace
 from gguf import GGUFValueType
 
 from packages.architecture_kinds import PER_LAYER_KEYS
-from packages.architectures import RULES, deepseek2_is_lite, deepseek2_vocab, stage_refusal, swa_key
+from packages.architectures import (
+    DEEPSEEK2_HPARAMS,
+    RULES,
+    deepseek2_is_lite,
+    deepseek2_vocab,
+    stage_refusal,
+    swa_key,
+)
 from packages.errors import PackageError
 from packages.gguf_files import KeyValue
 
@@ -37,8 +44,8 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
         out = [kv for kv in out if kv.key != swa_key(arch)]
         out.append(KeyValue(swa_key(arch), swa_layers(n, rule.swa_pattern[1], main), GGUFValueType.ARRAY,
                             GGUFValueType.BOOL))
-    if arch == "deepseek2":
-        out = _deepseek2_keys(out, main)
+    if arch in DEEPSEEK2_HPARAMS:
+        out = _deepseek2_keys(out, main, arch)
     if arch == "glm4moe":
         out = _glm4moe_keys(out)
     return out, main
@@ -62,7 +69,7 @@ def _glm4moe_keys(metadata: list[KeyValue]) -> list[KeyValue]:
     return out
 
 
-def _deepseek2_keys(metadata: list[KeyValue], main: int) -> list[KeyValue]:
+def _deepseek2_keys(metadata: list[KeyValue], main: int, arch: str) -> list[KeyValue]:
     """What llama_model_deepseek2::load_arch_hparams derives from n_layer() (and the vocabulary),
     written out as the full model derives it, so no stage's own layer count changes it:
     - without expert_gating_func, sigmoid for 47 or 48 layers with a 154880 vocabulary (GLM 4.7
@@ -72,12 +79,12 @@ def _deepseek2_keys(metadata: list[KeyValue], main: int) -> list[KeyValue]:
       with a q LoRA keeps it, and a stage of a Lite layer count is refused (stage_refusal)."""
     values = {kv.key: kv.value for kv in metadata}
     out = list(metadata)
-    if "deepseek2.expert_gating_func" not in values:
-        sigmoid = main in (47, 48) and deepseek2_vocab(values) == 154880
-        out.append(KeyValue("deepseek2.expert_gating_func", 2 if sigmoid else 1, GGUFValueType.UINT32, None))
-    if deepseek2_is_lite(main, values):
-        out = [kv for kv in out if kv.key != "deepseek2.attention.q_lora_rank"]
-        out.append(KeyValue("deepseek2.attention.q_lora_rank", 0, GGUFValueType.UINT32, None))
+    if f"{arch}.expert_gating_func" not in values:
+        sigmoid = main in (47, 48) and deepseek2_vocab(values, arch) == 154880
+        out.append(KeyValue(f"{arch}.expert_gating_func", 2 if sigmoid else 1, GGUFValueType.UINT32, None))
+    if deepseek2_is_lite(main, values, arch):
+        out = [kv for kv in out if kv.key != f"{arch}.attention.q_lora_rank"]
+        out.append(KeyValue(f"{arch}.attention.q_lora_rank", 0, GGUFValueType.UINT32, None))
     return out
 
 

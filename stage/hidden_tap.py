@@ -1,7 +1,7 @@
 """Capture a layer's residual output from inside llama.cpp and stop the graph there.
 
 llama.cpp calls `cb_eval` for every graph node, first asking whether we want it. We say
-yes only for `l_out-{last}`, copy it out when it is computed, and answer False, which
+yes only for `l_out-{last}` (or the family's name for it), copy it out when it is computed, and answer False, which
 makes the scheduler skip the rest of the graph (final norm and lm_head). The KV cache
 has been written by then, so the decode counts. DESIGN.md §3 step 3.
 """
@@ -18,8 +18,8 @@ from stage.ggml_lib import ggml
 class HiddenTap:
     """Collects the named tensor once per ubatch; `take()` returns the rows in batch order."""
 
-    def __init__(self, last_layer: int, width: int) -> None:
-        self.name = f"l_out-{last_layer}".encode()
+    def __init__(self, tensor: str, width: int) -> None:
+        self.name = tensor.encode()  # the stage's last layer output (packages.architectures.tap_name)
         self.width = width
         self.chunks: list[np.ndarray] = []
         get_name = ggml.lib.ggml_get_name

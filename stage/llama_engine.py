@@ -13,7 +13,7 @@ import numpy as np
 from llama_cpp import llama_cpp as L
 
 from common.errors import EngineError
-from packages.architectures import hidden_input_scale
+from packages.architectures import hidden_input_scale, tap_name
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
 from stage.llama_model import INVARIANT_ROWS, KV_TYPES, architecture, flash_attn_type, kv_cache_for, load_model
@@ -56,7 +56,8 @@ class LlamaRangeEngine:
         self.kv_cache = cfg.kv_cache or kv_cache_for(gguf)  # stage.llama_model: the type that keeps rows exact
         # 1.0 except where the graph scales hidden-state input as it scales token input (gemma2)
         self.input_scale = 1.0 if cfg.first else hidden_input_scale(architecture(self.model), self.width)
-        self.tap = None if cfg.final else open_tap(self.n_layer - 1, self.width, cfg.batch)
+        self.tap = None if cfg.final else open_tap(tap_name(architecture(self.model), self.n_layer - 1),
+                                                           self.width, cfg.batch)
         self.ctx = self._new_context(self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
         self.mem = L.llama_get_memory(self.ctx)
         # An M-RoPE model reads 4 positions a row of embedding input, section-major (llama_batch

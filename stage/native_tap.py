@@ -67,8 +67,8 @@ class NativeTap:
     """HiddenTap's interface, its callback in C: collects the named tensor of every ubatch of
     a decode of at most `rows` rows; `take()` returns them in batch order."""
 
-    def __init__(self, lib: ctypes.CDLL, last_layer: int, width: int, rows: int) -> None:
-        self.name = f"l_out-{last_layer}".encode()
+    def __init__(self, lib: ctypes.CDLL, tensor: str, width: int, rows: int) -> None:
+        self.name = tensor.encode()
         self.width = width
         self.buffer = np.empty(rows * width, dtype=np.float32)
         base = ggml.lib
@@ -90,10 +90,10 @@ class NativeTap:
         return self.buffer[: rows * self.width].reshape(rows, self.width).copy()
 
 
-def open_tap(last_layer: int, width: int, rows: int) -> NativeTap | HiddenTap:
+def open_tap(tensor: str, width: int, rows: int) -> NativeTap | HiddenTap:
     """The C tap where a C compiler is (or was) here, else the Python one."""
     lib = _library()
-    return NativeTap(lib, last_layer, width, rows) if lib is not None else HiddenTap(last_layer, width)
+    return NativeTap(lib, tensor, width, rows) if lib is not None else HiddenTap(tensor, width)
 
 
 _loaded: list[ctypes.CDLL | None] = []

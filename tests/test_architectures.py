@@ -95,8 +95,10 @@ def _without_rule(arch: str) -> Iterator[None]:
 
 # lfm2's rule only keeps an attention and a recurrent layer in every stage: without it, a stage
 # of one kind aborts the process, which no test in it outlives (test_tiny_recurrent shows the
-# abort in a process of its own).
-_ABORTS_WITHOUT_RULE = {"lfm2"}
+# abort in a process of its own). step35's and mimo2's only keep a sliding-window layer in every stage (its
+# arrays are sliced whatever the rule): without it, llama_model::create_memory asserts is_swa_any
+# on a stage of full-attention layers (test_no_stage_is_left_without_a_sliding_window_layer).
+_ABORTS_WITHOUT_RULE = {"lfm2", "step35", "mimo2"}
 
 
 @pytest.mark.parametrize("arch", [a for a in PROVEN if RULES[a] != CutRule(why=RULES[a].why)
@@ -201,6 +203,9 @@ def test_no_stage_is_left_without_a_sliding_window_layer() -> None:
     assert allowed_cuts("olmo2", 8, {architectures.swa_key("olmo2"): [True, True, True, False] * 2}) == [1, 2, 4, 5, 6]
     assert allowed_cuts("gemma2", 8, {key: [False, True, False, True, True, True, True, True]}) == [3, 4, 5, 6, 7]
     assert allowed_cuts("gemma2", 8) == [2, 4, 6]  # no array: the pattern's period
+    # step35 reads the array itself (required): full attention at 0 and 4 here
+    step35 = {architectures.swa_key("step35"): [i % 4 != 0 for i in range(8)]}
+    assert allowed_cuts("step35", 8, step35) == [2, 3, 5, 6, 7]
 
 
 def test_no_hybrid_stage_is_left_with_one_kind_of_layer() -> None:
@@ -312,3 +317,11 @@ def test_a_split_with_iq1_s_zeros_equals_unsplit(tmp_path: Path) -> None:
     later = GGUFReader(materialize_stage(package, manifest, sha, 4, 8, tmp_path / "c")).tensors
     assert next(t for t in later if t.name == "token_embd.weight").tensor_type == GGMLQuantizationType.IQ1_S
     assert _chain_tokens(package, [4], tmp_path / "c") == reference_greedy(gguf, PROMPT, N)
+
+
+def test_a_text_only_glm4_is_not_split() -> None:
+    """glm4.cpp aborts on hidden-state input without M-RoPE, and its NORM RoPE is not M-RoPE's:
+    split only with the model's own sections."""
+    assert "without M-RoPE sections" in (architectures.split_refusal("glm4", {"glm4.block_count": 40}) or "")
+    assert allowed_cuts("glm4", 40, {"glm4.block_count": 40}) == []
+    assert allowed_cuts("glm4", 4, {"glm4.rope.dimension_sections": [8, 12, 12, 0]}) == [1, 2, 3]

@@ -46,7 +46,7 @@ def test_the_c_tap_gives_the_python_taps_rows(smollm2_package, tmp_path, fresh_c
 
 def test_without_a_c_compiler_the_python_tap_serves(fresh_cache, monkeypatch, capsys):
     monkeypatch.setattr(native_tap.shutil, "which", lambda name: None)
-    tap = native_tap.open_tap(14, 576, 32)
+    tap = native_tap.open_tap("l_out-14", 576, 32)
     assert isinstance(tap, HiddenTap)
     assert tap.user is None
 

@@ -65,10 +65,13 @@ class Tiny:
             kv.pop(f"{self.arch}.{suffix}", None)
         self.key(suffix, value, vtype)
 
-    def attention(self, i: int, q_norm: int = 0, k_norm: int = 0, bias: bool = False, q_gate: bool = False) -> None:
+    def attention(self, i: int, q_norm: int = 0, k_norm: int = 0, bias: bool = False, q_gate: bool = False,
+                  heads: tuple[int, int] | None = None) -> None:
         """Separate q, k, v and output projections; `q_norm`/`k_norm` the norms' lengths; with
-        `q_gate`, attn_q carries an output gate as wide as the query (qwen35)."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        `q_gate`, attn_q carries an output gate as wide as the query (qwen35); `heads` this
+        layer's (query, kv) head counts where they differ by layer."""
+        n_q, n_kv = heads or (self.heads, self.kv_heads)
+        q, kv = n_q * self.head_dim, n_kv * self.head_dim
         self.add(f"blk.{i}.attn_q.weight", self.w(2 * q if q_gate else q, self.width))
         self.add(f"blk.{i}.attn_k.weight", self.w(kv, self.width))
         self.add(f"blk.{i}.attn_v.weight", self.w(kv, self.width))
@@ -490,8 +493,9 @@ def _qwen35(t: Tiny) -> None:
     _gated_delta_hybrid(t, t.swiglu, fused_beta_alpha=False)
 
 
-def _qwen3next(t: Tiny) -> None:
-    """Every layer MoE with a gated shared expert."""
+def _gated_shared_moe(t: Tiny) -> Callable[[int], None]:
+    """Every layer MoE with a shared expert gated by a sigmoid of an n_embd vector (qwen3next.cpp,
+    qwen35moe.cpp): the keys, and the writer of layer i's FFN."""
     _moe_keys(t)
     t.key("expert_shared_feed_forward_length", 32)
 
@@ -500,7 +504,17 @@ def _qwen3next(t: Tiny) -> None:
         t.norm(f"blk.{i}.ffn_gate_inp_shexp.weight")
         _shared_experts(t, i, 32)
 
-    _gated_delta_hybrid(t, ffn, fused_beta_alpha=True)
+    return ffn
+
+
+def _qwen3next(t: Tiny) -> None:
+    _gated_delta_hybrid(t, _gated_shared_moe(t), fused_beta_alpha=True)
+
+
+def _qwen35moe(t: Tiny) -> None:
+    """qwen35's layers (beta and alpha apart, M-RoPE sections required) with qwen3next's MoE FFN."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _gated_delta_hybrid(t, _gated_shared_moe(t), fused_beta_alpha=False)
 
 
 def _nemotron_h(t: Tiny) -> None:
@@ -536,6 +550,134 @@ def _falcon_h1(t: Tiny) -> None:
         t.swiglu(i)
 
 
+# --- frontier families (issue 54) ---
+
+
+def _minimax_m2(t: Tiny) -> None:
+    """Every layer MoE with sigmoid gating and a selection bias; experts as wide as
+    feed_forward_length (minimax-m2.cpp reads n_ff for them); q/k norms over all heads; RoPE on
+    half the head, as MiniMax-M2 has it."""
+    _moe_keys(t)
+    t.set("feed_forward_length", [32] * t.layers)
+    t.key("expert_gating_func", 2)
+    t.set("rope.dimension_count", t.head_dim // 2)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.heads * t.head_dim, k_norm=t.kv_heads * t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.experts(i, ff_exp=32)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+
+def _mistral4(t: Tiny) -> None:
+    """deepseek2's layers (llama_model_mistral4 is its loader and graph) with Mistral Large's
+    attention temperature, which grows with the position every 8 tokens here."""
+    t.key("attention.temperature_scale", 0.5)
+    t.key("attention.temperature_length", 8)
+    _deepseek2(t)
+
+
+def _step35(t: Tiny) -> None:
+    """Sliding-window layers from the per-layer array (full attention on every 4th from layer 0),
+    with their own head counts and RoPE base; a head-wise attention gate; a dense first layer
+    and MoE with a shared expert after it, told apart by the tensors; per-layer SwiGLU clamps
+    (step35.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    heads = [(8, 4) if s else (t.heads, t.kv_heads) for s in sliding]
+    _moe_keys(t)
+    t.key("expert_shared_feed_forward_length", 32)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.set("attention.head_count", [q for q, _ in heads])
+    t.set("attention.head_count_kv", [kv for _, kv in heads])
+    t.key("swiglu_clamp_exp", [7.0] * t.layers, GGUFValueType.FLOAT32)
+    t.key("swiglu_clamp_shexp", [7.0] * t.layers, GGUFValueType.FLOAT32)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim, heads=heads[i])
+        t.add(f"blk.{i}.attn_gate.weight", t.w(heads[i][0], t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+
+
+def _mimo2(t: Tiny) -> None:
+    """Sliding-window layers by the per-layer array (full attention on every 4th from layer 0),
+    with their own head counts and RoPE base; attention sinks and a value scale; a dense first
+    layer and sigmoid-routed MoE after it, told apart by the tensors (mimo2.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    heads = [(4, 1) if s else (t.heads, t.kv_heads) for s in sliding]
+    _moe_keys(t)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.key("attention.value_scale", 0.7)
+    t.set("attention.head_count_kv", [kv for _, kv in heads])
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, heads=heads[i])
+        t.add(f"blk.{i}.attn_sinks.weight", t.w(heads[i][0], scale=1.0))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+
+def _glm4(t: Tiny) -> None:
+    """GLM-4 with M-RoPE sections (GLM-4.1V's language model, GLM-OCR): q/k/v biases, norms after
+    attention and FFN, a fused gate+up of 2 * n_ff, and one nextn layer past the main stack, whose
+    tensors llama.cpp skips (glm4.cpp)."""
+    blocks = t.layers + 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+        if i >= t.layers:
+            t.add(f"blk.{i}.nextn.eh_proj.weight", t.w(t.width, 2 * t.width))
+            t.norm(f"blk.{i}.nextn.enorm.weight")
+            t.norm(f"blk.{i}.nextn.hnorm.weight")
+
+
+def _qwen2moe(t: Tiny) -> None:
+    """qwen2's attention (q/k/v biases, q as wide as n_embd) and every layer MoE with a shared
+    expert gated per token (qwen2moe.cpp)."""
+    ffn = _gated_shared_moe(t)
+    _head(t)
+    _pre_norm_blocks(t, ffn, bias=True)
+
+
+def _olmoe(t: Tiny) -> None:
+    """Multi-head attention with q/k norms over all of n_embd (so as many KV heads as heads), every
+    layer MoE with experts as wide as feed_forward_length (olmoe.cpp)."""
+    t.kv_heads = t.heads
+    _moe_keys(t)
+    t.set("attention.head_count_kv", [t.kv_heads] * t.layers)
+    t.set("feed_forward_length", [32] * t.layers)
+    _head(t)
+    _pre_norm_blocks(t, lambda i: t.experts(i, ff_exp=32), q_norm=t.width, k_norm=t.width)
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -557,6 +699,14 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
     "qwen3next": _qwen3next,
+    "qwen35moe": _qwen35moe,
+    "minimax-m2": _minimax_m2,
+    "mistral4": _mistral4,
+    "step35": _step35,
+    "mimo2": _mimo2,
+    "glm4": _glm4,
+    "qwen2moe": _qwen2moe,
+    "olmoe": _olmoe,
     "falcon-h1": _falcon_h1,
 }
 
@@ -585,7 +735,11 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # 8 layers allow one cut where cuts fall on every 4th layer (llama4, and the hybrids with attention
 # on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
 # layer: 12 allow a split in three.
-LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next"), 12)
+LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
+# Families that may split at any layer need few layers to show it: fewer cuts to run.
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe"), 4)
+# full attention at 0 and 4: cuts at 2, 3 and 5
+LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
