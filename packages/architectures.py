@@ -119,6 +119,13 @@ RULES: dict[str, CutRule] = {
                                  f"{_ONE_KIND}; build_inp_embd applies f_embedding_scale to embd input too"),
     "qwen35": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35.cpp")),
     "qwen3next": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen3next.cpp")),
+    # Older dense families (issue 54): their graphs read nothing from the index but per-layer
+    # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
+    **{arch: CutRule(why=f"{_INDEX_FREE} ({source})") for arch, source in (
+        ("arcee", "arcee.cpp"), ("xverse", "xverse.cpp"), ("internlm2", "internlm2.cpp"), ("exaone", "exaone.cpp"),
+        ("maincoder", "maincoder.cpp"), ("orion", "orion.cpp"), ("starcoder2", "starcoder2.cpp"),
+        ("stablelm", "stablelm.cpp"),
+    )},
 }
 
 # Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).

@@ -189,7 +189,7 @@ def test_the_table_names_every_architecture_once_with_what_is_done_with_it() -> 
     rows = dict(architectures.table())
     assert len(rows) == len(architectures.table()) == len(KINDS) - 1  # all but "(unknown)"
     assert sorted(a for a, verdict in rows.items() if verdict.startswith("split: ")) == PROVEN
-    assert rows["starcoder2"].startswith("one node: splitting is not yet proven")
+    assert rows["bloom"].startswith("one node: splitting is not yet proven")
     assert rows["mamba"].startswith("refused: recurrent layers")
 
 

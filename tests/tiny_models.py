@@ -536,6 +536,68 @@ def _falcon_h1(t: Tiny) -> None:
         t.swiglu(i)
 
 
+# --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
+
+
+def _layer_norm(t: Tiny, name: str, n: int | None = None) -> None:
+    """A LayerNorm: weight and bias."""
+    t.norm(f"{name}.weight", n)
+    t.add(f"{name}.bias", t.w(n or t.width, scale=0.05))
+
+
+def _up_down(t: Tiny, i: int, bias: bool = False) -> None:
+    """An FFN without a gate (GELU or squared ReLU in the graph)."""
+    t.add(f"blk.{i}.ffn_up.weight", t.w(t.ff, t.width))
+    t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+    if bias:
+        t.add(f"blk.{i}.ffn_up.bias", t.w(t.ff, scale=0.05))
+        t.add(f"blk.{i}.ffn_down.bias", t.w(t.width, scale=0.05))
+
+
+def _arcee(t: Tiny) -> None:
+    """Llama attention, a squared-ReLU up/down FFN (arcee.cpp)."""
+    _head(t)
+    _pre_norm_blocks(t, lambda i: _up_down(t, i))
+
+
+def _maincoder(t: Tiny) -> None:
+    """q/k norms over a head (maincoder.cpp)."""
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _layer_norm_blocks(t: Tiny, ffn: Callable[[int], None], out_bias: bool = False, **attention: Any) -> None:
+    """Each layer: LayerNorm, attention, LayerNorm, `ffn(i)` (orion, starcoder2, stablelm, ...);
+    the output norm has a bias too, and `layer_norm_epsilon` is required."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        t.attention(i, **attention)
+        if out_bias:
+            t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        ffn(i)
+
+
+def _starcoder2(t: Tiny) -> None:
+    _layer_norm_blocks(t, lambda i: _up_down(t, i, bias=True), out_bias=True, bias=True)
+
+
+OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
+    "arcee": _arcee,
+    "xverse": _llama,  # xverse.cpp: llama's tensors (q as wide as n_embd)
+    "internlm2": _llama,  # internlm2.cpp: llama's tensors (q as wide as n_embd)
+    "exaone": _llama,  # exaone.cpp: llama's tensors
+    "maincoder": _maincoder,
+    "orion": lambda t: _layer_norm_blocks(t, t.swiglu),
+    "starcoder2": _starcoder2,
+    "stablelm": lambda t: _layer_norm_blocks(t, t.swiglu),
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -558,6 +620,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "qwen35": _qwen35,
     "qwen3next": _qwen3next,
     "falcon-h1": _falcon_h1,
+    **OLDER_DENSE,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
