@@ -124,8 +124,12 @@ RULES: dict[str, CutRule] = {
     **{arch: CutRule(why=f"{_INDEX_FREE} ({source})") for arch, source in (
         ("arcee", "arcee.cpp"), ("xverse", "xverse.cpp"), ("internlm2", "internlm2.cpp"), ("exaone", "exaone.cpp"),
         ("maincoder", "maincoder.cpp"), ("orion", "orion.cpp"), ("starcoder2", "starcoder2.cpp"),
-        ("stablelm", "stablelm.cpp"),
+        ("stablelm", "stablelm.cpp"), ("olmo", "olmo.cpp"), ("qwen", "qwen.cpp"), ("refact", "refact.cpp"),
+        ("codeshell", "codeshell.cpp"), ("phi2", "phi2.cpp"), ("falcon", "falcon.cpp"), ("nemotron", "nemotron.cpp"),
+        ("jais2", "jais2.cpp"), ("gptneox", "gptneox.cpp"), ("chatglm", "chatglm.cpp"),
     )},
+    "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
+                             "creates only where n_layer >= 64 (command-r.cpp)"),
 }
 
 # Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).
@@ -172,6 +176,9 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
         # layers gets 1/sqrt(head_dim) instead
         return (f"{architecture} with {blocks} layers (27B) takes its attention scale from the total "
                 f"layer count")
+    if architecture == "command-r" and int(blocks or 0) >= 64:
+        # a stage of fewer layers would not load the q/k norms the whole model has (command-r.cpp)
+        return f"command-r with {blocks} layers (Command R+) has q/k norms llama.cpp loads only for 64 layers or more"
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"

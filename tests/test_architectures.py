@@ -236,6 +236,13 @@ def test_a_gemma_27b_is_not_split(arch: str, layers: int) -> None:
     assert allowed_cuts(arch, layers - 4, {f"{arch}.block_count": layers - 4})
 
 
+def test_command_r_plus_is_not_split() -> None:
+    """command-r.cpp creates q/k norms only where n_layer >= 64: no stage of Command R+ would load them."""
+    assert "q/k norms" in (architectures.split_refusal("command-r", {"command-r.block_count": 64}) or "")
+    assert allowed_cuts("command-r", 64, {"command-r.block_count": 64}) == []
+    assert allowed_cuts("command-r", 40, {"command-r.block_count": 40}) == list(range(1, 40))
+
+
 def _deepseek2_meta(layers: int, vocab: int, q_lora_rank: int | None) -> list[KeyValue]:
     u32 = GGUFValueType.UINT32
     kvs = [KeyValue("deepseek2.block_count", layers, u32, None),

@@ -586,6 +586,103 @@ def _starcoder2(t: Tiny) -> None:
     _layer_norm_blocks(t, lambda i: _up_down(t, i, bias=True), out_bias=True, bias=True)
 
 
+def _fused_qkv(t: Tiny, i: int, bias: bool = False) -> None:
+    """attn_qkv as one tensor, q as wide as n_embd (falcon, gptneox, qwen)."""
+    n = t.width + 2 * t.kv_heads * t.head_dim
+    t.add(f"blk.{i}.attn_qkv.weight", t.w(n, t.width))
+    if bias:
+        t.add(f"blk.{i}.attn_qkv.bias", t.w(n, scale=0.05))
+
+
+def _olmo(t: Tiny) -> None:
+    """No norm weights at all: the graph's LayerNorms are parameter-free (olmo.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        t.attention(i)
+        t.swiglu(i)
+
+
+def _qwen(t: Tiny) -> None:
+    """Multi-head attention in one fused tensor with a bias; gate/up/down n_ff / 2 wide (qwen.cpp)."""
+    t.kv_heads = t.heads
+    t.set("attention.head_count_kv", [t.heads] * t.layers)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i, ff=t.ff // 2)
+
+
+def _phi2(t: Tiny) -> None:
+    """Attention and a biased GELU FFN in parallel off one LayerNorm; the head has a bias (phi2.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    t.add("output.bias", t.w(t.vocab, scale=0.05))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        t.attention(i, bias=True)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _up_down(t, i, bias=True)
+
+
+def _falcon(t: Tiny) -> None:
+    """Falcon-7B's layout: one LayerNorm before attention and FFN in parallel, fused q/k/v (falcon.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        _up_down(t, i)
+
+
+def _gptneox(t: Tiny) -> None:
+    """Fused biased q/k/v, biased LayerNorms and GELU FFN, the parallel residual (gptneox.cpp)."""
+    t.key("use_parallel_residual", True)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        _up_down(t, i, bias=True)
+
+
+def _command_r(t: Tiny) -> None:
+    """Attention and FFN in parallel off one LayerNorm (weight only), the head tied to the
+    embeddings and scaled by logit_scale (command-r.cpp); no q/k norms below 64 layers."""
+    t.key("logit_scale", 0.5)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.swiglu(i)
+
+
+def _chatglm(t: Tiny) -> None:
+    """ffn_up holds gate and up, 2 * n_ff (chatglm.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+
 OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "arcee": _arcee,
     "xverse": _llama,  # xverse.cpp: llama's tensors (q as wide as n_embd)
@@ -595,6 +692,17 @@ OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "orion": lambda t: _layer_norm_blocks(t, t.swiglu),
     "starcoder2": _starcoder2,
     "stablelm": lambda t: _layer_norm_blocks(t, t.swiglu),
+    "olmo": _olmo,
+    "qwen": _qwen,
+    "refact": _llama,  # refact.cpp: llama's tensors; ALiBi instead of RoPE
+    "codeshell": lambda t: _layer_norm_blocks(t, lambda i: _up_down(t, i, bias=True), out_bias=True, bias=True),
+    "phi2": _phi2,
+    "falcon": _falcon,
+    "nemotron": lambda t: _layer_norm_blocks(t, lambda i: _up_down(t, i)),
+    "jais2": lambda t: _layer_norm_blocks(t, lambda i: _up_down(t, i, bias=True), out_bias=True),
+    "gptneox": _gptneox,
+    "command-r": _command_r,
+    "chatglm": _chatglm,
 }
 
 
