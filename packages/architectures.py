@@ -54,6 +54,9 @@ class CutRule:
     token_input_only: Mapping[str, Any] = field(default_factory=dict)
     # The graph multiplies whatever it is fed by √n_embd: later stages feed h / √n_embd.
     scales_any_input: bool = False
+    # Tensors the graph adds to whatever it is fed (absolute position embeddings, gpt2.cpp):
+    # zeros on stages after the first, which get hidden states that already hold them.
+    input_tensors: tuple[str, ...] = ()
     # A hybrid whose every layer is either attention or recurrent: how load_arch_hparams tells the
     # recurrent ones (KV_HEADS or INTERVAL). llm_graph_input_mem_hybrid::set_input (llama-graph.cpp)
     # fills the inputs of both memories, and a stage without one kind of layer never gives that
@@ -128,6 +131,14 @@ RULES: dict[str, CutRule] = {
         ("codeshell", "codeshell.cpp"), ("phi2", "phi2.cpp"), ("falcon", "falcon.cpp"), ("nemotron", "nemotron.cpp"),
         ("jais2", "jais2.cpp"), ("gptneox", "gptneox.cpp"), ("chatglm", "chatglm.cpp"),
     )},
+    "gemma": CutRule(scales_any_input=True, why="the graph scales every input by √n_embd (gemma.cpp)"),
+    "minicpm": CutRule(token_input_only={"embedding_scale": 0.0},
+                       why="build_inp_embd applies f_embedding_scale to embd input too; the residual scale "
+                           "is written as 1.4/√n_layer of the whole model (minicpm.cpp)"),
+    "jais": CutRule(why=f"{_INDEX_FREE}; ALiBi from the position (jais.cpp)"),
+    **{arch: CutRule(input_tensors=("position_embd.weight",),
+                     why=f"the graph adds position embeddings to any input: zeros after stage 0 ({arch}.cpp)")
+       for arch in ("gpt2", "starcoder", "mpt")},
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

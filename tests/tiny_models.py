@@ -683,6 +683,53 @@ def _chatglm(t: Tiny) -> None:
         t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
 
 
+def _gemma(t: Tiny) -> None:
+    """Llama's tensors with the head tied to the embeddings, which the graph scales by √n_embd
+    (8 here: a later stage's h/8 is exact), so they are drawn small (gemma.cpp)."""
+    _head(t, tied=True, embd_scale=0.02)
+    _pre_norm_blocks(t, t.swiglu)
+
+
+def _minicpm(t: Tiny) -> None:
+    """Llama's tensors; no embedding or residual scale keys, so llama.cpp's defaults (12 and
+    1.4/√n_layer) apply and the package writes them (minicpm.cpp)."""
+    _llama(t, embd_scale=0.02)
+
+
+def _jais(t: Tiny) -> None:
+    """Fused biased q/k/v, biased LayerNorms and a biased SwiGLU, ALiBi (jais.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        t.swiglu(i)
+        for name, n in (("gate", t.ff), ("up", t.ff), ("down", t.width)):
+            t.add(f"blk.{i}.ffn_{name}.bias", t.w(n, scale=0.05))
+
+
+def _learned_positions(t: Tiny) -> None:
+    """gpt2, starcoder, and mpt with position_embd: a learned embedding per position
+    ({n_embd, n_ctx_train}), added to the input; biased LayerNorms, fused q/k/v, GELU FFN."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    t.add("position_embd.weight", t.w(512, t.width))  # context_length rows
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        _up_down(t, i, bias=True)
+
+
 OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "arcee": _arcee,
     "xverse": _llama,  # xverse.cpp: llama's tensors (q as wide as n_embd)
@@ -703,6 +750,12 @@ OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "gptneox": _gptneox,
     "command-r": _command_r,
     "chatglm": _chatglm,
+    "gemma": _gemma,
+    "minicpm": _minicpm,
+    "jais": _jais,
+    "gpt2": _learned_positions,
+    "starcoder": _learned_positions,
+    "mpt": _learned_positions,
 }
 
 
