@@ -156,6 +156,27 @@ _NOT_TEXT = {
     UNKNOWN: "not an architecture llama.cpp 0.3.36 knows",
 }
 UNPROVEN = "splitting is not yet proven for it: served on one node"
+# Text families whose graph cannot be cut, with the rule that stands in the way: served on one node.
+ONE_NODE: dict[str, str] = {
+    "baichuan": "the graph takes RoPE (7B, 32 layers) or ALiBi (13B, 40 layers) from the model type, which "
+                "load_arch_hparams derives from n_layer(): a stage of any other count has neither (baichuan.cpp)",
+    "bloom": "the graph LayerNorms whatever it is fed (token_embd_norm): a later stage would normalize the "
+             "hidden state again (bloom.cpp)",
+    "talkie": "every layer adds the normalized token embeddings (embd_skip): a later stage has no tokens (talkie.cpp)",
+    "minicpm3": "the residual scale is 1.4/√n_layer of the stage's own layers, with no key to carry the whole "
+                "model's, and every input is scaled by 12 (minicpm3.cpp)",
+    "gptj": "llama.cpp 0.3.36 lists it but has no model class for it: it cannot load",
+    "cogvlm": "ubatch.token picks the text or the vision experts of every layer: a later stage, fed hidden "
+              "states, would run the vision experts (cogvlm.cpp)",
+    "graniteswitch": "the graph asserts token input (GGML_ASSERT(ubatch.token)): a later stage cannot run "
+                     "(granite-switch.cpp)",
+    "hrm_text": "block_count must equal layers_per_stack * h_cycles * (l_cycles + 1) (asserted), the stacks "
+                "re-run over cycles on shared weights (hrm-text.cpp)",
+    "nanbeige": "num_loops runs the physical layers again, with a loop norm at (il + 1) % n_phys: a stage "
+                "holds part of a loop (nanbeige.cpp)",
+    "gemma3n": "layers past n_layer_kv_from_start (20, fixed) reuse earlier layers' KV, and per-layer inputs "
+               "come from the tokens (gemma3n.cpp)",
+}
 # Layer counts from which llama.cpp derives a 27B's attention scale.
 _27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -179,7 +200,8 @@ def require_servable(architecture: str) -> None:
 def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) -> str | None:
     """Why this model may not be split, or None when it may."""
     if architecture not in RULES:
-        return _NOT_TEXT.get(kind_of(architecture), UNPROVEN)  # a text model: not yet proven
+        # a text model: one node, with its reason where one is known
+        return ONE_NODE.get(architecture) or _NOT_TEXT.get(kind_of(architecture), UNPROVEN)
     blocks = (metadata or {}).get(f"{architecture}.block_count")
     if architecture in _27B_LAYERS and blocks == _27B_LAYERS[architecture]:
         # load_arch_hparams (gemma2.cpp, gemma3.cpp) takes the 27B's query scale
@@ -325,6 +347,8 @@ def table() -> list[tuple[str, str]]:
         needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
         if arch in RULES:
             rows.append((arch, f"split: {describe_rule(arch).split(': ', 1)[1]}"))
+        elif arch in ONE_NODE:
+            rows.append((arch, f"one node: {ONE_NODE[arch]}"))
         elif kind_of(arch) == TEXT:
             rows.append((arch, f"one node: {UNPROVEN.split(':')[0]}{needs}"))
         else:

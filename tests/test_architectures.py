@@ -140,6 +140,16 @@ def test_an_unproven_architecture_is_packaged_to_serve_on_one_node(tmp_path: Pat
     assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
 
 
+@pytest.mark.parametrize("arch", sorted(architectures.ONE_NODE))
+def test_a_text_family_that_cannot_be_cut_serves_on_one_node_with_its_reason(arch: str) -> None:
+    architectures.require_servable(arch)
+    assert allowed_cuts(arch, 8) == []
+    assert architectures.split_refusal(arch) == architectures.ONE_NODE[arch]
+    assert dict(architectures.table())[arch] == f"one node: {architectures.ONE_NODE[arch]}"
+    assert arch not in RULES
+    assert KINDS[arch] == "text"
+
+
 @pytest.mark.parametrize(("arch", "reason"), [("mamba", "recurrent"), ("jamba", "hybrid"), ("bert", "encoder"),
                                               ("clip", "vision"), ("llada", "diffusion"), ("t5", "encoder-decoder")])
 def test_what_generates_no_text_or_cannot_roll_back_is_refused_with_its_reason(arch: str, reason: str) -> None:
@@ -189,7 +199,7 @@ def test_the_table_names_every_architecture_once_with_what_is_done_with_it() -> 
     rows = dict(architectures.table())
     assert len(rows) == len(architectures.table()) == len(KINDS) - 1  # all but "(unknown)"
     assert sorted(a for a, verdict in rows.items() if verdict.startswith("split: ")) == PROVEN
-    assert rows["bloom"].startswith("one node: splitting is not yet proven")
+    assert rows["bloom"].startswith("one node: the graph LayerNorms whatever it is fed")
     assert rows["mamba"].startswith("refused: recurrent layers")
 
 
