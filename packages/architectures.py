@@ -135,6 +135,10 @@ RULES: dict[str, CutRule] = {
     "minicpm": CutRule(token_input_only={"embedding_scale": 0.0},
                        why="build_inp_embd applies f_embedding_scale to embd input too; the residual scale "
                            "is written as 1.4/√n_layer of the whole model (minicpm.cpp)"),
+    "granitemoe": CutRule(token_input_only={"embedding_scale": 0.0},
+                          why="every layer MoE; build_inp_embd applies f_embedding_scale to embd input too "
+                              "(granite-moe.cpp, the granite graph)"),
+    "qwen2vl": CutRule(why=f"{_INDEX_FREE}; M-RoPE: later stages pass 4 positions a row (qwen2vl.cpp)"),
     "jais": CutRule(why=f"{_INDEX_FREE}; ALiBi from the position (jais.cpp)"),
     **{arch: CutRule(input_tensors=("position_embd.weight",),
                      why=f"the graph adds position embeddings to any input: zeros after stage 0 ({arch}.cpp)")

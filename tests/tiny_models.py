@@ -730,6 +730,26 @@ def _learned_positions(t: Tiny) -> None:
         _up_down(t, i, bias=True)
 
 
+def _granitemoe(t: Tiny) -> None:
+    """Every layer MoE whose experts are feed_forward_length wide, and Granite's scales
+    (granite-moe.cpp): the embedding scale, which build_inp_embd applies to hidden-state input too."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("logit_scale", 8.0)
+    t.key("embedding_scale", 12.0)
+    t.key("residual_scale", 0.22)
+    _head(t, embd_scale=0.05)
+    _pre_norm_blocks(t, lambda i: t.experts(i, ff_exp=t.ff))
+
+
+def _qwen2vl(t: Tiny) -> None:
+    """Qwen2's tensors; M-RoPE sections are required (qwen2vl.cpp): a later stage's engine passes
+    4 positions a row of embedding input."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, bias=True)
+
+
 OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "arcee": _arcee,
     "xverse": _llama,  # xverse.cpp: llama's tensors (q as wide as n_embd)
@@ -756,6 +776,8 @@ OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "gpt2": _learned_positions,
     "starcoder": _learned_positions,
     "mpt": _learned_positions,
+    "granitemoe": _granitemoe,
+    "qwen2vl": _qwen2vl,
 }
 
 
