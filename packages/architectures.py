@@ -130,6 +130,8 @@ RULES: dict[str, CutRule] = {
         ("stablelm", "stablelm.cpp"), ("olmo", "olmo.cpp"), ("qwen", "qwen.cpp"), ("refact", "refact.cpp"),
         ("codeshell", "codeshell.cpp"), ("phi2", "phi2.cpp"), ("falcon", "falcon.cpp"), ("nemotron", "nemotron.cpp"),
         ("jais2", "jais2.cpp"), ("gptneox", "gptneox.cpp"), ("chatglm", "chatglm.cpp"),
+        ("pangu-embedded", "pangu-embed.cpp"), ("plamo", "plamo.cpp"),
+        ("hunyuan-dense", "hunyuan-vl.cpp"),
     )},
     "gemma": CutRule(scales_any_input=True, why="the graph scales every input by √n_embd (gemma.cpp)"),
     "minicpm": CutRule(token_input_only={"embedding_scale": 0.0},

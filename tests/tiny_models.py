@@ -750,6 +750,26 @@ def _qwen2vl(t: Tiny) -> None:
     _pre_norm_blocks(t, t.swiglu, bias=True)
 
 
+def _pangu_embedded(t: Tiny) -> None:
+    """Llama's tensors with a required attention output bias (pangu-embed.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _plamo(t: Tiny) -> None:
+    """Attention and FFN in parallel off one norm, no FFN norm (plamo.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.swiglu(i)
+
+
 OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "arcee": _arcee,
     "xverse": _llama,  # xverse.cpp: llama's tensors (q as wide as n_embd)
@@ -778,6 +798,9 @@ OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
     "mpt": _learned_positions,
     "granitemoe": _granitemoe,
     "qwen2vl": _qwen2vl,
+    "pangu-embedded": _pangu_embedded,
+    "plamo": _plamo,
+    "hunyuan-dense": _maincoder,  # hunyuan-vl.cpp's loader: q/k norms over a head, SwiGLU
 }
 
 
