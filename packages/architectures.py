@@ -57,6 +57,9 @@ class CutRule:
     token_input_only: Mapping[str, Any] = field(default_factory=dict)
     # The graph multiplies whatever it is fed by √n_embd: later stages feed h / √n_embd.
     scales_any_input: bool = False
+    # Tensors the graph adds to whatever it is fed (absolute position embeddings, gpt2.cpp):
+    # zeros on stages after the first, which get hidden states that already hold them.
+    input_tensors: tuple[str, ...] = ()
     # A hybrid whose every layer is either attention or recurrent: how load_arch_hparams tells the
     # recurrent ones (KV_HEADS or INTERVAL). llm_graph_input_mem_hybrid::set_input (llama-graph.cpp)
     # fills the inputs of both memories, and a stage without one kind of layer never gives that
@@ -143,6 +146,31 @@ RULES: dict[str, CutRule] = {
     # qwen35's layers with an MoE FFN in every one (a shared expert gated per token): nothing
     # more from the index; its MTP layers past the main stack are dropped like any nextn layers.
     "qwen35moe": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35moe.cpp")),
+    # Older dense families (issue 54): their graphs read nothing from the index but per-layer
+    # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
+    **{arch: CutRule(why=f"{_INDEX_FREE} ({source})") for arch, source in (
+        ("arcee", "arcee.cpp"), ("xverse", "xverse.cpp"), ("internlm2", "internlm2.cpp"), ("exaone", "exaone.cpp"),
+        ("maincoder", "maincoder.cpp"), ("orion", "orion.cpp"), ("starcoder2", "starcoder2.cpp"),
+        ("stablelm", "stablelm.cpp"), ("olmo", "olmo.cpp"), ("qwen", "qwen.cpp"), ("refact", "refact.cpp"),
+        ("codeshell", "codeshell.cpp"), ("phi2", "phi2.cpp"), ("falcon", "falcon.cpp"), ("nemotron", "nemotron.cpp"),
+        ("jais2", "jais2.cpp"), ("gptneox", "gptneox.cpp"), ("chatglm", "chatglm.cpp"),
+        ("pangu-embedded", "pangu-embed.cpp"), ("plamo", "plamo.cpp"),
+        ("hunyuan-dense", "hunyuan-vl.cpp"),
+    )},
+    "gemma": CutRule(scales_any_input=True, why="the graph scales every input by √n_embd (gemma.cpp)"),
+    "minicpm": CutRule(token_input_only={"embedding_scale": 0.0},
+                       why="build_inp_embd applies f_embedding_scale to embd input too; the residual scale "
+                           "is written as 1.4/√n_layer of the whole model (minicpm.cpp)"),
+    "granitemoe": CutRule(token_input_only={"embedding_scale": 0.0},
+                          why="every layer MoE; build_inp_embd applies f_embedding_scale to embd input too "
+                              "(granite-moe.cpp, the granite graph)"),
+    "qwen2vl": CutRule(why=f"{_INDEX_FREE}; M-RoPE: later stages pass 4 positions a row (qwen2vl.cpp)"),
+    "jais": CutRule(why=f"{_INDEX_FREE}; ALiBi from the position (jais.cpp)"),
+    **{arch: CutRule(input_tensors=("position_embd.weight",),
+                     why=f"the graph adds position embeddings to any input: zeros after stage 0 ({arch}.cpp)")
+       for arch in ("gpt2", "starcoder", "mpt")},
+    "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
+                             "creates only where n_layer >= 64 (command-r.cpp)"),
 }
 
 # Architectures whose hparams llama_model_deepseek2::load_arch_hparams reads (llama_model_mistral4
@@ -162,6 +190,27 @@ _NOT_TEXT = {
     UNKNOWN: "not an architecture llama.cpp 0.3.36 knows",
 }
 UNPROVEN = "splitting is not yet proven for it: served on one node"
+# Text families whose graph cannot be cut, with the rule that stands in the way: served on one node.
+ONE_NODE: dict[str, str] = {
+    "baichuan": "the graph takes RoPE (7B, 32 layers) or ALiBi (13B, 40 layers) from the model type, which "
+                "load_arch_hparams derives from n_layer(): a stage of any other count has neither (baichuan.cpp)",
+    "bloom": "the graph LayerNorms whatever it is fed (token_embd_norm): a later stage would normalize the "
+             "hidden state again (bloom.cpp)",
+    "talkie": "every layer adds the normalized token embeddings (embd_skip): a later stage has no tokens (talkie.cpp)",
+    "minicpm3": "the residual scale is 1.4/√n_layer of the stage's own layers, with no key to carry the whole "
+                "model's, and every input is scaled by 12 (minicpm3.cpp)",
+    "gptj": "llama.cpp 0.3.36 lists it but has no model class for it: it cannot load",
+    "cogvlm": "ubatch.token picks the text or the vision experts of every layer: a later stage, fed hidden "
+              "states, would run the vision experts (cogvlm.cpp)",
+    "graniteswitch": "the graph asserts token input (GGML_ASSERT(ubatch.token)): a later stage cannot run "
+                     "(granite-switch.cpp)",
+    "hrm_text": "block_count must equal layers_per_stack * h_cycles * (l_cycles + 1) (asserted), the stacks "
+                "re-run over cycles on shared weights (hrm-text.cpp)",
+    "nanbeige": "num_loops runs the physical layers again, with a loop norm at (il + 1) % n_phys: a stage "
+                "holds part of a loop (nanbeige.cpp)",
+    "gemma3n": "layers past n_layer_kv_from_start (20, fixed) reuse earlier layers' KV, and per-layer inputs "
+               "come from the tokens (gemma3n.cpp)",
+}
 # Layer counts from which llama.cpp derives a 27B's attention scale.
 _27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -185,7 +234,8 @@ def require_servable(architecture: str) -> None:
 def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) -> str | None:
     """Why this model may not be split, or None when it may."""
     if architecture not in RULES:
-        return _NOT_TEXT.get(kind_of(architecture), UNPROVEN)  # a text model: not yet proven
+        # a text model: one node, with its reason where one is known
+        return ONE_NODE.get(architecture) or _NOT_TEXT.get(kind_of(architecture), UNPROVEN)
     blocks = (metadata or {}).get(f"{architecture}.block_count")
     if architecture in _27B_LAYERS and blocks == _27B_LAYERS[architecture]:
         # load_arch_hparams (gemma2.cpp, gemma3.cpp) takes the 27B's query scale
@@ -200,6 +250,9 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
         # rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM) where M-RoPE rotates halves (as NEOX):
         # unlike glm4moe's NEOX, no sections can be written in without changing the model
         return "glm4 without M-RoPE sections (text-only GLM-4) cannot take hidden states in a later stage"
+    if architecture == "command-r" and int(blocks or 0) >= 64:
+        # a stage of fewer layers would not load the q/k norms the whole model has (command-r.cpp)
+        return f"command-r with {blocks} layers (Command R+) has q/k norms llama.cpp loads only for 64 layers or more"
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"
@@ -351,6 +404,8 @@ def table() -> list[tuple[str, str]]:
         needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
         if arch in RULES:
             rows.append((arch, f"split: {describe_rule(arch).split(': ', 1)[1]}"))
+        elif arch in ONE_NODE:
+            rows.append((arch, f"one node: {ONE_NODE[arch]}"))
         elif kind_of(arch) == TEXT:
             rows.append((arch, f"one node: {UNPROVEN.split(':')[0]}{needs}"))
         else:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from packages.architectures import check_range
+from packages.architectures import RULES, check_range
 from packages.gguf_files import TensorCopy, metadata_of, open_gguf, write_gguf
 from packages.integrity import atomic_file, sha256_file, verify_file
 from packages.manifest import Artifact, Manifest
@@ -61,6 +61,9 @@ def _write_stage(package_dir: Path, manifest: Manifest, start: int, end: int, de
     unused = {n for n, needed in (("token_embd.weight", start == 0 or (final and not untied)),
                                   ("output.weight", final)) if not needed and placeholders}
     tensors = [_placeholder(c) if c.name in unused else c for c in shared]
+    rule = RULES.get(arch)
+    if rule is not None and start > 0:
+        tensors = [_zeros(c) if c.name in rule.input_tensors else c for c in tensors]
     for layer in manifest.layers[start:end]:
         tensors += _copies(package_dir, layer, start)
     return write_gguf(dest, arch, metadata, tensors).sha256
@@ -82,6 +85,16 @@ def _placeholder(copy: TensorCopy) -> TensorCopy:
             zeros = t._replace(tensor_type=kind, n_bytes=data.nbytes, data_offset=0, data=data)
             return TensorCopy(copy.name, zeros)
     return copy
+
+
+def _zeros(copy: TensorCopy) -> TensorCopy:
+    """`copy` as zeros, which every ggml type decodes from zero bytes: a placeholder where one is
+    smaller, else zero bytes of its own type."""
+    small = _placeholder(copy)
+    if small is not copy:
+        return small
+    t = copy.source
+    return TensorCopy(copy.name, t._replace(data_offset=0, data=np.zeros_like(t.data)))
 
 
 def _copies(package_dir: Path, art: Artifact, shift: int) -> list[TensorCopy]:

@@ -8,6 +8,7 @@ counts from the front shifted, and scalars meant for token input made neutral af
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -48,7 +49,19 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
         out = _deepseek2_keys(out, main, arch)
     if arch == "glm4moe":
         out = _glm4moe_keys(out)
+    if arch == "minicpm":
+        out = _minicpm_keys(out, main)
     return out, main
+
+
+def _minicpm_keys(metadata: list[KeyValue], main: int) -> list[KeyValue]:
+    """llama_model_minicpm::load_arch_hparams defaults the embedding scale to 12 and the residual
+    scale to 1.4/√n_layer() where the keys are absent: written out, so a stage keeps the whole
+    model's residual scale and a later stage can turn the embedding scale off."""
+    have = {kv.key for kv in metadata}
+    f32 = GGUFValueType.FLOAT32
+    defaults = {"minicpm.embedding_scale": 12.0, "minicpm.residual_scale": 1.4 / math.sqrt(main)}
+    return [*metadata, *(KeyValue(key, value, f32, None) for key, value in defaults.items() if key not in have)]
 
 
 def _glm4moe_keys(metadata: list[KeyValue]) -> list[KeyValue]:

@@ -142,6 +142,16 @@ def test_an_unproven_architecture_is_packaged_to_serve_on_one_node(tmp_path: Pat
     assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
 
 
+@pytest.mark.parametrize("arch", sorted(architectures.ONE_NODE))
+def test_a_text_family_that_cannot_be_cut_serves_on_one_node_with_its_reason(arch: str) -> None:
+    architectures.require_servable(arch)
+    assert allowed_cuts(arch, 8) == []
+    assert architectures.split_refusal(arch) == architectures.ONE_NODE[arch]
+    assert dict(architectures.table())[arch] == f"one node: {architectures.ONE_NODE[arch]}"
+    assert arch not in RULES
+    assert KINDS[arch] == "text"
+
+
 @pytest.mark.parametrize(("arch", "reason"), [("mamba", "recurrent"), ("jamba", "hybrid"), ("bert", "encoder"),
                                               ("clip", "vision"), ("llada", "diffusion"), ("t5", "encoder-decoder")])
 def test_what_generates_no_text_or_cannot_roll_back_is_refused_with_its_reason(arch: str, reason: str) -> None:
@@ -191,7 +201,7 @@ def test_the_table_names_every_architecture_once_with_what_is_done_with_it() -> 
     rows = dict(architectures.table())
     assert len(rows) == len(architectures.table()) == len(KINDS) - 1  # all but "(unknown)"
     assert sorted(a for a, verdict in rows.items() if verdict.startswith("split: ")) == PROVEN
-    assert rows["starcoder2"].startswith("one node: splitting is not yet proven")
+    assert rows["bloom"].startswith("one node: the graph LayerNorms whatever it is fed")
     assert rows["mamba"].startswith("refused: recurrent layers")
 
 
@@ -239,6 +249,13 @@ def test_a_gemma_27b_is_not_split(arch: str, layers: int) -> None:
     assert allowed_cuts(arch, layers, meta) == []
     assert architectures.split_refusal(arch, {f"{arch}.block_count": layers - 4}) is None
     assert allowed_cuts(arch, layers - 4, {f"{arch}.block_count": layers - 4})
+
+
+def test_command_r_plus_is_not_split() -> None:
+    """command-r.cpp creates q/k norms only where n_layer >= 64: no stage of Command R+ would load them."""
+    assert "q/k norms" in (architectures.split_refusal("command-r", {"command-r.block_count": 64}) or "")
+    assert allowed_cuts("command-r", 64, {"command-r.block_count": 64}) == []
+    assert allowed_cuts("command-r", 40, {"command-r.block_count": 40}) == list(range(1, 40))
 
 
 def _deepseek2_meta(layers: int, vocab: int, q_lora_rank: int | None) -> list[KeyValue]:

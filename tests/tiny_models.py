@@ -678,6 +678,274 @@ def _olmoe(t: Tiny) -> None:
     _pre_norm_blocks(t, lambda i: t.experts(i, ff_exp=32), q_norm=t.width, k_norm=t.width)
 
 
+# --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
+
+
+def _layer_norm(t: Tiny, name: str, n: int | None = None) -> None:
+    """A LayerNorm: weight and bias."""
+    t.norm(f"{name}.weight", n)
+    t.add(f"{name}.bias", t.w(n or t.width, scale=0.05))
+
+
+def _up_down(t: Tiny, i: int, bias: bool = False) -> None:
+    """An FFN without a gate (GELU or squared ReLU in the graph)."""
+    t.add(f"blk.{i}.ffn_up.weight", t.w(t.ff, t.width))
+    t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+    if bias:
+        t.add(f"blk.{i}.ffn_up.bias", t.w(t.ff, scale=0.05))
+        t.add(f"blk.{i}.ffn_down.bias", t.w(t.width, scale=0.05))
+
+
+def _arcee(t: Tiny) -> None:
+    """Llama attention, a squared-ReLU up/down FFN (arcee.cpp)."""
+    _head(t)
+    _pre_norm_blocks(t, lambda i: _up_down(t, i))
+
+
+def _maincoder(t: Tiny) -> None:
+    """q/k norms over a head (maincoder.cpp)."""
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _layer_norm_blocks(t: Tiny, ffn: Callable[[int], None], out_bias: bool = False, **attention: Any) -> None:
+    """Each layer: LayerNorm, attention, LayerNorm, `ffn(i)` (orion, starcoder2, stablelm, ...);
+    the output norm has a bias too, and `layer_norm_epsilon` is required."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        t.attention(i, **attention)
+        if out_bias:
+            t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        ffn(i)
+
+
+def _starcoder2(t: Tiny) -> None:
+    _layer_norm_blocks(t, lambda i: _up_down(t, i, bias=True), out_bias=True, bias=True)
+
+
+def _fused_qkv(t: Tiny, i: int, bias: bool = False) -> None:
+    """attn_qkv as one tensor, q as wide as n_embd (falcon, gptneox, qwen)."""
+    n = t.width + 2 * t.kv_heads * t.head_dim
+    t.add(f"blk.{i}.attn_qkv.weight", t.w(n, t.width))
+    if bias:
+        t.add(f"blk.{i}.attn_qkv.bias", t.w(n, scale=0.05))
+
+
+def _olmo(t: Tiny) -> None:
+    """No norm weights at all: the graph's LayerNorms are parameter-free (olmo.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        t.attention(i)
+        t.swiglu(i)
+
+
+def _qwen(t: Tiny) -> None:
+    """Multi-head attention in one fused tensor with a bias; gate/up/down n_ff / 2 wide (qwen.cpp)."""
+    t.kv_heads = t.heads
+    t.set("attention.head_count_kv", [t.heads] * t.layers)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i, ff=t.ff // 2)
+
+
+def _phi2(t: Tiny) -> None:
+    """Attention and a biased GELU FFN in parallel off one LayerNorm; the head has a bias (phi2.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    t.add("output.bias", t.w(t.vocab, scale=0.05))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        t.attention(i, bias=True)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _up_down(t, i, bias=True)
+
+
+def _falcon(t: Tiny) -> None:
+    """Falcon-7B's layout: one LayerNorm before attention and FFN in parallel, fused q/k/v (falcon.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        _up_down(t, i)
+
+
+def _gptneox(t: Tiny) -> None:
+    """Fused biased q/k/v, biased LayerNorms and GELU FFN, the parallel residual (gptneox.cpp)."""
+    t.key("use_parallel_residual", True)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        _up_down(t, i, bias=True)
+
+
+def _command_r(t: Tiny) -> None:
+    """Attention and FFN in parallel off one LayerNorm (weight only), the head tied to the
+    embeddings and scaled by logit_scale (command-r.cpp); no q/k norms below 64 layers."""
+    t.key("logit_scale", 0.5)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.swiglu(i)
+
+
+def _chatglm(t: Tiny) -> None:
+    """ffn_up holds gate and up, 2 * n_ff (chatglm.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+
+def _gemma(t: Tiny) -> None:
+    """Llama's tensors with the head tied to the embeddings, which the graph scales by √n_embd
+    (8 here: a later stage's h/8 is exact), so they are drawn small (gemma.cpp)."""
+    _head(t, tied=True, embd_scale=0.02)
+    _pre_norm_blocks(t, t.swiglu)
+
+
+def _minicpm(t: Tiny) -> None:
+    """Llama's tensors; no embedding or residual scale keys, so llama.cpp's defaults (12 and
+    1.4/√n_layer) apply and the package writes them (minicpm.cpp)."""
+    _llama(t, embd_scale=0.02)
+
+
+def _jais(t: Tiny) -> None:
+    """Fused biased q/k/v, biased LayerNorms and a biased SwiGLU, ALiBi (jais.cpp)."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        t.swiglu(i)
+        for name, n in (("gate", t.ff), ("up", t.ff), ("down", t.width)):
+            t.add(f"blk.{i}.ffn_{name}.bias", t.w(n, scale=0.05))
+
+
+def _learned_positions(t: Tiny) -> None:
+    """gpt2, starcoder, and mpt with position_embd: a learned embedding per position
+    ({n_embd, n_ctx_train}), added to the input; biased LayerNorms, fused q/k/v, GELU FFN."""
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    t.add("position_embd.weight", t.w(512, t.width))  # context_length rows
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        _fused_qkv(t, i, bias=True)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        _up_down(t, i, bias=True)
+
+
+def _granitemoe(t: Tiny) -> None:
+    """Every layer MoE whose experts are feed_forward_length wide, and Granite's scales
+    (granite-moe.cpp): the embedding scale, which build_inp_embd applies to hidden-state input too."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("logit_scale", 8.0)
+    t.key("embedding_scale", 12.0)
+    t.key("residual_scale", 0.22)
+    _head(t, embd_scale=0.05)
+    _pre_norm_blocks(t, lambda i: t.experts(i, ff_exp=t.ff))
+
+
+def _qwen2vl(t: Tiny) -> None:
+    """Qwen2's tensors; M-RoPE sections are required (qwen2vl.cpp): a later stage's engine passes
+    4 positions a row of embedding input."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, bias=True)
+
+
+def _pangu_embedded(t: Tiny) -> None:
+    """Llama's tensors with a required attention output bias (pangu-embed.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _plamo(t: Tiny) -> None:
+    """Attention and FFN in parallel off one norm, no FFN norm (plamo.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.swiglu(i)
+
+
+OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
+    "arcee": _arcee,
+    "xverse": _llama,  # xverse.cpp: llama's tensors (q as wide as n_embd)
+    "internlm2": _llama,  # internlm2.cpp: llama's tensors (q as wide as n_embd)
+    "exaone": _llama,  # exaone.cpp: llama's tensors
+    "maincoder": _maincoder,
+    "orion": lambda t: _layer_norm_blocks(t, t.swiglu),
+    "starcoder2": _starcoder2,
+    "stablelm": lambda t: _layer_norm_blocks(t, t.swiglu),
+    "olmo": _olmo,
+    "qwen": _qwen,
+    "refact": _llama,  # refact.cpp: llama's tensors; ALiBi instead of RoPE
+    "codeshell": lambda t: _layer_norm_blocks(t, lambda i: _up_down(t, i, bias=True), out_bias=True, bias=True),
+    "phi2": _phi2,
+    "falcon": _falcon,
+    "nemotron": lambda t: _layer_norm_blocks(t, lambda i: _up_down(t, i)),
+    "jais2": lambda t: _layer_norm_blocks(t, lambda i: _up_down(t, i, bias=True), out_bias=True),
+    "gptneox": _gptneox,
+    "command-r": _command_r,
+    "chatglm": _chatglm,
+    "gemma": _gemma,
+    "minicpm": _minicpm,
+    "jais": _jais,
+    "gpt2": _learned_positions,
+    "starcoder": _learned_positions,
+    "mpt": _learned_positions,
+    "granitemoe": _granitemoe,
+    "qwen2vl": _qwen2vl,
+    "pangu-embedded": _pangu_embedded,
+    "plamo": _plamo,
+    "hunyuan-dense": _maincoder,  # hunyuan-vl.cpp's loader: q/k norms over a head, SwiGLU
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -708,6 +976,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "qwen2moe": _qwen2moe,
     "olmoe": _olmoe,
     "falcon-h1": _falcon_h1,
+    **OLDER_DENSE,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
