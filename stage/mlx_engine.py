@@ -26,7 +26,7 @@ from common.errors import EngineError
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step
 from stage.mlx_models import RangeModel, builder
-from stage.mlx_models.cache import KVCache
+from stage.mlx_models.cache import LayerCache
 from stage.mlx_tensors import MLX_GGUF_TYPES, unsupported_tensor
 
 
@@ -91,7 +91,7 @@ class MlxRangeEngine:
             self._pos[s.lane] = s.start + s.n
         return out
 
-    def _run(self, steps: list[Step], lanes: list[list[KVCache]]) -> list[np.ndarray]:
+    def _run(self, steps: list[Step], lanes: list[list[LayerCache]]) -> list[np.ndarray]:
         if self.first:
             h = self.model.embed(mx.array(np.stack([np.asarray(s.tokens, np.int32) for s in steps])))
         else:

@@ -7,7 +7,21 @@ overwritten by the next rows, so a trim costs nothing and a lane's buffer never 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import mlx.core as mx
+
+
+class LayerCache(Protocol):
+    """One lane's state for one layer, as the engine trims and evaluates it: KV (`KVCache`)
+    or a recurrent layer's (stage/mlx_models/recurrent.py)."""
+
+    offset: int
+
+    def trim(self, position: int) -> None: ...
+
+    @property
+    def state(self) -> list[mx.array]: ...
 
 
 class KVCache:

@@ -22,7 +22,7 @@ from typing import ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from stage.mlx_models.cache import KVCache
+from stage.mlx_models.cache import KVCache, LayerCache
 from stage.mlx_models.gguf_load import load_range, meta_number
 
 
@@ -158,12 +158,15 @@ class Model(nn.Module):
         self.width, self.n_vocab, self.n_layer = args.hidden_size, args.vocab_size, args.num_hidden_layers
         if first or (final and tied):
             self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args, self.attention, self.make_mlp(args))
-                       for _ in range(args.num_hidden_layers)]
+        self.layers = [self.make_layer(args, i) for i in range(args.num_hidden_layers)]
         if final:
             self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
             if not tied:
                 self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def make_layer(self, args: ModelArgs, index: int) -> nn.Module:
+        """The range's layer `index` (a hybrid's kind depends on it: qwen35moe.py)."""
+        return TransformerBlock(args, self.attention, self.make_mlp(args))
 
     def make_mlp(self, args: ModelArgs) -> nn.Module:
         return MLP(args.hidden_size, args.intermediate_size)
@@ -171,7 +174,7 @@ class Model(nn.Module):
     def embed(self, tokens: mx.array) -> mx.array:
         return self.embed_tokens(tokens)
 
-    def __call__(self, h: mx.array, lanes: list[list[KVCache]]) -> mx.array:
+    def __call__(self, h: mx.array, lanes: list[list[LayerCache]]) -> mx.array:
         """h: [B, rows, width] for B sessions; `lanes[b]` is session b's caches, one per layer."""
         for i, layer in enumerate(self.layers):
             h = layer(h, [caches[i] for caches in lanes])
@@ -181,7 +184,7 @@ class Model(nn.Module):
         h = self.norm(h)
         return self.embed_tokens.as_linear(h) if self.tied else self.lm_head(h)
 
-    def make_caches(self) -> list[KVCache]:
+    def make_caches(self) -> list[LayerCache]:
         return [KVCache() for _ in self.layers]
 
 
