@@ -192,6 +192,31 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return requantize(gguf, root / "qwen3-q4_0.gguf", "Q4_0"), requantize(gguf, root / "qwen3-q8_0.gguf", "Q8_0")
 
 
+@pytest.mark.mesh
+@pytest.mark.parametrize("engines", [("llama", "mlx"), ("mlx", "llama")], ids="-".join)
+def test_qwen35moe_mixed_mesh_equals_unsplit_llama_up_to_a_near_tie(tiny_qwen35moe, tmp_path, engines):
+    """The tiny qwen35moe (f32; gated delta-net layers, MoE; a Q8_0 draft of the same weights)
+    on a llama.cpp and an MLX stage answers as the unsplit llama.cpp model under the near-tie
+    rule, the drafts' rejections rolling back the MLX stage's delta-net state by checkpoint
+    (stage/mlx_models/recurrent.py) and the llama.cpp stage's by its own (stage/checkpoints.py)."""
+    target, draft = tiny_qwen35moe
+    common = ("--model", str(target), "--lanes", "2", "--ctx-size", "256")
+    reference = _serve_and_ask(_dir(tmp_path / "ref"), *common, "--local-stages", "1", "--engine", "llama",
+                               "--no-draft", model=target.stem)
+    run = _serve_and_ask(_dir(tmp_path / "mixed"), *common, "--local-stages", "2", "--engine", *engines,
+                         "--draft", str(draft), "--draft-window", "3", model=target.stem)
+    assert [s["engine"] for s in run.health["stages"]] == list(engines)
+    _assert_equal_up_to_a_near_tie(run, reference.answers)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen35moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny random qwen35moe (tests/tiny_models.py) in f32, and its Q8_0 draft."""
+    root = tmp_path_factory.mktemp("qwen35moe")
+    gguf = write_tiny(root / "qwen35moe.gguf", "qwen35moe")
+    return gguf, requantize(gguf, root / "qwen35moe-q8_0.gguf", "Q8_0")
+
+
 def _dir(path: Path) -> Path:
     path.mkdir()
     return path
