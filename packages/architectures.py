@@ -99,6 +99,8 @@ RULES: dict[str, CutRule] = {
     "qwen2moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE with a gated shared expert (qwen2moe.cpp)"),
     "olmoe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (olmoe.cpp)"),
     "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
+    # Only Seed-OSS-36B's model type comes from n_layer() (64), and the graph never reads it.
+    "seed_oss": CutRule(why=f"{_INDEX_FREE} (seed-oss.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
                       why="load_swa_pattern(ml, 2); the graph scales every input by √n_embd (gemma2.cpp)"),

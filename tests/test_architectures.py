@@ -133,12 +133,13 @@ def test_a_stage_keeping_whole_per_layer_arrays_does_not_load(tiny: dict[str, Pa
         _chain_tokens(package, [4], tmp_path / "cache")
 
 
-def test_an_unproven_architecture_is_packaged_to_serve_on_one_node(tmp_path: Path) -> None:
-    gguf = write_tiny(tmp_path / "seed.gguf", "seed_oss")
+def test_a_family_that_cannot_be_cut_is_packaged_to_serve_on_one_node(tmp_path: Path) -> None:
+    gguf = write_tiny(tmp_path / "talkie.gguf", "talkie")
     package = _package(gguf, tmp_path / "pkg")
     manifest, _ = load_manifest(package)
     assert manifest.allowed_cuts == ()
-    assert "not yet proven" in package_verdict(manifest.architecture, manifest.allowed_cuts, manifest.layer_count)
+    verdict = package_verdict(manifest.architecture, manifest.allowed_cuts, manifest.layer_count)
+    assert verdict == f"talkie: not split ({architectures.ONE_NODE['talkie']})"
     assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
 
 

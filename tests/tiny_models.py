@@ -678,6 +678,17 @@ def _olmoe(t: Tiny) -> None:
     _pre_norm_blocks(t, lambda i: t.experts(i, ff_exp=32), q_norm=t.width, k_norm=t.width)
 
 
+def _seed_oss(t: Tiny) -> None:
+    """q/k/v biases (Seed-OSS-36B has them; create_tensor_qkv loads them when present), a norm
+    after attention that is the FFN's input norm, an untied head (seed-oss.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.swiglu(i)
+
+
 # --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
 
 
@@ -975,6 +986,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "glm4": _glm4,
     "qwen2moe": _qwen2moe,
     "olmoe": _olmoe,
+    "seed_oss": _seed_oss,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
 }
@@ -983,17 +995,21 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
 NAMES = {"phi3": "tiny-phi-three"}
 
 
-def _seed_oss(t: Tiny) -> None:
-    _head(t)
+def _talkie(t: Tiny) -> None:
+    """Unweighted RMS norms, a q gain per head ({1, n_head}), an untied head, and a per-layer
+    scale on the normalized token embeddings every layer adds back (talkie.cpp)."""
+    t.key("logit_scale", 0.5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    t.add("output.weight", t.w(t.vocab, t.width))
     for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
         t.attention(i)
-        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.add(f"blk.{i}.attn_q_norm.weight", 1 + t.w(t.heads, 1, scale=0.1))
         t.swiglu(i)
+        t.add(f"blk.{i}.layer_output_scale.weight", t.w(1, scale=0.5))
 
 
-# Text architectures llama.cpp runs that are not proven to split: served on one node.
-UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
+# A text family llama.cpp runs whose graph cannot be cut (ONE_NODE): served on one node.
+ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 
 # A hybrid llama.cpp loads and decodes whole that meshpipe refuses: nemotron-h.cpp names a layer's
 # output nemotron_h_block_out, so a stage's hidden tap (l_out) cannot read it
@@ -1006,7 +1022,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
-LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe"), 4)
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
@@ -1017,7 +1033,7 @@ def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, 
     writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
     t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed), width=width)
     _common(t)
-    (WRITERS | UNPROVEN | RECURRENT)[arch](t)
+    (WRITERS | ONE_NODE_WRITERS | RECURRENT)[arch](t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
