@@ -101,6 +101,11 @@ RULES: dict[str, CutRule] = {
     "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
     # Only Seed-OSS-36B's model type comes from n_layer() (64), and the graph never reads it.
     "seed_oss": CutRule(why=f"{_INDEX_FREE} (seed-oss.cpp)"),
+    # The loader makes every layer past the lead MoE, the graph only every step-th of them: a
+    # model runs only with step 1, and the step's phase is kept anyway.
+    "ernie4_5-moe": CutRule(front_counts=_LEAD, period_keys=("interleave_moe_layer_step",),
+                            why="dense FFN where il < n_layer_dense_lead, MoE past it "
+                                "(ernie4-5.cpp, ernie4-5-moe.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
                       why="load_swa_pattern(ml, 2); the graph scales every input by √n_embd (gemma2.cpp)"),

@@ -689,6 +689,27 @@ def _seed_oss(t: Tiny) -> None:
         t.swiglu(i)
 
 
+def _ernie4_5_moe(t: Tiny) -> None:
+    """A dense first layer (leading_dense_block_count), then MoE with a selection bias and a
+    shared expert on every layer (interleave_moe_layer_step 1, as ERNIE-4.5-21B-A3B has it: the
+    loader makes every layer past the lead MoE, the graph every step-th) (ernie4-5.cpp, ernie4-5-moe.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("interleave_moe_layer_step", 1)
+    t.key("expert_shared_feed_forward_length", 32)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+
+
 # --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
 
 
@@ -987,6 +1008,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "qwen2moe": _qwen2moe,
     "olmoe": _olmoe,
     "seed_oss": _seed_oss,
+    "ernie4_5-moe": _ernie4_5_moe,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
 }
@@ -1022,7 +1044,8 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
-LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie"), 4)
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
+                                 "ernie4_5-moe"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
