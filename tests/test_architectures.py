@@ -259,6 +259,17 @@ def test_command_r_plus_is_not_split() -> None:
     assert allowed_cuts("command-r", 40, {"command-r.block_count": 40}) == list(range(1, 40))
 
 
+def test_exaone4_32b_is_not_split() -> None:
+    """exaone4.cpp turns its sliding window (and RoPE on sliding layers only) on where n_layer() is
+    64: no stage of the 32B has it, and a 64-layer stage of a larger model would."""
+    meta = {"exaone4.block_count": 65, "exaone4.nextn_predict_layers": 1}
+    assert "sliding window" in (architectures.split_refusal("exaone4", meta) or "")
+    assert allowed_cuts("exaone4", 64, meta) == []
+    assert allowed_cuts("exaone4", 30, {"exaone4.block_count": 30}) == list(range(1, 30))
+    assert 6 not in allowed_cuts("exaone4", 70, {"exaone4.block_count": 70})  # [6, 70) is 64 layers
+    assert "64-layer" in (architectures.stage_refusal("exaone4", {}, 3, 67) or "")
+
+
 def _deepseek2_meta(layers: int, vocab: int, q_lora_rank: int | None) -> list[KeyValue]:
     u32 = GGUFValueType.UINT32
     kvs = [KeyValue("deepseek2.block_count", layers, u32, None),

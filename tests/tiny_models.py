@@ -710,6 +710,25 @@ def _ernie4_5_moe(t: Tiny) -> None:
             _shared_experts(t, i, 32)
 
 
+def _exaone4(t: Tiny) -> None:
+    """No pre-norms: q/k norms, norms after attention and FFN; one nextn layer past the main stack
+    (loaded with TENSOR_SKIP); no sliding window, which exaone4.cpp turns on for 64 layers only."""
+    blocks = t.layers + 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    _head(t)
+    for i in range(blocks):
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+        if i >= t.layers:
+            _nextn(t, i)
+
+
 # --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
 
 
@@ -1009,6 +1028,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "olmoe": _olmoe,
     "seed_oss": _seed_oss,
     "ernie4_5-moe": _ernie4_5_moe,
+    "exaone4": _exaone4,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
 }
@@ -1045,7 +1065,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
-                                 "ernie4_5-moe"), 4)
+                                 "ernie4_5-moe", "exaone4"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 
