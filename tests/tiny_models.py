@@ -729,6 +729,19 @@ def _exaone4(t: Tiny) -> None:
             _nextn(t, i)
 
 
+def _cohere2(t: Tiny) -> None:
+    """Attention and FFN in parallel off one LayerNorm without bias, a tied head, a logit scale;
+    sliding window on 3 of 4 layers (load_swa_pattern(ml, 4)), RoPE on those only (cohere2.cpp)."""
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.key("logit_scale", 0.5)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.swiglu(i)
+
+
 # --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
 
 
@@ -1029,6 +1042,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "seed_oss": _seed_oss,
     "ernie4_5-moe": _ernie4_5_moe,
     "exaone4": _exaone4,
+    "cohere2": _cohere2,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
 }
@@ -1068,6 +1082,8 @@ LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe
                                  "ernie4_5-moe", "exaone4"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
+# full attention at 3: cuts at 1, 2, 4 and 5
+LAYERS_OF["cohere2"] = 6
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
