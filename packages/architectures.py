@@ -108,6 +108,7 @@ RULES: dict[str, CutRule] = {
                                 "(ernie4-5.cpp, ernie4-5-moe.cpp)"),
     # Only with no sliding window (split_refusal): exaone4.cpp turns it on for 64 layers alone.
     "exaone4": CutRule(why=f"{_INDEX_FREE} without a sliding window; nextn layers dropped (exaone4.cpp)"),
+    "hy_v3": CutRule(why=f"{_INDEX_FREE}; dense or MoE by the router's presence; nextn layers dropped (hy-v3.cpp)"),
     "cohere2": CutRule(swa_pattern=(4, False),
                        why="load_swa_pattern(ml, 4); RoPE on sliding-window layers only (cohere2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),

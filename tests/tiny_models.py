@@ -742,6 +742,35 @@ def _cohere2(t: Tiny) -> None:
         t.swiglu(i)
 
 
+def _hy_v3(t: Tiny) -> None:
+    """q/k norms over a head; a dense first layer, then sigmoid-routed MoE with a selection bias
+    (named without `.bias`: tn() is given no suffix) and an ungated shared expert, told apart by
+    the router's presence; one nextn block past the main stack (hy-v3.cpp)."""
+    blocks = t.layers + 1
+    t.layers = blocks  # the per-layer arrays cover the nextn block too
+    _moe_keys(t)
+    t.layers = blocks - 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    t.key("expert_shared_feed_forward_length", 32)
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+        if i >= t.layers:
+            _nextn(t, i)
+
+
 # --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
 
 
@@ -1043,6 +1072,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5-moe": _ernie4_5_moe,
     "exaone4": _exaone4,
     "cohere2": _cohere2,
+    "hy_v3": _hy_v3,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
 }
@@ -1079,7 +1109,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
-                                 "ernie4_5-moe", "exaone4"), 4)
+                                 "ernie4_5-moe", "exaone4", "hy_v3"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 # full attention at 3: cuts at 1, 2, 4 and 5
