@@ -315,8 +315,13 @@ INDEX_RULES: dict[str, str] = {
     ),
     "gemma4": (
         "gemma4.cpp: sliding_window_pattern array (get_arr); n_layer_kv_from_start = n_layer_all - "
-        "attention.shared_kv_layers (KV sharing); per-layer embeddings from tokens (inp_per_layer); "
-        "the sqrt(n_embd) input scale is conditioned on ubatch.token."
+        "attention.shared_kv_layers, and create_memory (llama-model.cpp) makes layers from there reuse the KV "
+        "of layer n_layer_kv_from_start - 2 (sliding) or - 1 (full), asserting n_layer_kv_from_start >= 2 "
+        "on every stage: the last stage must hold both source layers, and no stage may have one layer; with "
+        "embedding_length_per_layer_input > 0 (E2B, E4B) each layer adds an input computed from the token ids "
+        "(per_layer_tok_embd) and stage 0's embeddings, which on embd input become the padding token's row "
+        "and the incoming hidden state: it would have to cross the wire; the sqrt(n_embd) input scale is "
+        "conditioned on ubatch.token."
     ),
     "exaone-moe": (
         "exaone-moe.cpp: load_swa_pattern(ml, 4) (dense_first=false); leading_dense_block_count; MTP "

@@ -99,6 +99,18 @@ RULES: dict[str, CutRule] = {
     "qwen2moe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE with a gated shared expert (qwen2moe.cpp)"),
     "olmoe": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (olmoe.cpp)"),
     "minimax-m2": CutRule(why=f"{_INDEX_FREE}; every layer is MoE (minimax-m2.cpp)"),
+    # Only Seed-OSS-36B's model type comes from n_layer() (64), and the graph never reads it.
+    "seed_oss": CutRule(why=f"{_INDEX_FREE} (seed-oss.cpp)"),
+    # The loader makes every layer past the lead MoE, the graph only every step-th of them: a
+    # model runs only with step 1, and the step's phase is kept anyway.
+    "ernie4_5-moe": CutRule(front_counts=_LEAD, period_keys=("interleave_moe_layer_step",),
+                            why="dense FFN where il < n_layer_dense_lead, MoE past it "
+                                "(ernie4-5.cpp, ernie4-5-moe.cpp)"),
+    # Only with no sliding window (split_refusal): exaone4.cpp turns it on for 64 layers alone.
+    "exaone4": CutRule(why=f"{_INDEX_FREE} without a sliding window; nextn layers dropped (exaone4.cpp)"),
+    "hy_v3": CutRule(why=f"{_INDEX_FREE}; dense or MoE by the router's presence; nextn layers dropped (hy-v3.cpp)"),
+    "cohere2": CutRule(swa_pattern=(4, False),
+                       why="load_swa_pattern(ml, 4); RoPE on sliding-window layers only (cohere2.cpp)"),
     "phi3": CutRule(why="sliding window on every layer or none: set_swa_pattern(1) (phi3.cpp)"),
     "gemma2": CutRule(swa_pattern=(2, False), scales_any_input=True,
                       why="load_swa_pattern(ml, 2); the graph scales every input by √n_embd (gemma2.cpp)"),
@@ -211,6 +223,8 @@ ONE_NODE: dict[str, str] = {
     "gemma3n": "layers past n_layer_kv_from_start (20, fixed) reuse earlier layers' KV, and per-layer inputs "
                "come from the tokens (gemma3n.cpp)",
 }
+# exaone4.cpp's load_arch_hparams sets a sliding window (pattern 4) only where n_layer() is this.
+_EXAONE4_SWA_LAYERS = 64
 # Layer counts from which llama.cpp derives a 27B's attention scale.
 _27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -253,6 +267,11 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
     if architecture == "command-r" and int(blocks or 0) >= 64:
         # a stage of fewer layers would not load the q/k norms the whole model has (command-r.cpp)
         return f"command-r with {blocks} layers (Command R+) has q/k norms llama.cpp loads only for 64 layers or more"
+    nextn = int((metadata or {}).get(f"{architecture}.nextn_predict_layers") or 0)
+    if architecture == "exaone4" and blocks is not None and int(blocks) - nextn == _EXAONE4_SWA_LAYERS:
+        # the graph uses RoPE only on sliding-window layers then: a stage of fewer layers has no
+        # sliding window and ropes every layer
+        return "exaone4 with 64 layers (32B) has a sliding window llama.cpp turns on for 64 layers only"
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"
@@ -298,6 +317,8 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
         # model with a q LoRA does not have.
         return (f"llama.cpp reads a {end - start}-layer {architecture} as Lite and ignores its "
                 "q_lora_rank (deepseek2.cpp load_arch_hparams)")
+    if architecture == "exaone4" and end - start == _EXAONE4_SWA_LAYERS:
+        return "llama.cpp turns on a sliding window for a 64-layer exaone4 stage (exaone4.cpp load_arch_hparams)"
     rule = RULES.get(architecture)
     if rule is not None and rule.recurrent_layers:
         kinds = set(recurrent_layers(architecture, metadata, end)[start:end])

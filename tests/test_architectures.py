@@ -133,12 +133,13 @@ def test_a_stage_keeping_whole_per_layer_arrays_does_not_load(tiny: dict[str, Pa
         _chain_tokens(package, [4], tmp_path / "cache")
 
 
-def test_an_unproven_architecture_is_packaged_to_serve_on_one_node(tmp_path: Path) -> None:
-    gguf = write_tiny(tmp_path / "seed.gguf", "seed_oss")
+def test_a_family_that_cannot_be_cut_is_packaged_to_serve_on_one_node(tmp_path: Path) -> None:
+    gguf = write_tiny(tmp_path / "talkie.gguf", "talkie")
     package = _package(gguf, tmp_path / "pkg")
     manifest, _ = load_manifest(package)
     assert manifest.allowed_cuts == ()
-    assert "not yet proven" in package_verdict(manifest.architecture, manifest.allowed_cuts, manifest.layer_count)
+    verdict = package_verdict(manifest.architecture, manifest.allowed_cuts, manifest.layer_count)
+    assert verdict == f"talkie: not split ({architectures.ONE_NODE['talkie']})"
     assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
 
 
@@ -256,6 +257,17 @@ def test_command_r_plus_is_not_split() -> None:
     assert "q/k norms" in (architectures.split_refusal("command-r", {"command-r.block_count": 64}) or "")
     assert allowed_cuts("command-r", 64, {"command-r.block_count": 64}) == []
     assert allowed_cuts("command-r", 40, {"command-r.block_count": 40}) == list(range(1, 40))
+
+
+def test_exaone4_32b_is_not_split() -> None:
+    """exaone4.cpp turns its sliding window (and RoPE on sliding layers only) on where n_layer() is
+    64: no stage of the 32B has it, and a 64-layer stage of a larger model would."""
+    meta = {"exaone4.block_count": 65, "exaone4.nextn_predict_layers": 1}
+    assert "sliding window" in (architectures.split_refusal("exaone4", meta) or "")
+    assert allowed_cuts("exaone4", 64, meta) == []
+    assert allowed_cuts("exaone4", 30, {"exaone4.block_count": 30}) == list(range(1, 30))
+    assert 6 not in allowed_cuts("exaone4", 70, {"exaone4.block_count": 70})  # [6, 70) is 64 layers
+    assert "64-layer" in (architectures.stage_refusal("exaone4", {}, 3, 67) or "")
 
 
 def _deepseek2_meta(layers: int, vocab: int, q_lora_rank: int | None) -> list[KeyValue]:

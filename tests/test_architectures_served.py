@@ -3,8 +3,8 @@
 For each architecture of `packages.architectures.RULES`, a real `mesh serve` process on the
 tiny model (Q4_0, tests/tiny_models.py) with `--local-stages 2` and a Q8_0 draft of the same
 weights answers the real openai client: a chat completion, and a text completion whose
-greedy text equals the unsplit model's through llama-cpp-python, token for token. An
-architecture not proven serves on one node, and a split of it is refused with the reason.
+greedy text equals the unsplit model's through llama-cpp-python, token for token. A
+family whose graph cannot be cut serves on one node, and a split of it is refused with the reason.
 """
 
 from __future__ import annotations
@@ -67,19 +67,19 @@ def test_served_split_in_two_with_a_draft(arch: str, tmp_path: Path) -> None:
     assert f"model {target.stem}: {arch}: may be split at" in log
 
 
-def test_an_unproven_architecture_serves_on_one_node_and_refuses_two(tmp_path: Path) -> None:
-    gguf = write_tiny(tmp_path / "seed.gguf", "seed_oss")
+def test_a_family_that_cannot_be_cut_serves_on_one_node_and_refuses_two(tmp_path: Path) -> None:
+    gguf = write_tiny(tmp_path / "talkie.gguf", "talkie")
     done = subprocess.run(
         [sys.executable, "-m", "mesh.cli", "serve", "--model", str(gguf), "--local-stages", "2", "--no-draft",
          "--threads", "1", "--listen", f"127.0.0.1:{free_port()}"],
         env={**os.environ, "MESHPIPE_CACHE": str(tmp_path / "refused")}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     error = done.stderr.strip().splitlines()[-1]
-    assert error.startswith("mesh serve: error: cannot split seed (seed_oss) across 2 stages: splitting is not "
-                            "yet proven for it"), error
+    assert error.startswith("mesh serve: error: cannot split talkie (talkie) across 2 stages: every layer adds "
+                            "the normalized token embeddings"), error
     (tmp_path / "cache").mkdir()
     with mesh_serve(tmp_path / "cache", "--model", str(gguf), "--no-draft") as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
-        chat = client.chat.completions.create(model="seed", messages=[{"role": "user", "content": "Hi"}],
+        chat = client.chat.completions.create(model="talkie", messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=4, temperature=0)
         assert chat.choices[0].finish_reason in ("stop", "length")

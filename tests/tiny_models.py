@@ -678,6 +678,99 @@ def _olmoe(t: Tiny) -> None:
     _pre_norm_blocks(t, lambda i: t.experts(i, ff_exp=32), q_norm=t.width, k_norm=t.width)
 
 
+def _seed_oss(t: Tiny) -> None:
+    """q/k/v biases (Seed-OSS-36B has them; create_tensor_qkv loads them when present), a norm
+    after attention that is the FFN's input norm, an untied head (seed-oss.cpp)."""
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, bias=True)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.swiglu(i)
+
+
+def _ernie4_5_moe(t: Tiny) -> None:
+    """A dense first layer (leading_dense_block_count), then MoE with a selection bias and a
+    shared expert on every layer (interleave_moe_layer_step 1, as ERNIE-4.5-21B-A3B has it: the
+    loader makes every layer past the lead MoE, the graph every step-th) (ernie4-5.cpp, ernie4-5-moe.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("interleave_moe_layer_step", 1)
+    t.key("expert_shared_feed_forward_length", 32)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+
+
+def _exaone4(t: Tiny) -> None:
+    """No pre-norms: q/k norms, norms after attention and FFN; one nextn layer past the main stack
+    (loaded with TENSOR_SKIP); no sliding window, which exaone4.cpp turns on for 64 layers only."""
+    blocks = t.layers + 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    _head(t)
+    for i in range(blocks):
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+        if i >= t.layers:
+            _nextn(t, i)
+
+
+def _cohere2(t: Tiny) -> None:
+    """Attention and FFN in parallel off one LayerNorm without bias, a tied head, a logit scale;
+    sliding window on 3 of 4 layers (load_swa_pattern(ml, 4)), RoPE on those only (cohere2.cpp)."""
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.key("logit_scale", 0.5)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.swiglu(i)
+
+
+def _hy_v3(t: Tiny) -> None:
+    """q/k norms over a head; a dense first layer, then sigmoid-routed MoE with a selection bias
+    (named without `.bias`: tn() is given no suffix) and an ungated shared expert, told apart by
+    the router's presence; one nextn block past the main stack (hy-v3.cpp)."""
+    blocks = t.layers + 1
+    t.layers = blocks  # the per-layer arrays cover the nextn block too
+    _moe_keys(t)
+    t.layers = blocks - 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    t.key("expert_shared_feed_forward_length", 32)
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+        if i >= t.layers:
+            _nextn(t, i)
+
+
 # --- older dense families (issue 54, part 2): each from its load_arch_tensors ---
 
 
@@ -975,6 +1068,11 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "glm4": _glm4,
     "qwen2moe": _qwen2moe,
     "olmoe": _olmoe,
+    "seed_oss": _seed_oss,
+    "ernie4_5-moe": _ernie4_5_moe,
+    "exaone4": _exaone4,
+    "cohere2": _cohere2,
+    "hy_v3": _hy_v3,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
 }
@@ -983,17 +1081,21 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
 NAMES = {"phi3": "tiny-phi-three"}
 
 
-def _seed_oss(t: Tiny) -> None:
-    _head(t)
+def _talkie(t: Tiny) -> None:
+    """Unweighted RMS norms, a q gain per head ({1, n_head}), an untied head, and a per-layer
+    scale on the normalized token embeddings every layer adds back (talkie.cpp)."""
+    t.key("logit_scale", 0.5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    t.add("output.weight", t.w(t.vocab, t.width))
     for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
         t.attention(i)
-        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.add(f"blk.{i}.attn_q_norm.weight", 1 + t.w(t.heads, 1, scale=0.1))
         t.swiglu(i)
+        t.add(f"blk.{i}.layer_output_scale.weight", t.w(1, scale=0.5))
 
 
-# Text architectures llama.cpp runs that are not proven to split: served on one node.
-UNPROVEN: dict[str, Callable[[Tiny], None]] = {"seed_oss": _seed_oss}
+# A text family llama.cpp runs whose graph cannot be cut (ONE_NODE): served on one node.
+ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 
 # A hybrid llama.cpp loads and decodes whole that meshpipe refuses: nemotron-h.cpp names a layer's
 # output nemotron_h_block_out, so a stage's hidden tap (l_out) cannot read it
@@ -1006,9 +1108,12 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
-LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe"), 4)
+LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
+                                 "ernie4_5-moe", "exaone4", "hy_v3"), 4)
 # full attention at 0 and 4: cuts at 2, 3 and 5
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
+# full attention at 3: cuts at 1, 2, 4 and 5
+LAYERS_OF["cohere2"] = 6
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
@@ -1017,7 +1122,7 @@ def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, 
     writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
     t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed), width=width)
     _common(t)
-    (WRITERS | UNPROVEN | RECURRENT)[arch](t)
+    (WRITERS | ONE_NODE_WRITERS | RECURRENT)[arch](t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
