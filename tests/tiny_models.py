@@ -946,6 +946,98 @@ OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
 }
 
 
+# --- older families (issue 54, part 3): each from its load_arch_tensors ---
+
+
+def _arctic(t: Tiny) -> None:
+    """A dense SwiGLU n_embd wide beside routed experts feed_forward_length wide, each with its own
+    norm (arctic.cpp: ffn_norm, ffn_norm_exps)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        t.swiglu(i, ff=t.width)
+        t.norm(f"blk.{i}.ffn_norm_exps.weight")
+        t.experts(i, ff_exp=t.ff)
+
+    _pre_norm_blocks(t, ffn)
+
+
+def _dbrx(t: Tiny) -> None:
+    """LayerNorms without bias, fused q/k/v clamped, a norm after attention and every layer MoE with
+    experts feed_forward_length wide (dbrx.cpp)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.key("attention.clamp_kqv", 8.0)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _fused_qkv(t, i)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.norm(f"blk.{i}.attn_output_norm.weight")
+        t.experts(i, ff_exp=t.ff)
+
+
+def _bitnet(t: Tiny) -> None:
+    """Sub-norms inside attention and FFN; the head is the token embeddings (bitnet.cpp), in f32
+    here rather than ternary."""
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.norm(f"blk.{i}.attn_sub_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.norm(f"blk.{i}.ffn_sub_norm.weight", t.ff)
+        t.swiglu(i)
+
+
+def _phimoe(t: Tiny) -> None:
+    """Biased LayerNorms, q/k/v and a biased output projection, every layer MoE, a biased head
+    (phimoe.cpp; phi3's graph)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    t.add("output.bias", t.w(t.vocab, scale=0.05))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        t.attention(i)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        t.experts(i, ff_exp=t.ff)
+
+
+def _grok(t: Tiny) -> None:
+    """Grok-2's layer: a norm after attention, a dense GELU FFN beside routed experts, a norm after
+    the FFN; no embedding_scale key, so llama.cpp's default 78.38 applies and the package writes
+    it (grok.cpp)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("expert_feed_forward_length", [32] * t.layers)
+    _head(t, embd_scale=0.005)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.attn_output_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+        t.experts(i)
+        t.norm(f"blk.{i}.layer_output_norm.weight")
+
+
+OLDER: dict[str, Callable[[Tiny], None]] = {
+    "arctic": _arctic,
+    "dbrx": _dbrx,
+    "bitnet": _bitnet,
+    "phimoe": _phimoe,
+    "grok": _grok,
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -977,6 +1069,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "olmoe": _olmoe,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
+    **OLDER,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
