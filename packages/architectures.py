@@ -175,6 +175,11 @@ RULES: dict[str, CutRule] = {
         ("bitnet", "the head is the token embeddings"),
     )},
     "phimoe": CutRule(why=f"{_INDEX_FREE}; every layer MoE (phimoe.cpp, phi3's graph without a sliding window)"),
+    "deepseek": CutRule(front_counts=_LEAD, why="dense FFN where il < n_layer_dense_lead (deepseek.cpp)"),
+    "dots1": CutRule(front_counts=_LEAD, why="dense FFN where il < n_layer_dense_lead (dots1.cpp)"),
+    "bailingmoe": CutRule(why=f"{_INDEX_FREE}; every layer MoE: leading_dense_block_count is read and never "
+                              "used (bailingmoe.cpp)"),
+    "hunyuan-moe": CutRule(why=f"{_INDEX_FREE}; every layer MoE with a shared expert (hunyuan-moe.cpp)"),
     "grok": CutRule(token_input_only={"embedding_scale": 0.0},
                     why="build_inp_embd applies f_embedding_scale to embd input too; its default (78.38) "
                         "is written out so a later stage can turn it off (grok.cpp)"),

@@ -1029,12 +1029,69 @@ def _grok(t: Tiny) -> None:
         t.norm(f"blk.{i}.layer_output_norm.weight")
 
 
+def _lead_moe(t: Tiny, lead: int, q_norm: int = 0, probs_bias: bool = False) -> None:
+    """deepseek.cpp and dots1.cpp: a dense FFN for the `lead` first layers, then routed experts
+    with one shared expert as wide as one of them; `probs_bias`: a selection bias (dots1)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_shared_count", 1)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        if i < lead:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        _shared_experts(t, i, 32)
+        if probs_bias:
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+    _pre_norm_blocks(t, ffn, q_norm=q_norm, k_norm=q_norm)
+
+
+def _dots1(t: Tiny) -> None:
+    """Multi-head attention (k and v as wide as q) with q/k norms over a head, sigmoid routing with
+    a selection bias (dots1.cpp)."""
+    t.kv_heads = t.heads
+    t.set("attention.head_count_kv", [t.heads] * t.layers)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    _lead_moe(t, 1, q_norm=t.head_dim, probs_bias=True)
+
+
+def _bailingmoe(t: Tiny) -> None:
+    """Every layer MoE with a shared expert (bailingmoe.cpp reads leading_dense_block_count and never
+    uses it)."""
+    _moe_keys(t)
+    t.key("expert_shared_count", 1)
+    _head(t)
+    _pre_norm_blocks(t, lambda i: (t.experts(i), _shared_experts(t, i, 32))[0])
+
+
+def _hunyuan_moe(t: Tiny) -> None:
+    """q/k norms over a head, every layer MoE with experts feed_forward_length wide and a shared expert
+    of its own width (hunyuan-moe.cpp); expert_feed_forward_length is required all the same."""
+    _moe_keys(t, ff_exp=t.ff)
+    t.key("expert_shared_feed_forward_length", 32)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        t.experts(i, ff_exp=t.ff)
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
 OLDER: dict[str, Callable[[Tiny], None]] = {
     "arctic": _arctic,
     "dbrx": _dbrx,
     "bitnet": _bitnet,
     "phimoe": _phimoe,
     "grok": _grok,
+    "deepseek": lambda t: _lead_moe(t, 2),
+    "dots1": _dots1,
+    "bailingmoe": _bailingmoe,
+    "hunyuan-moe": _hunyuan_moe,
 }
 
 
