@@ -1065,7 +1065,12 @@ def _bailingmoe(t: Tiny) -> None:
     _moe_keys(t)
     t.key("expert_shared_count", 1)
     _head(t)
-    _pre_norm_blocks(t, lambda i: (t.experts(i), _shared_experts(t, i, 32))[0])
+
+    def ffn(i: int) -> None:
+        t.experts(i)
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn)
 
 
 def _hunyuan_moe(t: Tiny) -> None:
