@@ -181,6 +181,20 @@ RULES: dict[str, CutRule] = {
     **{arch: CutRule(input_tensors=("position_embd.weight",),
                      why=f"the graph adds position embeddings to any input: zeros after stage 0 ({arch}.cpp)")
        for arch in ("gpt2", "starcoder", "mpt")},
+    # Older families (issue 54, part 3).
+    **{arch: CutRule(why=f"{_INDEX_FREE}; {what} ({arch}.cpp)") for arch, what in (
+        ("arctic", "a dense FFN beside the experts in every layer"), ("dbrx", "every layer MoE"),
+        ("bitnet", "the head is the token embeddings"),
+    )},
+    "phimoe": CutRule(why=f"{_INDEX_FREE}; every layer MoE (phimoe.cpp, phi3's graph without a sliding window)"),
+    "deepseek": CutRule(front_counts=_LEAD, why="dense FFN where il < n_layer_dense_lead (deepseek.cpp)"),
+    "dots1": CutRule(front_counts=_LEAD, why="dense FFN where il < n_layer_dense_lead (dots1.cpp)"),
+    "bailingmoe": CutRule(why=f"{_INDEX_FREE}; every layer MoE: leading_dense_block_count is read and never "
+                              "used (bailingmoe.cpp)"),
+    "hunyuan-moe": CutRule(why=f"{_INDEX_FREE}; every layer MoE with a shared expert (hunyuan-moe.cpp)"),
+    "grok": CutRule(token_input_only={"embedding_scale": 0.0},
+                    why="build_inp_embd applies f_embedding_scale to embd input too; its default (78.38) "
+                        "is written out so a later stage can turn it off (grok.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }
@@ -222,6 +236,10 @@ ONE_NODE: dict[str, str] = {
                 "holds part of a loop (nanbeige.cpp)",
     "gemma3n": "layers past n_layer_kv_from_start (20, fixed) reuse earlier layers' KV, and per-layer inputs "
                "come from the tokens (gemma3n.cpp)",
+    # Older families (issue 54, part 3).
+    "plm": "the graph hands the KV cache V as one 2-D row per token where llama_kv_cache::cpy_v reads heads, "
+           "so building it aborts (GGML_ASSERT in ggml_set_rows) with the flash attention every engine runs "
+           "(plm.cpp): it cannot run at all",
 }
 # exaone4.cpp's load_arch_hparams sets a sliding window (pattern 4) only where n_layer() is this.
 _EXAONE4_SWA_LAYERS = 64

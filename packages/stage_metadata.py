@@ -49,18 +49,19 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
         out = _deepseek2_keys(out, main, arch)
     if arch == "glm4moe":
         out = _glm4moe_keys(out)
-    if arch == "minicpm":
-        out = _minicpm_keys(out, main)
+    if arch in ("minicpm", "grok"):
+        out = _scale_defaults(out, arch, main)
     return out, main
 
 
-def _minicpm_keys(metadata: list[KeyValue], main: int) -> list[KeyValue]:
-    """llama_model_minicpm::load_arch_hparams defaults the embedding scale to 12 and the residual
-    scale to 1.4/√n_layer() where the keys are absent: written out, so a stage keeps the whole
-    model's residual scale and a later stage can turn the embedding scale off."""
+def _scale_defaults(metadata: list[KeyValue], arch: str, main: int) -> list[KeyValue]:
+    """The scales load_arch_hparams defaults where the keys are absent, written out, so a stage
+    keeps the whole model's residual scale and a later stage can turn the embedding scale off:
+    llama_model_minicpm's 12 and 1.4/√n_layer(), llama_model_grok's 78.38367176906169."""
     have = {kv.key for kv in metadata}
     f32 = GGUFValueType.FLOAT32
-    defaults = {"minicpm.embedding_scale": 12.0, "minicpm.residual_scale": 1.4 / math.sqrt(main)}
+    defaults = {"minicpm.embedding_scale": 12.0, "minicpm.residual_scale": 1.4 / math.sqrt(main)} \
+        if arch == "minicpm" else {"grok.embedding_scale": 78.38367176906169}
     return [*metadata, *(KeyValue(key, value, f32, None) for key, value in defaults.items() if key not in have)]
 
 

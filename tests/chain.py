@@ -13,6 +13,7 @@ from packages.materialize import materialize_stage
 from stage.engine import RangeEngine, Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.llama_model import open_llama
+from stage.sampling import log_softmax, top_logprobs
 
 
 def build_chain(package: Path, cuts: list[int], cache: Path, lanes: int = 4,
@@ -48,6 +49,20 @@ def greedy(engines: Sequence[RangeEngine], prompt: list[int], n: int, lane: int 
         start = len(tokens)
         tokens.append(int(np.argmax(logits[-1])))
         out.append(tokens[-1])
+    return out
+
+
+def greedy_scored(engines: Sequence[RangeEngine], prompt: list[int], n: int,
+                  top: int = 3) -> list[tuple[tuple[int, float], ...]]:
+    """Greedy decoding that keeps each step's `top` best (token, logprob), best first: the
+    chosen token and its logprob lead, and the runners-up show a near tie moving."""
+    tokens, out = list(prompt), []
+    start = 0
+    for _ in range(n):
+        logits = forward(engines, [(0, start, tokens[start:])])[0]
+        start = len(tokens)
+        out.append(top_logprobs(log_softmax(logits[-1:])[0], top))
+        tokens.append(out[-1][0][0])
     return out
 
 

@@ -2,7 +2,8 @@
 
 For each architecture in `packages.architectures.RULES`, a tiny random-weight GGUF
 (tests/tiny_models.py) is packaged, and:
-- split-2 at every allowed cut, and a split-3, give the unsplit model's greedy tokens;
+- split-2 at every allowed cut, and a split-3, give the unsplit model's greedy tokens, and the
+  unsplit chain's logprobs of each step's 3 best tokens bit for bit;
 - each rule is needed: packaged and cut without it, some cut parts from the unsplit output
   (lfm2's: a stage of one kind of layer aborts, tests/test_tiny_recurrent.py, mesh tier),
   and a stage that keeps the whole per-layer arrays does not load;
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chain import build_chain, close, greedy, reference_greedy
+from chain import build_chain, close, greedy, greedy_scored, reference_greedy
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from inproc_requests import serving
 from tiny_models import WRITERS, write_tiny
@@ -71,16 +72,27 @@ def _chain_tokens(package: Path, cuts: list[int], cache: Path) -> list[int]:
         close(engines)
 
 
+def _chain_scores(package: Path, cuts: list[int], cache: Path) -> list[tuple[tuple[int, float], ...]]:
+    engines = build_chain(package, cuts, cache, lanes=1, ctx=128)
+    try:
+        return greedy_scored(engines, PROMPT, N)
+    finally:
+        close(engines)
+
+
 @pytest.mark.parametrize("arch", PROVEN)
 def test_split_equals_unsplit(arch: str, tiny: dict[str, Path], tmp_path: Path) -> None:
+    """Tokens, and each step's 3 best logprobs bit for bit: the engines run the same kernels at the
+    same thread count and KV type whatever the cut (DESIGN §9), and every family measured 0.0 apart."""
     gguf = tiny[arch]
     expected = reference_greedy(gguf, PROMPT, N)
     package = _package(gguf, tmp_path / "pkg")
     manifest, _ = load_manifest(package)
     assert manifest.allowed_cuts, f"{arch} is proven but allows no cut"
-    assert _chain_tokens(package, [], tmp_path / "cache") == expected  # unsplit, the engine's way
+    unsplit = _chain_scores(package, [], tmp_path / "cache")
+    assert [step[0][0] for step in unsplit] == expected  # unsplit, the engine's way
     for cuts in _splits(list(manifest.allowed_cuts)):
-        assert _chain_tokens(package, cuts, tmp_path / "cache") == expected, f"{arch} cut at {cuts}"
+        assert _chain_scores(package, cuts, tmp_path / "cache") == unsplit, f"{arch} cut at {cuts}"
 
 
 @contextlib.contextmanager

@@ -1039,6 +1039,160 @@ OLDER_DENSE: dict[str, Callable[[Tiny], None]] = {
 }
 
 
+# --- older families (issue 54, part 3): each from its load_arch_tensors ---
+
+
+def _arctic(t: Tiny) -> None:
+    """A dense SwiGLU n_embd wide beside routed experts feed_forward_length wide, each with its own
+    norm (arctic.cpp: ffn_norm, ffn_norm_exps)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        t.swiglu(i, ff=t.width)
+        t.norm(f"blk.{i}.ffn_norm_exps.weight")
+        t.experts(i, ff_exp=t.ff)
+
+    _pre_norm_blocks(t, ffn)
+
+
+def _dbrx(t: Tiny) -> None:
+    """LayerNorms without bias, fused q/k/v clamped, a norm after attention and every layer MoE with
+    experts feed_forward_length wide (dbrx.cpp)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.key("attention.clamp_kqv", 8.0)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _fused_qkv(t, i)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.norm(f"blk.{i}.attn_output_norm.weight")
+        t.experts(i, ff_exp=t.ff)
+
+
+def _bitnet(t: Tiny) -> None:
+    """Sub-norms inside attention and FFN; the head is the token embeddings (bitnet.cpp), in f32
+    here rather than ternary."""
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.norm(f"blk.{i}.attn_sub_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.norm(f"blk.{i}.ffn_sub_norm.weight", t.ff)
+        t.swiglu(i)
+
+
+def _phimoe(t: Tiny) -> None:
+    """Biased LayerNorms, q/k/v and a biased output projection, every layer MoE, a biased head
+    (phimoe.cpp; phi3's graph)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+    t.add("output.bias", t.w(t.vocab, scale=0.05))
+    for i in range(t.layers):
+        _layer_norm(t, f"blk.{i}.attn_norm")
+        t.attention(i)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        _layer_norm(t, f"blk.{i}.ffn_norm")
+        t.experts(i, ff_exp=t.ff)
+
+
+def _grok(t: Tiny) -> None:
+    """Grok-2's layer: a norm after attention, a dense GELU FFN beside routed experts, a norm after
+    the FFN; no embedding_scale key, so llama.cpp's default 78.38 applies and the package writes
+    it (grok.cpp)."""
+    t.key("expert_count", 4)
+    t.key("expert_used_count", [2] * t.layers)
+    t.key("expert_feed_forward_length", [32] * t.layers)
+    _head(t, embd_scale=0.005)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.norm(f"blk.{i}.attn_output_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+        t.experts(i)
+        t.norm(f"blk.{i}.layer_output_norm.weight")
+
+
+def _lead_moe(t: Tiny, lead: int, q_norm: int = 0, probs_bias: bool = False) -> None:
+    """deepseek.cpp and dots1.cpp: a dense FFN for the `lead` first layers, then routed experts
+    with one shared expert as wide as one of them; `probs_bias`: a selection bias (dots1)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_shared_count", 1)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        if i < lead:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        _shared_experts(t, i, 32)
+        if probs_bias:
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+    _pre_norm_blocks(t, ffn, q_norm=q_norm, k_norm=q_norm)
+
+
+def _dots1(t: Tiny) -> None:
+    """Multi-head attention (k and v as wide as q) with q/k norms over a head, sigmoid routing with
+    a selection bias (dots1.cpp)."""
+    t.kv_heads = t.heads
+    t.set("attention.head_count_kv", [t.heads] * t.layers)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    _lead_moe(t, 1, q_norm=t.head_dim, probs_bias=True)
+
+
+def _bailingmoe(t: Tiny) -> None:
+    """Every layer MoE with a shared expert (bailingmoe.cpp reads leading_dense_block_count and never
+    uses it)."""
+    _moe_keys(t)
+    t.key("expert_shared_count", 1)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        t.experts(i)
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn)
+
+
+def _hunyuan_moe(t: Tiny) -> None:
+    """q/k norms over a head, every layer MoE with experts feed_forward_length wide and a shared expert
+    of its own width (hunyuan-moe.cpp); expert_feed_forward_length is required all the same."""
+    _moe_keys(t, ff_exp=t.ff)
+    t.key("expert_shared_feed_forward_length", 32)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        t.experts(i, ff_exp=t.ff)
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+OLDER: dict[str, Callable[[Tiny], None]] = {
+    "arctic": _arctic,
+    "dbrx": _dbrx,
+    "bitnet": _bitnet,
+    "phimoe": _phimoe,
+    "grok": _grok,
+    "deepseek": lambda t: _lead_moe(t, 2),
+    "dots1": _dots1,
+    "bailingmoe": _bailingmoe,
+    "hunyuan-moe": _hunyuan_moe,
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -1075,6 +1229,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "hy_v3": _hy_v3,
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
+    **OLDER,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
