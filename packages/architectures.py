@@ -158,6 +158,13 @@ RULES: dict[str, CutRule] = {
     # qwen35's layers with an MoE FFN in every one (a shared expert gated per token): nothing
     # more from the index; its MTP layers past the main stack are dropped like any nextn layers.
     "qwen35moe": CutRule(recurrent_layers=INTERVAL, why=_GATED_DELTA.format("qwen35moe.cpp")),
+    # --- DSA (issue 54): MLA with a lightning indexer whose keys have a cache of their own, one per
+    # layer (llama_kv_cache_dsa, llama-model.cpp create_memory); each stage's cache holds its layers'.
+    # deepseek32.cpp runs an indexer on every layer and derives nothing from n_layer() but the
+    # model type, which nothing reads.
+    "deepseek32": CutRule(front_counts=_LEAD,
+                          why="MLA and an indexer in every layer, each with its own cache; dense FFN where "
+                              "il < n_layer_dense_lead; nextn layers dropped (deepseek32.cpp)"),
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
     **{arch: CutRule(why=f"{_INDEX_FREE} ({source})") for arch, source in (

@@ -1193,6 +1193,38 @@ OLDER: dict[str, Callable[[Tiny], None]] = {
 }
 
 
+# --- DSA families (issue 54): deepseek2's MLA layers with a lightning indexer ---
+
+
+def _indexer(t: Tiny, i: int, q_rank: int = 32, heads: int = 2, size: int = 64) -> None:
+    """Layer i's DSA indexer (deepseek32.cpp, glm-dsa.cpp): a head of 64, the smallest Hadamard
+    rotation llama_kv_cache::build_input_k_rot makes for the indexer cache."""
+    t.add(f"blk.{i}.indexer.k_norm.weight", 1 + t.w(size, scale=0.1))
+    t.add(f"blk.{i}.indexer.k_norm.bias", t.w(size, scale=0.05))
+    t.add(f"blk.{i}.indexer.proj.weight", t.w(heads, t.width))
+    t.add(f"blk.{i}.indexer.attn_k.weight", t.w(size, t.width))
+    t.add(f"blk.{i}.indexer.attn_q_b.weight", t.w(heads * size, q_rank))
+
+
+def _dsa_keys(t: Tiny) -> None:
+    """A top-k of 8, below the prompt's length, so the indexer's choice shapes the attention."""
+    t.key("attention.indexer.head_count", 2)
+    t.key("attention.indexer.key_length", 64)
+    t.key("attention.indexer.top_k", 8)
+    t.key("expert_gating_func", 2)  # sigmoid; deepseek32.cpp requires the key
+
+
+def _deepseek32(t: Tiny) -> None:
+    """deepseek2's layers (2 leading dense, one nextn layer) with an indexer in every layer."""
+    _deepseek2(t)
+    _dsa_keys(t)
+    for i in range(t.layers + 1):
+        _indexer(t, i)
+
+
+DSA: dict[str, Callable[[Tiny], None]] = {"deepseek32": _deepseek32}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -1230,6 +1262,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
     **OLDER,
+    **DSA,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
