@@ -66,6 +66,11 @@ class CutRule:
     # kind's inputs a buffer: GGML_ASSERT(buffer) aborts the process. Cuts fall where a recurrent
     # layer follows an attention layer, so any choice of them leaves both kinds in every stage.
     recurrent_layers: str = ""
+    # DSA with shared indexers (glm-dsa.cpp): a layer whose `attention.indexer.types` entry is 0
+    # reuses the top-k of the previous full-indexer layer in the same graph, and a stage that
+    # starts with one has none (GGML_ASSERT(prev_top_k)). Cuts fall on full-indexer layers only;
+    # the package writes the array llama.cpp would default, so every stage slices it.
+    shared_indexers: bool = False
     why: str = ""
 
 
@@ -165,6 +170,10 @@ RULES: dict[str, CutRule] = {
     "deepseek32": CutRule(front_counts=_LEAD,
                           why="MLA and an indexer in every layer, each with its own cache; dense FFN where "
                               "il < n_layer_dense_lead; nextn layers dropped (deepseek32.cpp)"),
+    "glm-dsa": CutRule(front_counts=_LEAD, shared_indexers=True,
+                       why="MLA with a DSA indexer: shared-indexer layers reuse the previous full layer's "
+                           "top-k, so a stage starts at a full-indexer layer; dense FFN where "
+                           "il < n_layer_dense_lead; nextn layers dropped (glm-dsa.cpp)"),
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
     **{arch: CutRule(why=f"{_INDEX_FREE} ({source})") for arch, source in (
@@ -205,6 +214,9 @@ RULES: dict[str, CutRule] = {
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }
+
+# The per-layer DSA indexer kinds (1 full, 0 shared) of glm-dsa.cpp, read over n_layer().
+INDEXER_TYPES = "{}.attention.indexer.types"
 
 # Architectures whose hparams llama_model_deepseek2::load_arch_hparams reads (llama_model_mistral4
 # derives from it, models.h): what it derives from n_layer() is written for the whole model.
@@ -326,6 +338,10 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         # the interval's multiples, which keep the pattern's phase too.
         recurrent = recurrent_layers(architecture, meta, layer_count)
         cuts = [c for c in cuts if recurrent[c] and not recurrent[c - 1]]
+    if RULES[architecture].shared_indexers:
+        full = meta.get(INDEXER_TYPES.format(architecture))
+        # no array (a model the package has not seen): no cut, rather than guess the default
+        cuts = [c for c in cuts if isinstance(full, list) and c < len(full) and full[c]]
     # the first and last stages of a split in two; a stage between cuts is checked when it is
     # materialized (stage_metadata)
     return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
@@ -412,6 +428,8 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
         where = f"{where} that starts with a sliding-window layer"
     if RULES[architecture].recurrent_layers:
         where = "a recurrent layer that follows an attention layer"
+    if RULES[architecture].shared_indexers:
+        where = "a layer with a full indexer"
     return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
 
 

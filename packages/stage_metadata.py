@@ -17,6 +17,7 @@ from gguf import GGUFValueType
 from packages.architecture_kinds import PER_LAYER_KEYS
 from packages.architectures import (
     DEEPSEEK2_HPARAMS,
+    INDEXER_TYPES,
     RULES,
     deepseek2_is_lite,
     deepseek2_vocab,
@@ -49,6 +50,8 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
         out = _deepseek2_keys(out, main, arch)
     if arch == "glm4moe":
         out = _glm4moe_keys(out)
+    if rule is not None and rule.shared_indexers:
+        out = _indexer_types(out, arch, main)
     if arch in ("minicpm", "grok"):
         out = _scale_defaults(out, arch, main)
     return out, main
@@ -99,6 +102,28 @@ def _deepseek2_keys(metadata: list[KeyValue], main: int, arch: str) -> list[KeyV
     if deepseek2_is_lite(main, values, arch):
         out = [kv for kv in out if kv.key != f"{arch}.attention.q_lora_rank"]
         out.append(KeyValue(f"{arch}.attention.q_lora_rank", 0, GGUFValueType.UINT32, None))
+    return out
+
+
+# GLM-5.2's indexer kinds, which glm-dsa.cpp defaults to by index for a 1M-token context.
+_GLM_5_2_INDEXER_TYPES = [1, 1] + [1, 0, 0, 0] * 19
+_GLM_5_2_CONTEXT = 1048576
+
+
+def _indexer_types(metadata: list[KeyValue], arch: str, main: int) -> list[KeyValue]:
+    """llama_model_glm_dsa::load_arch_hparams defaults the per-layer indexer kinds from the index
+    where the key is absent (every layer full before GLM-5.2's context, else GLM-5.2's table):
+    written out for the main stack, so a stage's slice keeps each layer's kind."""
+    key = INDEXER_TYPES.format(arch)
+    values = {kv.key: kv.value for kv in metadata}
+    if isinstance(values.get(key), list):
+        return metadata
+    if int(values.get(f"{arch}.context_length") or 0) < _GLM_5_2_CONTEXT:
+        types = [1] * main
+    else:
+        types = (_GLM_5_2_INDEXER_TYPES + [0] * main)[:main]
+    out = [kv for kv in metadata if kv.key != key]
+    out.append(KeyValue(key, types, GGUFValueType.ARRAY, GGUFValueType.UINT32))
     return out
 
 

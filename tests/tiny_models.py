@@ -1222,7 +1222,22 @@ def _deepseek32(t: Tiny) -> None:
         _indexer(t, i)
 
 
-DSA: dict[str, Callable[[Tiny], None]] = {"deepseek32": _deepseek32}
+# glm-dsa's indexer kinds over the main stack: 1 full, 0 shared (reusing the last full one's top-k)
+GLM_DSA_TYPES = [1, 1, 0, 0, 1, 0, 1, 0]
+
+
+def _glm_dsa(t: Tiny) -> None:
+    """deepseek2's layers with an indexer only where the layer's kind is full, the nextn layer's too."""
+    _deepseek2(t)
+    _dsa_keys(t)
+    types = GLM_DSA_TYPES[:t.layers]
+    t.key("attention.indexer.types", types)
+    for i, full in enumerate([*types, 1]):
+        if full:
+            _indexer(t, i)
+
+
+DSA: dict[str, Callable[[Tiny], None]] = {"deepseek32": _deepseek32, "glm-dsa": _glm_dsa}
 
 
 WRITERS: dict[str, Callable[[Tiny], None]] = {
