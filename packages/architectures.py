@@ -71,6 +71,12 @@ class CutRule:
     # starts with one has none (GGML_ASSERT(prev_top_k)). Cuts fall on full-indexer layers only;
     # the package writes the array llama.cpp would default, so every stage slices it.
     shared_indexers: bool = False
+    # The key counting the last layers that reuse earlier layers' KV (gemma4's
+    # attention.shared_kv_layers): create_memory (llama-model.cpp) makes each of them read layer
+    # n_layer_kv_from_start - 2 (sliding) or - 1 (full), n_layer_kv_from_start = n_layer - count
+    # by the stage's own count, and asserts it is >= 2. The last stage keeps the count and both
+    # source layers, every other stage gets 0, and no stage has fewer than 2 KV layers.
+    kv_shared: str = ""
     why: str = ""
 
 
@@ -174,6 +180,12 @@ RULES: dict[str, CutRule] = {
                        why="MLA with a DSA indexer: shared-indexer layers reuse the previous full layer's "
                            "top-k, so a stage starts at a full-indexer layer; dense FFN where "
                            "il < n_layer_dense_lead; nextn layers dropped (glm-dsa.cpp)"),
+    # Only without per-layer inputs (split_refusal): E2B and E4B add to every layer an input
+    # computed from the token ids, which a later stage has not.
+    "gemma4": CutRule(swa_array=True, kv_shared="attention.shared_kv_layers",
+                      why="sliding-window layers by the per-layer array, with their own head widths and RoPE; "
+                          "the last shared_kv_layers reuse the KV of the two layers before them, which stay in "
+                          "the last stage; no stage under 2 layers (gemma4.cpp, llama-model.cpp create_memory)"),
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
     **{arch: CutRule(why=f"{_INDEX_FREE} ({source})") for arch, source in (
@@ -309,6 +321,11 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
         # the graph uses RoPE only on sliding-window layers then: a stage of fewer layers has no
         # sliding window and ropes every layer
         return "exaone4 with 64 layers (32B) has a sliding window llama.cpp turns on for 64 layers only"
+    if architecture == "gemma4" and int((metadata or {}).get("gemma4.embedding_length_per_layer_input") or 0) > 0:
+        # gemma4.cpp: per_layer_tok_embd rows of the token ids, mixed with stage 0's embeddings, feed
+        # every layer; fed hidden states, a later stage would take the padding token's rows instead
+        return ("gemma4 with per-layer inputs (E2B, E4B): every layer adds an input computed from the token "
+                "ids, which a later stage does not have")
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"
@@ -342,6 +359,10 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         full = meta.get(INDEXER_TYPES.format(architecture))
         # no array (a model the package has not seen): no cut, rather than guess the default
         cuts = [c for c in cuts if isinstance(full, list) and c < len(full) and full[c]]
+    if RULES[architecture].kv_shared:
+        # the last stage holds the KV-sharing layers and both their sources
+        shared = int(meta.get(f"{architecture}.{RULES[architecture].kv_shared}") or 0)
+        cuts = [c for c in cuts if shared == 0 or c <= layer_count - shared - 2]
     # the first and last stages of a split in two; a stage between cuts is checked when it is
     # materialized (stage_metadata)
     return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
@@ -361,12 +382,25 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
     if architecture == "exaone4" and end - start == _EXAONE4_SWA_LAYERS:
         return "llama.cpp turns on a sliding window for a 64-layer exaone4 stage (exaone4.cpp load_arch_hparams)"
     rule = RULES.get(architecture)
+    if rule is not None and rule.kv_shared:
+        shared = kv_shared_layers(architecture, metadata, start, end)
+        if end - start - shared < 2:
+            return (f"llama.cpp asserts a {architecture} stage has 2 layers or more of its own KV "
+                    "(n_layer_kv_from_start >= 2, llama-model.cpp create_memory)")
     if rule is not None and rule.recurrent_layers:
         kinds = set(recurrent_layers(architecture, metadata, end)[start:end])
         if len(kinds) == 1:
             return (f"its layers are all {'recurrent' if True in kinds else 'attention'}, and "
                     "llm_graph_input_mem_hybrid::set_input aborts unless a stage holds both kinds (llama-graph.cpp)")
     return None
+
+
+def kv_shared_layers(architecture: str, metadata: Mapping[str, Any], start: int, end: int) -> int:
+    """How many of stage [start, end)'s last layers reuse earlier layers' KV (RULES[...].kv_shared):
+    the whole model's count from the back, cut to the stage."""
+    key = f"{architecture}.{RULES[architecture].kv_shared}"
+    blocks = int(metadata.get(f"{architecture}.block_count") or end)
+    return min(max(int(metadata.get(key) or 0) - (blocks - end), 0), end - start)
 
 
 def recurrent_layers(architecture: str, metadata: Mapping[str, Any], layer_count: int) -> list[bool]:

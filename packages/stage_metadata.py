@@ -21,6 +21,7 @@ from packages.architectures import (
     RULES,
     deepseek2_is_lite,
     deepseek2_vocab,
+    kv_shared_layers,
     stage_refusal,
     swa_key,
 )
@@ -138,7 +139,8 @@ def stage_metadata(arch: str, metadata: Sequence[KeyValue], start: int, end: int
     """The package's metadata as the stage [start, end) must see it."""
     blocks = next(int(kv.value) for kv in metadata if kv.key == f"{arch}.block_count")
     rule = RULES.get(arch)
-    refusal = stage_refusal(arch, {kv.key: kv.value for kv in metadata}, start, end)
+    values = {kv.key: kv.value for kv in metadata}
+    refusal = stage_refusal(arch, values, start, end)
     if refusal is not None:
         raise PackageError(f"{arch} layers [{start},{end}) cannot be a stage: {refusal}")
     out = []
@@ -147,6 +149,8 @@ def stage_metadata(arch: str, metadata: Sequence[KeyValue], start: int, end: int
         suffix = kv.key.removeprefix(f"{arch}.")
         if rule is not None and suffix in rule.front_counts:
             kv = replace(kv, value=min(max(int(kv.value) - start, 0), end - start))
+        if rule is not None and rule.kv_shared and suffix == rule.kv_shared:
+            kv = replace(kv, value=kv_shared_layers(arch, values, start, end))
         if rule is not None and start > 0 and suffix in rule.token_input_only:
             kv = replace(kv, value=rule.token_input_only[suffix])
         out.append(kv)

@@ -1240,6 +1240,54 @@ def _glm_dsa(t: Tiny) -> None:
 DSA: dict[str, Callable[[Tiny], None]] = {"deepseek32": _deepseek32, "glm-dsa": _glm_dsa}
 
 
+# --- gemma4 (issue 54): sliding layers from the array, the last layers reusing earlier layers' KV ---
+
+# Full attention at 2, 5, 7 and 9; the last 2 layers share KV: layer 8 (sliding) reads layer 6's,
+# layer 9 (full) layer 7's, as create_memory's reuse callback picks them (llama-model.cpp).
+GEMMA4_SLIDING = [True, True, False, True, True, False, True, False, True, False]
+GEMMA4_SHARED_KV = 2
+
+
+def _gemma4(t: Tiny) -> None:
+    """Gemma 4 without per-layer inputs (26B/31B-like): full layers with wider heads, proportional
+    RoPE factors and their own RoPE width; q/k/v norms; a post-attention and post-FFN norm; a
+    layer scale; GELU FFN; KV-sharing layers at the end without k/v projections (gemma4.cpp)."""
+    sliding = GEMMA4_SLIDING[:t.layers]
+    full_dim, swa_dim = 64, 32  # multiples of the q8_0 KV cache's block (32)
+    t.key("attention.sliding_window", 8)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("attention.shared_kv_layers", GEMMA4_SHARED_KV)
+    t.key("embedding_length_per_layer_input", 0)
+    t.set("attention.key_length", full_dim)
+    t.set("attention.value_length", full_dim)
+    t.key("attention.key_length_swa", swa_dim)
+    t.key("attention.value_length_swa", swa_dim)
+    t.set("rope.dimension_count", full_dim)
+    t.key("rope.dimension_count_swa", swa_dim)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.key("final_logit_softcapping", 30.0)
+    _head(t, tied=True, embd_scale=0.05)  # the graph scales token input by √width
+    t.add("rope_freqs.weight", 1 + t.w(full_dim // 2, scale=0.1))
+    for i, slides in enumerate(sliding):
+        dim = swa_dim if slides else full_dim
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_q.weight", t.w(t.heads * dim, t.width))
+        if i < t.layers - GEMMA4_SHARED_KV:
+            t.add(f"blk.{i}.attn_k.weight", t.w(t.kv_heads * dim, t.width))
+            t.add(f"blk.{i}.attn_v.weight", t.w(t.kv_heads * dim, t.width))
+            t.norm(f"blk.{i}.attn_k_norm.weight", dim)
+        t.norm(f"blk.{i}.attn_q_norm.weight", dim)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * dim))
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.add(f"blk.{i}.layer_output_scale.weight", 1 + t.w(1, scale=0.1))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+
+
+GEMMA4: dict[str, Callable[[Tiny], None]] = {"gemma4": _gemma4}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -1278,6 +1326,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     **OLDER_DENSE,
     **OLDER,
     **DSA,
+    **GEMMA4,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
@@ -1317,6 +1366,8 @@ LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 # full attention at 3: cuts at 1, 2, 4 and 5
 LAYERS_OF["cohere2"] = 6
+# cuts at 3, 4 and 6: sliding layers, stages of 2 or more, the KV-sharing layers with their sources
+LAYERS_OF["gemma4"] = len(GEMMA4_SLIDING)
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
