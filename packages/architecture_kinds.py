@@ -381,7 +381,12 @@ INDEX_RULES: dict[str, str] = {
     "dots1": "dots1.cpp: leading_dense_block_count decides dense vs MoE in loader and graph.",
     "bailingmoe": "bailingmoe.cpp: loads leading_dense_block_count (n_layer_dense_lead).",
     "bailingmoe2": "bailingmoe2.cpp: leading_dense_block_count in loader and graph; MTP blocks at i >= n_layer().",
-    "minimax-m3": "minimax-m3.cpp: leading_dense_block_count decides dense vs MoE in loader and graph.",
+    "minimax-m3": (
+        "minimax-m3.cpp: leading_dense_block_count decides dense vs MoE in loader and graph, and sparse (MSA) "
+        "attention with an indexer cache where il >= n_layer_dense_lead (create_memory filters the indexer "
+        "cache so); the MSA inputs are built whatever the layers, so a stage of dense layers alone aborts "
+        "(GGML_ASSERT(buffer)); a batch of rows takes the mask path and one row the gather path, which differ."
+    ),
     "glm4": "glm4.cpp: loads MTP (nextn) blocks past the main stack (i >= n_layer()).",
     "hy_v3": "hy-v3.cpp: MTP blocks at i >= n_layer(), MTP graph il = n_layer() + nextn_layer_offset.",
     "hy_v4": (

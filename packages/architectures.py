@@ -267,6 +267,12 @@ ONE_NODE: dict[str, str] = {
                 "holds part of a loop (nanbeige.cpp)",
     "gemma3n": "layers past n_layer_kv_from_start (20, fixed) reuse earlier layers' KV, and per-layer inputs "
                "come from the tokens (gemma3n.cpp)",
+    # Split exactly at any cut past the leading dense blocks (a stage of dense layers alone leaves
+    # the sparse attention's inputs without a buffer: GGML_ASSERT(buffer)), but not lossless to
+    # speculate with, on one node or many (tests/test_minimax_m3.py).
+    "minimax-m3": "its sparse attention (MSA) takes a window's rows by the mask path and one row by the gather "
+                  "path, which differ (by ~0.1 in the logits of a tiny model): a verified window is not the "
+                  "tokens of plain decoding (minimax-m3.cpp)",
     # Older families (issue 54, part 3).
     "plm": "the graph hands the KV cache V as one 2-D row per token where llama_kv_cache::cpy_v reads heads, "
            "so building it aborts (GGML_ASSERT in ggml_set_rows) with the flash attention every engine runs "

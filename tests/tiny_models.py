@@ -1288,6 +1288,41 @@ def _gemma4(t: Tiny) -> None:
 GEMMA4: dict[str, Callable[[Tiny], None]] = {"gemma4": _gemma4}
 
 
+# --- minimax-m3 (issue 54): MiniMax sparse attention (MSA) past the leading dense blocks ---
+
+
+def _minimax_m3(t: Tiny) -> None:
+    """One leading dense block (swigluoai), then MoE with a selection bias and a shared expert and
+    sparse attention: an indexer head per KV head over blocks of 4 positions, 2 chosen and 1 local
+    (minimax-m3.cpp); per-head q/k norms, RoPE on half the head."""
+    lead, idx = 1, 64  # the indexer cache's Hadamard rotation is 64 wide at least
+    t.head_dim = 32  # a multiple of the q8_0 KV cache's block
+    _moe_keys(t)
+    t.set("attention.key_length", t.head_dim)
+    t.set("attention.value_length", t.head_dim)
+    t.set("rope.dimension_count", t.head_dim // 2)
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_shared_count", 1)
+    t.key("expert_gating_func", 2)
+    for suffix, value in (("head_count", t.kv_heads), ("key_length", idx), ("top_k", 2), ("block_size", 4),
+                          ("local_blocks", 1)):
+        t.key(f"attention.indexer.{suffix}", value)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        _lead_dense_then_moe(t, i, lead)
+        if i >= lead:
+            t.add(f"blk.{i}.indexer.q_proj.weight", t.w(t.kv_heads * idx, t.width))
+            t.add(f"blk.{i}.indexer.k_proj.weight", t.w(idx, t.width))
+            t.norm(f"blk.{i}.indexer.q_norm.weight", idx)
+            t.norm(f"blk.{i}.indexer.k_norm.weight", idx)
+
+
+MINIMAX_M3: dict[str, Callable[[Tiny], None]] = {"minimax-m3": _minimax_m3}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -1348,6 +1383,8 @@ def _talkie(t: Tiny) -> None:
 
 # A text family llama.cpp runs whose graph cannot be cut (ONE_NODE): served on one node.
 ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
+# minimax-m3 splits exactly but cannot speculate losslessly (ONE_NODE): one node
+ONE_NODE_WRITERS |= MINIMAX_M3
 
 # A hybrid llama.cpp loads and decodes whole that meshpipe refuses: nemotron-h.cpp names a layer's
 # output nemotron_h_block_out, so a stage's hidden tap (l_out) cannot read it
