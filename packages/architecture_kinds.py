@@ -413,6 +413,25 @@ INDEX_RULES: dict[str, str] = {
         "its residual: a stage's hidden tap (l_out of its last layer) finds nothing, or the wrong tensor."
     ),
     "nemotron_h_moe": "nemotron-h-moe.cpp runs nemotron_h's graph: a layer's output is nemotron_h_block_out.",
+    # --- frontier hybrids whose residual is not one hidden state (issue 54, the DSA branch) ---
+    "glm5-next": (
+        "glm5-next.cpp: hyper-connections (hyper_connection.count, asserted 4): hc_init repeats the embedding "
+        "into hc streams and each layer reads and writes the [n_embd, hc, n_tokens] residual, so a cut would "
+        "have to carry hc x n_embd a row where a stage takes n_embd; KDA recurrent layers where head_count_kv "
+        "is 0; attention.indexer.types per layer over n_layer()."
+    ),
+    "deepseek4": (
+        "deepseek4.cpp: hyper-connections: hc_init repeats the embedding into hc_mult streams, the residual "
+        "between layers is [n_embd, hc_mult, n_tokens] (n_embd_out = hc_mult x n_embd), which a cut would have "
+        "to carry where a stage takes n_embd; per-layer attention.compress_ratios (get_arr, at least block_count "
+        "long); the MTP graph asserts token input."
+    ),
+    "kimi-k3": (
+        "kimi-k3.cpp: with attn_res_block_size > 0, cross-layer residual attention: every layer mixes over a "
+        "bank of the inputs of earlier layers (res_push where il % block_size == 0 by the stage's own index), "
+        "which a cut would have to carry whole; KDA recurrent layers where head_count_kv is 0; leading dense "
+        "blocks; MLA without RoPE."
+    ),
 }
 
 # Metadata key suffixes (after "{arch}.") that llama.cpp reads as per-layer arrays.
