@@ -405,7 +405,7 @@ INDEX_RULES: dict[str, str] = {
     "gptneox": "gptneox.cpp names l_out in two branches (parallel and sequential residual); one per layer is built.",
     "nemotron_h": (
         "nemotron-h.cpp names a layer's output nemotron_h_block_out, and l_out only an FFN layer's output before "
-        "its residual: a stage's hidden tap (l_out of its last layer) finds nothing, or the wrong tensor."
+        "its residual: the hidden tap reads the former (architectures.tap_name)."
     ),
     "nemotron_h_moe": "nemotron-h-moe.cpp runs nemotron_h's graph: a layer's output is nemotron_h_block_out.",
 }

@@ -8,7 +8,7 @@ The vocabulary is SPM with byte tokens, so `mesh serve` can tokenize any text.
 Gotchas: a `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`;
 gemma's token embeddings are multiplied by √width, so they are drawn small.
 The recurrent and hybrid families (issue 43: mamba2, lfm2, granitehybrid, qwen35, qwen3next,
-falcon-h1 in `WRITERS`, nemotron_h in `RECURRENT`, refused) take their state's shapes from the
+falcon-h1, nemotron_h in `WRITERS`) take their state's shapes from the
 `ssm.*` keys, which must agree with the tensors; lfm2, granitehybrid and nemotron_h tell a
 recurrent layer by 0 in the per-layer `attention.head_count_kv`, qwen35 and qwen3next by the index.
 """
@@ -1228,6 +1228,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "cohere2": _cohere2,
     "hy_v3": _hy_v3,
     "falcon-h1": _falcon_h1,
+    "nemotron_h": _nemotron_h,  # hyb
     **OLDER_DENSE,
     **OLDER,
 }
@@ -1252,16 +1253,16 @@ def _talkie(t: Tiny) -> None:
 # A text family llama.cpp runs whose graph cannot be cut (ONE_NODE): served on one node.
 ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 
-# A hybrid llama.cpp loads and decodes whole that meshpipe refuses: nemotron-h.cpp names a layer's
-# output nemotron_h_block_out, so a stage's hidden tap (l_out) cannot read it
-# (packages/architecture_kinds.py INDEX_RULES).
-RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
+# Hybrids llama.cpp loads and decodes whole that meshpipe refuses: none left (nemotron_h, once
+# refused for its layer output's name, is split through tap_name).
+RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 
 
 # 8 layers allow one cut where cuts fall on every 4th layer (llama4, and the hybrids with attention
 # on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
+LAYERS_OF["nemotron_h"] = 12  # hyb: mixer, FFN, mixer, attention: cuts at 4 and 8
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
