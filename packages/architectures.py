@@ -170,6 +170,12 @@ RULES: dict[str, CutRule] = {
                           why="hybrid: Mamba-2 layers where head_count_kv and feed_forward_length are 0, "
                               "attention where head_count_kv is not and feed_forward_length is, FFN layers "
                               f"otherwise (nemotron-h.cpp); {_ONE_KIND}"),
+    # llama_model_nemotron_h_moe is nemotron_h's loader and graph (models.h): every FFN layer routed
+    # where expert_count is set, nothing more from the index; its MTP block dropped like nextn layers.
+    "nemotron_h_moe": CutRule(recurrent_layers=KV_AND_FF,
+                              why="hybrid: nemotron_h's loader and graph, Mamba-2 layers where head_count_kv and "
+                                  "feed_forward_length are 0, attention where only the latter is, MoE FFN layers "
+                                  f"otherwise (nemotron-h.cpp, nemotron-h-moe.cpp); {_ONE_KIND}"),
     # --- end hyb ---
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
@@ -461,7 +467,7 @@ _LAST_OUTPUT = {"step35": "h_nextn"}
 
 # hyb: nemotron-h.cpp (and nemotron-h-moe's, the same graph) names each layer's output after its
 # residual nemotron_h_block_out, and l_out nothing, or an FFN's output before the residual.
-_LAYER_OUTPUT = {"nemotron_h": "nemotron_h_block_out"}
+_LAYER_OUTPUT = dict.fromkeys(("nemotron_h", "nemotron_h_moe"), "nemotron_h_block_out")
 
 
 def tap_name(architecture: str, last_layer: int) -> str:

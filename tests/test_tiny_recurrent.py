@@ -37,8 +37,8 @@ ADMITTED = [a for a in FAMILIES if a in architectures.RULES]
 
 
 def test_the_families_are_these() -> None:
-    assert FAMILIES == ["falcon-h1", "granitehybrid", "lfm2", "mamba2", "nemotron_h", "qwen35", "qwen35moe",
-                        "qwen3next"]
+    assert FAMILIES == ["falcon-h1", "granitehybrid", "lfm2", "mamba2", "nemotron_h", "nemotron_h_moe", "qwen35",
+                        "qwen35moe", "qwen3next"]
     assert sorted(RECURRENT) == []  # every one admitted (nemotron_h by its tap's name, hyb)
 
 
@@ -78,7 +78,8 @@ def test_is_admitted_with_its_kind_reported(arch: str, tmp_path: Path) -> None:
 def test_nemotron_h_is_split_where_a_recurrent_layer_follows_attention_past_ffn_layers() -> None:
     """nemotron-h.cpp's FFN layers are neither kind: the tap reads nemotron_h_block_out, and a cut
     leaves an attention and a Mamba-2 layer in every stage whatever FFN layers lie between (hyb)."""
-    assert architectures.tap_name("nemotron_h", 7) == "nemotron_h_block_out-7"
+    assert architectures.tap_name("nemotron_h", 7) == architectures.tap_name("nemotron_h_moe", 7) \
+        == "nemotron_h_block_out-7"
     kinds = "MFMA" * 3
     meta = {"nemotron_h.attention.head_count_kv": [2 if k == "A" else 0 for k in kinds],
             "nemotron_h.feed_forward_length": [8 if k == "F" else 0 for k in kinds]}
@@ -104,7 +105,8 @@ print("decoded")
 
 
 @pytest.mark.mesh
-@pytest.mark.parametrize(("arch", "cut"), [("lfm2", 2), ("granitehybrid", 11), ("nemotron_h", 2)])
+@pytest.mark.parametrize(("arch", "cut"), [("lfm2", 2), ("granitehybrid", 11), ("nemotron_h", 2),
+                                         ("nemotron_h_moe", 2)])
 def test_a_hybrid_stage_of_one_kind_of_layer_aborts(arch: str, cut: int, tmp_path: Path) -> None:
     """lfm2 [0,2) holds only short-convolution layers, granitehybrid [11,12) only attention:
     llm_graph_input_mem_hybrid::set_input fills the inputs of both memories, and the kind the

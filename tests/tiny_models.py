@@ -520,6 +520,36 @@ def _qwen35moe(t: Tiny) -> None:
 def _nemotron_h(t: Tiny) -> None:
     """Each layer one of a Mamba-2 mixer (0 KV heads and 0 FFN), attention (0 FFN) or a squared-ReLU
     up/down FFN (nemotron-h.cpp), here mixer, FFN, mixer, attention, repeated; a norm before each."""
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.ffn_up.weight", t.w(t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+    _nemotron_h_layers(t, ffn)
+
+
+# --- hyb: nemotron_h_moe ---
+def _nemotron_h_moe(t: Tiny) -> None:
+    """nemotron_h's layers (its loader and graph, models.h) with a routed FFN where an FFN layer
+    is: sigmoid-gated experts with a selection bias and no gate, and a shared expert, all up/down."""
+    _moe_keys(t)
+    t.key("expert_shared_feed_forward_length", 32)
+    t.key("expert_weights_norm", True)
+    t.key("expert_weights_scale", 1.0)
+
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.ffn_gate_inp.weight", t.w(4, t.width))
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        t.add(f"blk.{i}.ffn_up_exps.weight", t.w(4, 32, t.width))
+        t.add(f"blk.{i}.ffn_down_exps.weight", t.w(4, t.width, 32))
+        t.add(f"blk.{i}.ffn_up_shexp.weight", t.w(32, t.width))
+        t.add(f"blk.{i}.ffn_down_shexp.weight", t.w(t.width, 32))
+
+    _nemotron_h_layers(t, ffn)
+# --- end hyb ---
+
+
+def _nemotron_h_layers(t: Tiny, ffn: Callable[[int], None]) -> None:
+    """nemotron-h.cpp's stack, mixer, FFN, mixer, attention repeated, with `ffn` writing an FFN layer."""
     kinds = "MFMA" * (t.layers // 4) + "MFMA"[: t.layers % 4]
     _mamba2_keys(t)
     t.key("attention.layer_norm_epsilon", 1e-5)  # required (for the MTP head's final norm)
@@ -533,8 +563,7 @@ def _nemotron_h(t: Tiny) -> None:
         elif kind == "A":
             t.attention(i)
         else:
-            t.add(f"blk.{i}.ffn_up.weight", t.w(t.ff, t.width))
-            t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+            ffn(i)
 
 
 def _falcon_h1(t: Tiny) -> None:
@@ -1229,6 +1258,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "hy_v3": _hy_v3,
     "falcon-h1": _falcon_h1,
     "nemotron_h": _nemotron_h,  # hyb
+    "nemotron_h_moe": _nemotron_h_moe,  # hyb
     **OLDER_DENSE,
     **OLDER,
 }
@@ -1262,7 +1292,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 # on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
-LAYERS_OF["nemotron_h"] = 12  # hyb: mixer, FFN, mixer, attention: cuts at 4 and 8
+LAYERS_OF["nemotron_h"] = LAYERS_OF["nemotron_h_moe"] = 12  # hyb: mixer, FFN, mixer, attention: cuts at 4 and 8
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
