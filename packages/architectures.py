@@ -176,6 +176,10 @@ RULES: dict[str, CutRule] = {
                               why="hybrid: nemotron_h's loader and graph, Mamba-2 layers where head_count_kv and "
                                   "feed_forward_length are 0, attention where only the latter is, MoE FFN layers "
                                   f"otherwise (nemotron-h.cpp, nemotron-h-moe.cpp); {_ONE_KIND}"),
+    # hyb: dense or MoE by the router's presence; a Mamba-1 layer's state from the ssm.* keys.
+    "jamba": CutRule(recurrent_layers=KV_HEADS,
+                     why="hybrid: Mamba-1 layers where head_count_kv is 0, attention without RoPE elsewhere, "
+                         f"dense or MoE FFN by the router's presence (jamba.cpp); {_ONE_KIND}"),
     # --- end hyb ---
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).

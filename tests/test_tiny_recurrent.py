@@ -37,8 +37,8 @@ ADMITTED = [a for a in FAMILIES if a in architectures.RULES]
 
 
 def test_the_families_are_these() -> None:
-    assert FAMILIES == ["falcon-h1", "granitehybrid", "lfm2", "mamba2", "nemotron_h", "nemotron_h_moe", "qwen35",
-                        "qwen35moe", "qwen3next"]
+    assert FAMILIES == ["falcon-h1", "granitehybrid", "jamba", "lfm2", "mamba2", "nemotron_h", "nemotron_h_moe",
+                        "qwen35", "qwen35moe", "qwen3next"]
     assert sorted(RECURRENT) == []  # every one admitted (nemotron_h by its tap's name, hyb)
 
 
@@ -106,7 +106,7 @@ print("decoded")
 
 @pytest.mark.mesh
 @pytest.mark.parametrize(("arch", "cut"), [("lfm2", 2), ("granitehybrid", 11), ("nemotron_h", 2),
-                                         ("nemotron_h_moe", 2)])
+                                         ("nemotron_h_moe", 2), ("jamba", 2)])
 def test_a_hybrid_stage_of_one_kind_of_layer_aborts(arch: str, cut: int, tmp_path: Path) -> None:
     """lfm2 [0,2) holds only short-convolution layers, granitehybrid [11,12) only attention:
     llm_graph_input_mem_hybrid::set_input fills the inputs of both memories, and the kind the

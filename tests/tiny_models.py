@@ -448,14 +448,19 @@ def _granitehybrid(t: Tiny) -> None:
     _mamba2_keys(t)
     _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
     _head(t, embd_scale=0.05)
+    _attention_every_4th(t, _mamba2_mixer, t.swiglu)
+
+
+def _attention_every_4th(t: Tiny, mixer: Callable[[Tiny, int], None], ffn: Callable[[int], None]) -> None:
+    """Pre-norm blocks of a recurrent `mixer`, attention where (il + 1) % 4 == 0, each then `ffn`."""
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
         if (i + 1) % 4 == 0:
             t.attention(i)
         else:
-            _mamba2_mixer(t, i)
+            mixer(t, i)
         t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+        ffn(i)
 
 
 def _gated_delta_hybrid(t: Tiny, ffn: Callable[[int], None], fused_beta_alpha: bool) -> None:
@@ -545,6 +550,36 @@ def _nemotron_h_moe(t: Tiny) -> None:
         t.add(f"blk.{i}.ffn_down_shexp.weight", t.w(t.width, 32))
 
     _nemotron_h_layers(t, ffn)
+# --- end hyb ---
+
+
+# --- hyb: jamba ---
+def _mamba1_mixer(t: Tiny, i: int, dt_rank: int = 4, state: int = 16, conv: int = 4) -> None:
+    """One Mamba-1 block with jamba's dt/B/C norms (jamba.cpp): d_inner 2 * width (asserted)."""
+    inner = 2 * t.width
+    t.add(f"blk.{i}.ssm_in.weight", t.w(2 * inner, t.width))
+    t.add(f"blk.{i}.ssm_conv1d.weight", t.w(inner, conv))
+    t.add(f"blk.{i}.ssm_conv1d.bias", t.w(inner, scale=0.05))
+    t.add(f"blk.{i}.ssm_x.weight", t.w(dt_rank + 2 * state, inner))
+    t.norm(f"blk.{i}.ssm_dt_norm.weight", dt_rank)
+    t.add(f"blk.{i}.ssm_dt.weight", t.w(inner, dt_rank))
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
+    t.norm(f"blk.{i}.ssm_b_norm.weight", state)
+    t.norm(f"blk.{i}.ssm_c_norm.weight", state)
+    t.add(f"blk.{i}.ssm_a", -np.exp(t.w(inner, state)))  # A < 0: the state decays
+    t.add(f"blk.{i}.ssm_d", t.w(inner))
+    t.add(f"blk.{i}.ssm_out.weight", t.w(t.width, inner))
+
+
+def _jamba(t: Tiny) -> None:
+    """Mamba-1 mixers with attention (no RoPE) where head_count_kv is not 0, here every 4th layer,
+    and an FFN dense or MoE by the router's presence, here MoE on odd layers (jamba.cpp)."""
+    for key, value in (("ssm.conv_kernel", 4), ("ssm.inner_size", 2 * t.width), ("ssm.state_size", 16),
+                       ("ssm.time_step_rank", 4), ("expert_count", 4), ("expert_used_count", 2)):
+        t.key(key, value)
+    _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
+    _head(t)
+    _attention_every_4th(t, _mamba1_mixer, lambda i: t.experts(i, ff_exp=t.ff) if i % 2 else t.swiglu(i))
 # --- end hyb ---
 
 
@@ -1259,6 +1294,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "falcon-h1": _falcon_h1,
     "nemotron_h": _nemotron_h,  # hyb
     "nemotron_h_moe": _nemotron_h_moe,  # hyb
+    "jamba": _jamba,  # hyb
     **OLDER_DENSE,
     **OLDER,
 }
@@ -1292,7 +1328,8 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 # on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
-LAYERS_OF["nemotron_h"] = LAYERS_OF["nemotron_h_moe"] = 12  # hyb: mixer, FFN, mixer, attention: cuts at 4 and 8
+# hyb: nemotron_h's mixer, FFN, mixer, attention, and jamba's attention every 4th: cuts at 4 and 8
+LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
