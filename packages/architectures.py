@@ -180,6 +180,10 @@ RULES: dict[str, CutRule] = {
     "jamba": CutRule(recurrent_layers=KV_HEADS,
                      why="hybrid: Mamba-1 layers where head_count_kv is 0, attention without RoPE elsewhere, "
                          f"dense or MoE FFN by the router's presence (jamba.cpp); {_ONE_KIND}"),
+    # hyb: lfm2's graph (models.h) with MoE past the leading dense blocks, by the index.
+    "lfm2moe": CutRule(recurrent_layers=KV_HEADS, front_counts=_LEAD,
+                       why="hybrid: short-convolution layers where head_count_kv is 0, dense FFN where "
+                           f"il < n_layer_dense_lead, MoE past it (lfm2moe.cpp, lfm2.cpp); {_ONE_KIND}"),
     # --- end hyb ---
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).

@@ -422,6 +422,11 @@ def _mamba2(t: Tiny) -> None:
 def _lfm2(t: Tiny) -> None:
     """Short convolutions, with attention (q/k norms, q n_embd wide) on every 3rd layer; the output
     norm is named token_embd_norm (lfm2.cpp)."""
+    _lfm2_layers(t, t.swiglu)
+
+
+def _lfm2_layers(t: Tiny, ffn: Callable[[int], None]) -> None:
+    """lfm2's stack (lfm2.cpp, also lfm2moe's graph), with `ffn` writing a layer's FFN."""
     conv = 3
     t.key("shortconv.l_cache", conv)
     _recurrent_kv(t, lambda i: i % 3 == 2)
@@ -436,7 +441,29 @@ def _lfm2(t: Tiny) -> None:
             t.add(f"blk.{i}.shortconv.in_proj.weight", t.w(3 * t.width, t.width))
             t.add(f"blk.{i}.shortconv.out_proj.weight", t.w(t.width, t.width))
         t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+        ffn(i)
+
+
+# --- hyb: lfm2moe ---
+def _lfm2moe(t: Tiny) -> None:
+    """lfm2's layers with a dense FFN where il < leading_dense_block_count (4) and sigmoid-gated
+    experts with a selection bias past it (lfm2moe.cpp, lfm2.cpp's graph)."""
+    lead = 4
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_count", 4)
+    t.key("expert_used_count", 2)
+    t.key("expert_feed_forward_length", 32)
+    t.key("expert_gating_func", 2)  # sigmoid, as LFM2-8B-A1B
+
+    def ffn(i: int) -> None:
+        if i < lead:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+    _lfm2_layers(t, ffn)
+# --- end hyb ---
 
 
 def _granitehybrid(t: Tiny) -> None:
@@ -1295,6 +1322,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "nemotron_h": _nemotron_h,  # hyb
     "nemotron_h_moe": _nemotron_h_moe,  # hyb
     "jamba": _jamba,  # hyb
+    "lfm2moe": _lfm2moe,  # hyb
     **OLDER_DENSE,
     **OLDER,
 }
@@ -1329,7 +1357,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # hyb: nemotron_h's mixer, FFN, mixer, attention, and jamba's attention every 4th: cuts at 4 and 8
-LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba"), 12)
+LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba", "lfm2moe"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
