@@ -184,6 +184,11 @@ RULES: dict[str, CutRule] = {
     "lfm2moe": CutRule(recurrent_layers=KV_HEADS, front_counts=_LEAD,
                        why="hybrid: short-convolution layers where head_count_kv is 0, dense FFN where "
                            f"il < n_layer_dense_lead, MoE past it (lfm2moe.cpp, lfm2.cpp); {_ONE_KIND}"),
+    # hyb: the layer's l_out is the tap (h_nextn names the normed output, a tensor of its own).
+    "bailingmoe3": CutRule(recurrent_layers=KV_HEADS, front_counts=_LEAD,
+                           why="hybrid: Kimi delta-attention layers where head_count_kv is 0, gated MLA elsewhere; "
+                               "dense FFN where il < n_layer_dense_lead, MoE past it (bailingmoe3.cpp); "
+                               f"{_ONE_KIND}"),
     # --- end hyb ---
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).

@@ -610,6 +610,61 @@ def _jamba(t: Tiny) -> None:
 # --- end hyb ---
 
 
+# --- hyb: bailingmoe3 ---
+def _kda(t: Tiny, i: int, head_dim: int = 16, conv: int = 4) -> None:
+    """One Kimi delta-attention layer (bailingmoe3.cpp): q, k, v each through a short conv, a gate
+    and an output gate, d_inner = head_count * kda.head_dim."""
+    inner = t.heads * head_dim
+    for x in "qkv":
+        t.add(f"blk.{i}.ssm_conv1d_{x}.weight", t.w(1, inner, 1, conv))
+        t.add(f"blk.{i}.attn_{x}.weight", t.w(inner, t.width))
+    t.add(f"blk.{i}.ssm_f_a.weight", t.w(inner, t.width))
+    t.add(f"blk.{i}.ssm_beta.weight", t.w(t.heads, t.width))
+    t.add(f"blk.{i}.ssm_a", t.w(t.heads, 1))
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
+    t.add(f"blk.{i}.ssm_g_a.weight", t.w(inner, t.width))
+    t.norm(f"blk.{i}.ssm_norm.weight", head_dim)
+    t.add(f"blk.{i}.attn_output.weight", t.w(t.width, inner))
+
+
+def _gated_mla(t: Tiny, i: int, kv_rank: int, rope: int, nope: int, v_mla: int) -> None:
+    """bailingmoe3's attention: MLA without a q LoRA, with a sigmoid gate per head (attn_gate)."""
+    t.add(f"blk.{i}.attn_q.weight", t.w(t.heads * (nope + rope), t.width))
+    t.add(f"blk.{i}.attn_kv_a_mqa.weight", t.w(kv_rank + rope, t.width))
+    t.norm(f"blk.{i}.attn_kv_a_norm.weight", kv_rank)
+    t.add(f"blk.{i}.attn_k_b.weight", t.w(t.heads, kv_rank, nope))
+    t.add(f"blk.{i}.attn_v_b.weight", t.w(t.heads, v_mla, kv_rank))
+    t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads, t.width))
+    t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * v_mla))
+
+
+def _bailingmoe3(t: Tiny) -> None:
+    """KDA layers where head_count_kv is 0, gated MLA every 4th layer, dense FFN where
+    il < leading_dense_block_count (5), sigmoid-routed experts and a shared expert past it."""
+    kv_rank, rope, nope, v_mla, lead = 32, 16, 32, 32, 5
+    _moe_keys(t)
+    for key, value in (("attention.kv_lora_rank", kv_rank), ("attention.key_length_mla", nope + rope),
+                       ("attention.value_length_mla", v_mla), ("ssm.conv_kernel", 4), ("kda.head_dim", 16),
+                       ("kda.gate_lower_bound", -5.0), ("expert_shared_count", 1),
+                       ("leading_dense_block_count", lead), ("expert_gating_func", 2), ("expert_weights_norm", True),
+                       ("expert_weights_scale", 1.0)):
+        t.key(key, value)
+    t.set("attention.head_count_kv", [1 if (i + 1) % 4 == 0 else 0 for i in range(t.layers)])
+    t.set("attention.key_length", kv_rank + rope)
+    t.set("attention.value_length", kv_rank)
+    t.set("rope.dimension_count", rope)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        if (i + 1) % 4 == 0:
+            _gated_mla(t, i, kv_rank, rope, nope, v_mla)
+        else:
+            _kda(t, i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        _lead_dense_then_moe(t, i, lead)
+# --- end hyb ---
+
+
 def _nemotron_h_layers(t: Tiny, ffn: Callable[[int], None]) -> None:
     """nemotron-h.cpp's stack, mixer, FFN, mixer, attention repeated, with `ffn` writing an FFN layer."""
     kinds = "MFMA" * (t.layers // 4) + "MFMA"[: t.layers % 4]
@@ -1323,6 +1378,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "nemotron_h_moe": _nemotron_h_moe,  # hyb
     "jamba": _jamba,  # hyb
     "lfm2moe": _lfm2moe,  # hyb
+    "bailingmoe3": _bailingmoe3,  # hyb
     **OLDER_DENSE,
     **OLDER,
 }
@@ -1357,7 +1413,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # hyb: nemotron_h's mixer, FFN, mixer, attention, and jamba's attention every 4th: cuts at 4 and 8
-LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba", "lfm2moe"), 12)
+LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba", "lfm2moe", "bailingmoe3"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
