@@ -88,6 +88,12 @@ def test_nemotron_h_is_split_where_a_recurrent_layer_follows_attention_past_ffn_
     assert architectures.stage_refusal("nemotron_h", meta, 1, 4) is None
 
 
+def test_qwen4exp_is_refused_with_its_graphs_reason() -> None:
+    """Its residual is hyper-connection streams, which no n_embd-wide stage input can carry (hyb)."""
+    assert architectures.allowed_cuts("qwen4exp", 8) == []
+    assert "hyper_connection.count streams" in dict(architectures.table())["qwen4exp"]
+
+
 # Packaged with every cut allowed (no rule), a split at CUT decodes: the process should abort.
 _ONE_KIND_STAGE = """
 import sys
