@@ -410,7 +410,7 @@ INDEX_RULES: dict[str, str] = {
     "gptneox": "gptneox.cpp names l_out in two branches (parallel and sequential residual); one per layer is built.",
     "nemotron_h": (
         "nemotron-h.cpp names a layer's output nemotron_h_block_out, and l_out only an FFN layer's output before "
-        "its residual: a stage's hidden tap (l_out of its last layer) finds nothing, or the wrong tensor."
+        "its residual: the hidden tap reads the former (architectures.tap_name)."
     ),
     "nemotron_h_moe": "nemotron-h-moe.cpp runs nemotron_h's graph: a layer's output is nemotron_h_block_out.",
     # --- frontier hybrids whose residual is not one hidden state (issue 54, the DSA branch) ---
@@ -433,6 +433,18 @@ INDEX_RULES: dict[str, str] = {
         "blocks; MLA without RoPE."
     ),
 }
+
+# --- hyb: qwen4exp ---
+# Why no cut can carry its residual, whatever the memories: the graph widens the embedding into
+# hyper-connection streams and hands a layer on as all of them.
+INDEX_RULES["qwen4exp"] = (
+    "qwen4exp.cpp cannot be cut: the residual between layers is hyper_connection.count streams of n_embd "
+    "(l_last is n_embd x hc), while a stage's input is n_embd wide and build_inp_embd's output is repeated into "
+    "hc identical copies (hc_init), so a later stage cannot be handed the streams; PLE layers also read "
+    "per-layer n-gram embeddings from the tokens (build_inp_ple)."
+)
+# --- end hyb ---
+
 
 # Metadata key suffixes (after "{arch}.") that llama.cpp reads as per-layer arrays.
 PER_LAYER_KEYS: tuple[str, ...] = (

@@ -85,6 +85,11 @@ KV_HEADS = "kv_heads"
 # the per-layer `attention.recurrent_layers`, else `(il + 1) % full_attention_interval != 0`
 # (default 4) from the stage's own index (qwen35.cpp, qwen3next.cpp)
 INTERVAL = "interval"
+# --- hyb: nemotron_h ---
+# 0 in both the per-layer `attention.head_count_kv` and `feed_forward_length` (nemotron-h.cpp):
+# a layer with KV heads is attention, one with an FFN length neither kind (it needs no memory input)
+KV_AND_FF = "kv_and_ff"
+# --- end hyb ---
 
 
 _INDEX_FREE = "the graph reads nothing from the layer index"
@@ -186,6 +191,33 @@ RULES: dict[str, CutRule] = {
                       why="sliding-window layers by the per-layer array, with their own head widths and RoPE; "
                           "the last shared_kv_layers reuse the KV of the two layers before them, which stay in "
                           "the last stage; no stage under 2 layers (gemma4.cpp, llama-model.cpp create_memory)"),
+    # --- hyb: nemotron_h ---
+    # Its FFN-only layers are neither kind: cuts fall where a recurrent layer follows an attention
+    # layer with only FFN layers between, and the tap reads the name its graph gives a layer's output.
+    "nemotron_h": CutRule(recurrent_layers=KV_AND_FF,
+                          why="hybrid: Mamba-2 layers where head_count_kv and feed_forward_length are 0, "
+                              "attention where head_count_kv is not and feed_forward_length is, FFN layers "
+                              f"otherwise (nemotron-h.cpp); {_ONE_KIND}"),
+    # llama_model_nemotron_h_moe is nemotron_h's loader and graph (models.h): every FFN layer routed
+    # where expert_count is set, nothing more from the index; its MTP block dropped like nextn layers.
+    "nemotron_h_moe": CutRule(recurrent_layers=KV_AND_FF,
+                              why="hybrid: nemotron_h's loader and graph, Mamba-2 layers where head_count_kv and "
+                                  "feed_forward_length are 0, attention where only the latter is, MoE FFN layers "
+                                  f"otherwise (nemotron-h.cpp, nemotron-h-moe.cpp); {_ONE_KIND}"),
+    # hyb: dense or MoE by the router's presence; a Mamba-1 layer's state from the ssm.* keys.
+    "jamba": CutRule(recurrent_layers=KV_HEADS,
+                     why="hybrid: Mamba-1 layers where head_count_kv is 0, attention without RoPE elsewhere, "
+                         f"dense or MoE FFN by the router's presence (jamba.cpp); {_ONE_KIND}"),
+    # hyb: lfm2's graph (models.h) with MoE past the leading dense blocks, by the index.
+    "lfm2moe": CutRule(recurrent_layers=KV_HEADS, front_counts=_LEAD,
+                       why="hybrid: short-convolution layers where head_count_kv is 0, dense FFN where "
+                           f"il < n_layer_dense_lead, MoE past it (lfm2moe.cpp, lfm2.cpp); {_ONE_KIND}"),
+    # hyb: the layer's l_out is the tap (h_nextn names the normed output, a tensor of its own).
+    "bailingmoe3": CutRule(recurrent_layers=KV_HEADS, front_counts=_LEAD,
+                           why="hybrid: Kimi delta-attention layers where head_count_kv is 0, gated MLA elsewhere; "
+                               "dense FFN where il < n_layer_dense_lead, MoE past it (bailingmoe3.cpp); "
+                               f"{_ONE_KIND}"),
+    # --- end hyb ---
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
     **{arch: CutRule(why=f"{_INDEX_FREE} ({source})") for arch, source in (
@@ -360,7 +392,8 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         # the stage's own index tells the kinds (INTERVAL without the per-layer array), these are
         # the interval's multiples, which keep the pattern's phase too.
         recurrent = recurrent_layers(architecture, meta, layer_count)
-        cuts = [c for c in cuts if recurrent[c] and not recurrent[c - 1]]
+        attention = attention_layers(architecture, meta, layer_count)
+        cuts = [c for c in cuts if recurrent[c] and _last_mixer_is_attention(recurrent[:c], attention[:c])]
     if RULES[architecture].shared_indexers:
         full = meta.get(INDEXER_TYPES.format(architecture))
         # no array (a model the package has not seen): no cut, rather than guess the default
@@ -394,9 +427,10 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
             return (f"llama.cpp asserts a {architecture} stage has 2 layers or more of its own KV "
                     "(n_layer_kv_from_start >= 2, llama-model.cpp create_memory)")
     if rule is not None and rule.recurrent_layers:
-        kinds = set(recurrent_layers(architecture, metadata, end)[start:end])
-        if len(kinds) == 1:
-            return (f"its layers are all {'recurrent' if True in kinds else 'attention'}, and "
+        recurrent = recurrent_layers(architecture, metadata, end)[start:end]
+        attention = attention_layers(architecture, metadata, end)[start:end]
+        if not (any(recurrent) and any(attention)):
+            return (f"its layers are all {'recurrent' if any(recurrent) else 'attention'}, and "
                     "llm_graph_input_mem_hybrid::set_input aborts unless a stage holds both kinds (llama-graph.cpp)")
     return None
 
@@ -419,11 +453,41 @@ def recurrent_layers(architecture: str, metadata: Mapping[str, Any], layer_count
             return [bool(r) for r in listed[:layer_count]]
         step = int(metadata.get(f"{prefix}full_attention_interval") or 4)  # llama.cpp's default
         return [(il + 1) % step != 0 for il in range(layer_count)]
+    if RULES[architecture].recurrent_layers == KV_AND_FF:  # hyb: nemotron-h.cpp's is_recr_impl
+        kv = _per_layer(metadata, f"{prefix}attention.head_count_kv", layer_count)
+        ff = _per_layer(metadata, f"{prefix}feed_forward_length", layer_count)
+        return [k == 0 and f == 0 for k, f in zip(kv, ff, strict=True)]
     # n_head_kv defaults to n_head; with neither known every layer counts as recurrent, which
     # allows no cut
     kv = metadata.get(f"{prefix}attention.head_count_kv", metadata.get(f"{prefix}attention.head_count"))
     heads = kv[:layer_count] if isinstance(kv, list) else [kv] * layer_count
     return [int(n or 0) == 0 for n in heads]
+
+
+# --- hyb: layers of neither kind (nemotron_h's FFN layers) ---
+def attention_layers(architecture: str, metadata: Mapping[str, Any], layer_count: int) -> list[bool]:
+    """Which of the first `layer_count` layers of a hybrid are attention layers: all that are not
+    recurrent, but where some layers are neither (KV_AND_FF: KV heads and no FFN, the layers
+    llama_model::create_memory gives KV for nemotron_h, llama-model.cpp)."""
+    if RULES[architecture].recurrent_layers != KV_AND_FF:
+        return [not r for r in recurrent_layers(architecture, metadata, layer_count)]
+    kv = _per_layer(metadata, f"{architecture}.attention.head_count_kv", layer_count)
+    ff = _per_layer(metadata, f"{architecture}.feed_forward_length", layer_count)
+    return [k > 0 and f == 0 for k, f in zip(kv, ff, strict=True)]
+
+
+def _per_layer(metadata: Mapping[str, Any], key: str, layer_count: int) -> list[int]:
+    """A per-layer key's values (a scalar repeated), 0 where unknown."""
+    value = metadata.get(key)
+    values = value[:layer_count] if isinstance(value, list) else [value] * layer_count
+    return [int(v or 0) for v in values]
+
+
+def _last_mixer_is_attention(recurrent: Sequence[bool], attention: Sequence[bool]) -> bool:
+    """Whether the last layer of either kind is an attention layer (layers of neither skipped)."""
+    kinds = [a for r, a in zip(recurrent, attention, strict=True) if r or a]
+    return bool(kinds) and kinds[-1]
+# --- end hyb ---
 
 
 def deepseek2_vocab(metadata: Mapping[str, Any], architecture: str = "deepseek2") -> int:
@@ -479,8 +543,15 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
 _LAST_OUTPUT = {"step35": "h_nextn"}
 
 
+# hyb: nemotron-h.cpp (and nemotron-h-moe's, the same graph) names each layer's output after its
+# residual nemotron_h_block_out, and l_out nothing, or an FFN's output before the residual.
+_LAYER_OUTPUT = dict.fromkeys(("nemotron_h", "nemotron_h_moe"), "nemotron_h_block_out")
+
+
 def tap_name(architecture: str, last_layer: int) -> str:
     """The graph's name for the output of a stage's last layer, which the hidden tap reads."""
+    if architecture in _LAYER_OUTPUT:
+        return f"{_LAYER_OUTPUT[architecture]}-{last_layer}"
     return _LAST_OUTPUT.get(architecture, f"l_out-{last_layer}")
 
 

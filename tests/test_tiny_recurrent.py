@@ -37,9 +37,9 @@ ADMITTED = [a for a in FAMILIES if a in architectures.RULES]
 
 
 def test_the_families_are_these() -> None:
-    assert FAMILIES == ["falcon-h1", "granitehybrid", "lfm2", "mamba2", "nemotron_h", "qwen35", "qwen35moe",
-                        "qwen3next"]
-    assert sorted(RECURRENT) == ["nemotron_h"]  # the only one not admitted
+    assert FAMILIES == ["bailingmoe3", "falcon-h1", "granitehybrid", "jamba", "lfm2", "lfm2moe", "mamba2", "nemotron_h",
+                        "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next"]
+    assert sorted(RECURRENT) == []  # every one admitted (nemotron_h by its tap's name, hyb)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -75,13 +75,23 @@ def test_is_admitted_with_its_kind_reported(arch: str, tmp_path: Path) -> None:
     assert architectures.allowed_cuts(arch, int(values[f"{arch}.block_count"]), values)
 
 
-def test_nemotron_h_is_refused_for_its_layer_output_name() -> None:
-    """nemotron-h.cpp names a layer's output nemotron_h_block_out: no stage could hand its last
-    layer's output on through the hidden tap, which reads l_out."""
-    assert "nemotron_h" not in architectures.RULES
-    assert "hybrid" in (architectures.split_refusal("nemotron_h") or "")
-    assert architectures.allowed_cuts("nemotron_h", 8) == []
-    assert "nemotron_h_block_out" in dict(architectures.table())["nemotron_h"]
+def test_nemotron_h_is_split_where_a_recurrent_layer_follows_attention_past_ffn_layers() -> None:
+    """nemotron-h.cpp's FFN layers are neither kind: the tap reads nemotron_h_block_out, and a cut
+    leaves an attention and a Mamba-2 layer in every stage whatever FFN layers lie between (hyb)."""
+    assert architectures.tap_name("nemotron_h", 7) == architectures.tap_name("nemotron_h_moe", 7) \
+        == "nemotron_h_block_out-7"
+    kinds = "MFMA" * 3
+    meta = {"nemotron_h.attention.head_count_kv": [2 if k == "A" else 0 for k in kinds],
+            "nemotron_h.feed_forward_length": [8 if k == "F" else 0 for k in kinds]}
+    assert architectures.allowed_cuts("nemotron_h", 12, meta) == [4, 8]
+    assert "all recurrent" in (architectures.stage_refusal("nemotron_h", meta, 0, 3) or "")
+    assert architectures.stage_refusal("nemotron_h", meta, 1, 4) is None
+
+
+def test_qwen4exp_is_refused_with_its_graphs_reason() -> None:
+    """Its residual is hyper-connection streams, which no n_embd-wide stage input can carry (hyb)."""
+    assert architectures.allowed_cuts("qwen4exp", 8) == []
+    assert "hyper_connection.count streams" in dict(architectures.table())["qwen4exp"]
 
 
 # Packaged with every cut allowed (no rule), a split at CUT decodes: the process should abort.
@@ -101,7 +111,8 @@ print("decoded")
 
 
 @pytest.mark.mesh
-@pytest.mark.parametrize(("arch", "cut"), [("lfm2", 2), ("granitehybrid", 11)])
+@pytest.mark.parametrize(("arch", "cut"), [("lfm2", 2), ("granitehybrid", 11), ("nemotron_h", 2),
+                                         ("nemotron_h_moe", 2), ("jamba", 2)])
 def test_a_hybrid_stage_of_one_kind_of_layer_aborts(arch: str, cut: int, tmp_path: Path) -> None:
     """lfm2 [0,2) holds only short-convolution layers, granitehybrid [11,12) only attention:
     llm_graph_input_mem_hybrid::set_input fills the inputs of both memories, and the kind the

@@ -8,7 +8,7 @@ The vocabulary is SPM with byte tokens, so `mesh serve` can tokenize any text.
 Gotchas: a `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`;
 gemma's token embeddings are multiplied by √width, so they are drawn small.
 The recurrent and hybrid families (issue 43: mamba2, lfm2, granitehybrid, qwen35, qwen3next,
-falcon-h1 in `WRITERS`, nemotron_h in `RECURRENT`, refused) take their state's shapes from the
+falcon-h1, nemotron_h in `WRITERS`) take their state's shapes from the
 `ssm.*` keys, which must agree with the tensors; lfm2, granitehybrid and nemotron_h tell a
 recurrent layer by 0 in the per-layer `attention.head_count_kv`, qwen35 and qwen3next by the index.
 """
@@ -422,6 +422,11 @@ def _mamba2(t: Tiny) -> None:
 def _lfm2(t: Tiny) -> None:
     """Short convolutions, with attention (q/k norms, q n_embd wide) on every 3rd layer; the output
     norm is named token_embd_norm (lfm2.cpp)."""
+    _lfm2_layers(t, t.swiglu)
+
+
+def _lfm2_layers(t: Tiny, ffn: Callable[[int], None]) -> None:
+    """lfm2's stack (lfm2.cpp, also lfm2moe's graph), with `ffn` writing a layer's FFN."""
     conv = 3
     t.key("shortconv.l_cache", conv)
     _recurrent_kv(t, lambda i: i % 3 == 2)
@@ -436,7 +441,29 @@ def _lfm2(t: Tiny) -> None:
             t.add(f"blk.{i}.shortconv.in_proj.weight", t.w(3 * t.width, t.width))
             t.add(f"blk.{i}.shortconv.out_proj.weight", t.w(t.width, t.width))
         t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+        ffn(i)
+
+
+# --- hyb: lfm2moe ---
+def _lfm2moe(t: Tiny) -> None:
+    """lfm2's layers with a dense FFN where il < leading_dense_block_count (4) and sigmoid-gated
+    experts with a selection bias past it (lfm2moe.cpp, lfm2.cpp's graph)."""
+    lead = 4
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_count", 4)
+    t.key("expert_used_count", 2)
+    t.key("expert_feed_forward_length", 32)
+    t.key("expert_gating_func", 2)  # sigmoid, as LFM2-8B-A1B
+
+    def ffn(i: int) -> None:
+        if i < lead:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+
+    _lfm2_layers(t, ffn)
+# --- end hyb ---
 
 
 def _granitehybrid(t: Tiny) -> None:
@@ -448,14 +475,19 @@ def _granitehybrid(t: Tiny) -> None:
     _mamba2_keys(t)
     _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
     _head(t, embd_scale=0.05)
+    _attention_every_4th(t, _mamba2_mixer, t.swiglu)
+
+
+def _attention_every_4th(t: Tiny, mixer: Callable[[Tiny, int], None], ffn: Callable[[int], None]) -> None:
+    """Pre-norm blocks of a recurrent `mixer`, attention where (il + 1) % 4 == 0, each then `ffn`."""
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
         if (i + 1) % 4 == 0:
             t.attention(i)
         else:
-            _mamba2_mixer(t, i)
+            mixer(t, i)
         t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+        ffn(i)
 
 
 def _gated_delta_hybrid(t: Tiny, ffn: Callable[[int], None], fused_beta_alpha: bool) -> None:
@@ -520,6 +552,121 @@ def _qwen35moe(t: Tiny) -> None:
 def _nemotron_h(t: Tiny) -> None:
     """Each layer one of a Mamba-2 mixer (0 KV heads and 0 FFN), attention (0 FFN) or a squared-ReLU
     up/down FFN (nemotron-h.cpp), here mixer, FFN, mixer, attention, repeated; a norm before each."""
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.ffn_up.weight", t.w(t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+    _nemotron_h_layers(t, ffn)
+
+
+# --- hyb: nemotron_h_moe ---
+def _nemotron_h_moe(t: Tiny) -> None:
+    """nemotron_h's layers (its loader and graph, models.h) with a routed FFN where an FFN layer
+    is: sigmoid-gated experts with a selection bias and no gate, and a shared expert, all up/down."""
+    _moe_keys(t)
+    t.key("expert_shared_feed_forward_length", 32)
+    t.key("expert_weights_norm", True)
+    t.key("expert_weights_scale", 1.0)
+
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.ffn_gate_inp.weight", t.w(4, t.width))
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        t.add(f"blk.{i}.ffn_up_exps.weight", t.w(4, 32, t.width))
+        t.add(f"blk.{i}.ffn_down_exps.weight", t.w(4, t.width, 32))
+        t.add(f"blk.{i}.ffn_up_shexp.weight", t.w(32, t.width))
+        t.add(f"blk.{i}.ffn_down_shexp.weight", t.w(t.width, 32))
+
+    _nemotron_h_layers(t, ffn)
+# --- end hyb ---
+
+
+# --- hyb: jamba ---
+def _mamba1_mixer(t: Tiny, i: int, dt_rank: int = 4, state: int = 16, conv: int = 4) -> None:
+    """One Mamba-1 block with jamba's dt/B/C norms (jamba.cpp): d_inner 2 * width (asserted)."""
+    inner = 2 * t.width
+    t.add(f"blk.{i}.ssm_in.weight", t.w(2 * inner, t.width))
+    t.add(f"blk.{i}.ssm_conv1d.weight", t.w(inner, conv))
+    t.add(f"blk.{i}.ssm_conv1d.bias", t.w(inner, scale=0.05))
+    t.add(f"blk.{i}.ssm_x.weight", t.w(dt_rank + 2 * state, inner))
+    t.norm(f"blk.{i}.ssm_dt_norm.weight", dt_rank)
+    t.add(f"blk.{i}.ssm_dt.weight", t.w(inner, dt_rank))
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
+    t.norm(f"blk.{i}.ssm_b_norm.weight", state)
+    t.norm(f"blk.{i}.ssm_c_norm.weight", state)
+    t.add(f"blk.{i}.ssm_a", -np.exp(t.w(inner, state)))  # A < 0: the state decays
+    t.add(f"blk.{i}.ssm_d", t.w(inner))
+    t.add(f"blk.{i}.ssm_out.weight", t.w(t.width, inner))
+
+
+def _jamba(t: Tiny) -> None:
+    """Mamba-1 mixers with attention (no RoPE) where head_count_kv is not 0, here every 4th layer,
+    and an FFN dense or MoE by the router's presence, here MoE on odd layers (jamba.cpp)."""
+    for key, value in (("ssm.conv_kernel", 4), ("ssm.inner_size", 2 * t.width), ("ssm.state_size", 16),
+                       ("ssm.time_step_rank", 4), ("expert_count", 4), ("expert_used_count", 2)):
+        t.key(key, value)
+    _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
+    _head(t)
+    _attention_every_4th(t, _mamba1_mixer, lambda i: t.experts(i, ff_exp=t.ff) if i % 2 else t.swiglu(i))
+# --- end hyb ---
+
+
+# --- hyb: bailingmoe3 ---
+def _kda(t: Tiny, i: int, head_dim: int = 16, conv: int = 4) -> None:
+    """One Kimi delta-attention layer (bailingmoe3.cpp): q, k, v each through a short conv, a gate
+    and an output gate, d_inner = head_count * kda.head_dim."""
+    inner = t.heads * head_dim
+    for x in "qkv":
+        t.add(f"blk.{i}.ssm_conv1d_{x}.weight", t.w(1, inner, 1, conv))
+        t.add(f"blk.{i}.attn_{x}.weight", t.w(inner, t.width))
+    t.add(f"blk.{i}.ssm_f_a.weight", t.w(inner, t.width))
+    t.add(f"blk.{i}.ssm_beta.weight", t.w(t.heads, t.width))
+    t.add(f"blk.{i}.ssm_a", t.w(t.heads, 1))
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
+    t.add(f"blk.{i}.ssm_g_a.weight", t.w(inner, t.width))
+    t.norm(f"blk.{i}.ssm_norm.weight", head_dim)
+    t.add(f"blk.{i}.attn_output.weight", t.w(t.width, inner))
+
+
+def _gated_mla(t: Tiny, i: int, kv_rank: int, rope: int, nope: int, v_mla: int) -> None:
+    """bailingmoe3's attention: MLA without a q LoRA, with a sigmoid gate per head (attn_gate)."""
+    t.add(f"blk.{i}.attn_q.weight", t.w(t.heads * (nope + rope), t.width))
+    t.add(f"blk.{i}.attn_kv_a_mqa.weight", t.w(kv_rank + rope, t.width))
+    t.norm(f"blk.{i}.attn_kv_a_norm.weight", kv_rank)
+    t.add(f"blk.{i}.attn_k_b.weight", t.w(t.heads, kv_rank, nope))
+    t.add(f"blk.{i}.attn_v_b.weight", t.w(t.heads, v_mla, kv_rank))
+    t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads, t.width))
+    t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * v_mla))
+
+
+def _bailingmoe3(t: Tiny) -> None:
+    """KDA layers where head_count_kv is 0, gated MLA every 4th layer, dense FFN where
+    il < leading_dense_block_count (5), sigmoid-routed experts and a shared expert past it."""
+    kv_rank, rope, nope, v_mla, lead = 32, 16, 32, 32, 5
+    _moe_keys(t)
+    for key, value in (("attention.kv_lora_rank", kv_rank), ("attention.key_length_mla", nope + rope),
+                       ("attention.value_length_mla", v_mla), ("ssm.conv_kernel", 4), ("kda.head_dim", 16),
+                       ("kda.gate_lower_bound", -5.0), ("expert_shared_count", 1),
+                       ("leading_dense_block_count", lead), ("expert_gating_func", 2), ("expert_weights_norm", True),
+                       ("expert_weights_scale", 1.0)):
+        t.key(key, value)
+    t.set("attention.head_count_kv", [1 if (i + 1) % 4 == 0 else 0 for i in range(t.layers)])
+    t.set("attention.key_length", kv_rank + rope)
+    t.set("attention.value_length", kv_rank)
+    t.set("rope.dimension_count", rope)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        if (i + 1) % 4 == 0:
+            _gated_mla(t, i, kv_rank, rope, nope, v_mla)
+        else:
+            _kda(t, i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        _lead_dense_then_moe(t, i, lead)
+# --- end hyb ---
+
+
+def _nemotron_h_layers(t: Tiny, ffn: Callable[[int], None]) -> None:
+    """nemotron-h.cpp's stack, mixer, FFN, mixer, attention repeated, with `ffn` writing an FFN layer."""
     kinds = "MFMA" * (t.layers // 4) + "MFMA"[: t.layers % 4]
     _mamba2_keys(t)
     t.key("attention.layer_norm_epsilon", 1e-5)  # required (for the MTP head's final norm)
@@ -533,8 +680,7 @@ def _nemotron_h(t: Tiny) -> None:
         elif kind == "A":
             t.attention(i)
         else:
-            t.add(f"blk.{i}.ffn_up.weight", t.w(t.ff, t.width))
-            t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+            ffn(i)
 
 
 def _falcon_h1(t: Tiny) -> None:
@@ -1358,6 +1504,11 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "cohere2": _cohere2,
     "hy_v3": _hy_v3,
     "falcon-h1": _falcon_h1,
+    "nemotron_h": _nemotron_h,  # hyb
+    "nemotron_h_moe": _nemotron_h_moe,  # hyb
+    "jamba": _jamba,  # hyb
+    "lfm2moe": _lfm2moe,  # hyb
+    "bailingmoe3": _bailingmoe3,  # hyb
     **OLDER_DENSE,
     **OLDER,
     **DSA,
@@ -1386,16 +1537,17 @@ ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 # minimax-m3 splits exactly but cannot speculate losslessly (ONE_NODE): one node
 ONE_NODE_WRITERS |= MINIMAX_M3
 
-# A hybrid llama.cpp loads and decodes whole that meshpipe refuses: nemotron-h.cpp names a layer's
-# output nemotron_h_block_out, so a stage's hidden tap (l_out) cannot read it
-# (packages/architecture_kinds.py INDEX_RULES).
-RECURRENT: dict[str, Callable[[Tiny], None]] = {"nemotron_h": _nemotron_h}
+# Hybrids llama.cpp loads and decodes whole that meshpipe refuses: none left (nemotron_h, once
+# refused for its layer output's name, is split through tap_name).
+RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 
 
 # 8 layers allow one cut where cuts fall on every 4th layer (llama4, and the hybrids with attention
 # on every 4th), and lfm2's (attention on every 3rd) one too, its last stage needing an attention
 # layer: 12 allow a split in three.
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
+# hyb: nemotron_h's mixer, FFN, mixer, attention, and jamba's attention every 4th: cuts at 4 and 8
+LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba", "lfm2moe", "bailingmoe3"), 12)
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
