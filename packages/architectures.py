@@ -195,6 +195,17 @@ RULES: dict[str, CutRule] = {
     "grok": CutRule(token_input_only={"embedding_scale": 0.0},
                     why="build_inp_embd applies f_embedding_scale to embd input too; its default (78.38) "
                         "is written out so a later stage can turn it off (grok.cpp)"),
+    # Older families (issue 54, part 4). ernie4_5 and paddleocr call ggml_get_rows(inp_out_ids) on
+    # the last layer unguarded: build_inp_out_ids never returns null, and a stage that is not the
+    # last outputs every row, so the rows it keeps are all of them.
+    "ernie4_5": CutRule(why=f"{_INDEX_FREE}; its last layer keeps the output rows, all of them on a "
+                            "stage that is not the last (ernie4-5.cpp)"),
+    "paddleocr": CutRule(why=f"{_INDEX_FREE}; M-RoPE: later stages pass 4 positions a row; its last layer "
+                             "keeps the output rows (paddleocr.cpp, ernie4_5's loader)"),
+    "bailingmoe2": CutRule(front_counts=_LEAD,
+                           why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (bailingmoe2.cpp)"),
+    "mellum": CutRule(swa_pattern=(4, False),
+                      why="load_swa_pattern(ml, 4) when sliding_window > 0; every layer MoE (mellum.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

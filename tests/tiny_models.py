@@ -1193,6 +1193,82 @@ OLDER: dict[str, Callable[[Tiny], None]] = {
 }
 
 
+# --- older families (issue 54, part 4): each from its load_arch_tensors ---
+
+
+def _ernie4_5(t: Tiny) -> None:
+    """Llama's tensors with an attention output bias, which ernie4-5.cpp loads when present and
+    its graph never adds (so none here)."""
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu)
+
+
+def _paddleocr(t: Tiny) -> None:
+    """ernie4_5's loader; M-RoPE sections (paddleocr.cpp rotates by them) and the output bias it adds."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _bailingmoe2(t: Tiny) -> None:
+    """Fused q/k/v (q n_embd wide) with q/k norms over a head, a dense first layer, then MoE with a
+    selection bias and a shared expert as wide as one expert times expert_shared_count; one nextn
+    layer past the main stack (bailingmoe2.cpp)."""
+    blocks = t.layers + 1
+    t.layers = blocks  # the per-layer arrays cover the nextn layer too
+    _moe_keys(t)
+    t.layers = blocks - 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    _head(t)
+    gqa = t.kv_heads * t.head_dim
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_qkv.weight", t.w(t.width + 2 * gqa, t.width))
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.norm(f"blk.{i}.attn_q_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.attn_k_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+            continue
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
+        if i == t.layers:
+            _nextn(t, i)
+            t.norm(f"blk.{i}.layer_output_norm.weight")
+
+
+def _mellum(t: Tiny) -> None:
+    """q/k norms over a head, every layer MoE (softmax, weights normed); a sliding window on 3 of 4
+    layers (load_swa_pattern(ml, 4)) (mellum.cpp)."""
+    _moe_keys(t)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    _pre_norm_blocks(t, t.experts, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+OLDER_4: dict[str, Callable[[Tiny], None]] = {
+    "ernie4_5": _ernie4_5,
+    "paddleocr": _paddleocr,
+    "bailingmoe2": _bailingmoe2,
+    "mellum": _mellum,
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -1230,6 +1306,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "falcon-h1": _falcon_h1,
     **OLDER_DENSE,
     **OLDER,
+    **OLDER_4,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
@@ -1269,6 +1346,9 @@ LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe
 LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 # full attention at 3: cuts at 1, 2, 4 and 5
 LAYERS_OF["cohere2"] = 6
+# Older families, part 4: any cut in 4 layers; mellum's full attention at 3 (cuts 1, 2, 4, 5).
+LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2"), 4)
+LAYERS_OF["mellum"] = 6
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
