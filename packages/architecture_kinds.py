@@ -408,6 +408,12 @@ INDEX_RULES: dict[str, str] = {
         "its residual: a stage's hidden tap (l_out of its last layer) finds nothing, or the wrong tensor."
     ),
     "nemotron_h_moe": "nemotron-h-moe.cpp runs nemotron_h's graph: a layer's output is nemotron_h_block_out.",
+    # Older families, part 4 (issue 54): measured, not yet enabled.
+    "grovemoe": (
+        "grovemoe.cpp reads nothing from the index and a 4-layer tiny model splits bit for bit, but with "
+        "experts_per_group > 1 speculation on a Q4_0 target parted from plain decoding (measured; 1 does not): "
+        "the chunk experts' ids are the routed ids scaled by 1/n_group_experts (build_moe_ffn)."
+    ),
 }
 
 # Metadata key suffixes (after "{arch}.") that llama.cpp reads as per-layer arrays.

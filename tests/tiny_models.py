@@ -1261,11 +1261,32 @@ def _mellum(t: Tiny) -> None:
     _pre_norm_blocks(t, t.experts, q_norm=t.head_dim, k_norm=t.head_dim)
 
 
+def _plamo3(t: Tiny) -> None:
+    """Fused q/k/v, q/k norms over a head, norms after attention and FFN (named without ".weight":
+    plamo3.cpp's tn() has no suffix), ffn_up holding gate and up; a sliding window on 7 of 8 layers
+    (load_swa_pattern(ml, 8))."""
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    gqa = t.kv_heads * t.head_dim
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_qkv.weight", t.w(t.heads * t.head_dim + 2 * gqa, t.width))
+        t.norm(f"blk.{i}.attn_q_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.attn_k_norm.weight", t.head_dim)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * t.head_dim))
+        t.norm(f"blk.{i}.post_attention_norm")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.norm(f"blk.{i}.post_ffw_norm")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
     "bailingmoe2": _bailingmoe2,
     "mellum": _mellum,
+    "plamo3": _plamo3,
 }
 
 
