@@ -209,6 +209,9 @@ RULES: dict[str, CutRule] = {
     "plamo3": CutRule(swa_pattern=(8, False),
                       why="load_swa_pattern(ml, 8) when sliding_window > 0: full attention where il % 8 == 7 "
                           "(plamo3.cpp)"),
+    "laguna": CutRule(swa_pattern=(4, True), front_counts=_LEAD,
+                      why="load_swa_pattern(ml, 4, dense_first) when sliding_window > 0: full attention where "
+                          "il % 4 == 0; dense FFN where il < n_layer_dense_lead (laguna.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

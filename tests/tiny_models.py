@@ -1281,12 +1281,35 @@ def _plamo3(t: Tiny) -> None:
         t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
 
 
+def _laguna(t: Tiny) -> None:
+    """q/k norms over a head and a softplus gate per head on the attention output (attn_gate,
+    {n_embd, n_head}); a dense first layer (leading_dense_block_count, required), then sigmoid-routed
+    MoE with a required selection bias and a shared expert as wide as one expert; a sliding window
+    with full attention on every 4th layer from layer 0 (load_swa_pattern(ml, 4, true)) (laguna.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads, t.width))
+        if i == 0:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
     "bailingmoe2": _bailingmoe2,
     "mellum": _mellum,
     "plamo3": _plamo3,
+    "laguna": _laguna,
 }
 
 
