@@ -1215,12 +1215,11 @@ def _paddleocr(t: Tiny) -> None:
         t.swiglu(i)
 
 
-def _bailingmoe2(t: Tiny) -> None:
-    """Fused q/k/v (q n_embd wide) with q/k norms over a head, a dense first layer, then MoE with a
-    selection bias and a shared expert as wide as one expert times expert_shared_count; one nextn
-    layer past the main stack (bailingmoe2.cpp)."""
+def _moe_with_nextn(t: Tiny) -> int:
+    """MoE keys, and one nextn layer past the main stack of `t.layers`: block_count one more, which
+    the per-layer arrays cover too. Returns block_count."""
     blocks = t.layers + 1
-    t.layers = blocks  # the per-layer arrays cover the nextn layer too
+    t.layers = blocks
     _moe_keys(t)
     t.layers = blocks - 1
     t.set("block_count", blocks)
@@ -1228,6 +1227,14 @@ def _bailingmoe2(t: Tiny) -> None:
     t.set("attention.head_count", [t.heads] * blocks)
     t.set("attention.head_count_kv", [t.kv_heads] * blocks)
     t.key("nextn_predict_layers", 1)
+    return blocks
+
+
+def _bailingmoe2(t: Tiny) -> None:
+    """Fused q/k/v (q n_embd wide) with q/k norms over a head, a dense first layer, then MoE with a
+    selection bias and a shared expert as wide as one expert times expert_shared_count; one nextn
+    layer past the main stack (bailingmoe2.cpp)."""
+    blocks = _moe_with_nextn(t)
     t.key("leading_dense_block_count", 1)
     t.key("expert_shared_count", 1)
     t.key("expert_gating_func", 2)
@@ -1303,6 +1310,31 @@ def _laguna(t: Tiny) -> None:
     _pre_norm_blocks(t, ffn, q_norm=t.head_dim, k_norm=t.head_dim)
 
 
+def _exaone_moe(t: Tiny) -> None:
+    """q/k norms over a head; a dense first layer, then MoE with a selection bias and a shared expert;
+    a sliding window (required) on 3 of 4 layers (load_swa_pattern(ml, 4)), RoPE on those only;
+    one nextn layer, dense, past the main stack (exaone-moe.cpp)."""
+    blocks = _moe_with_nextn(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0 or i == t.layers:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+        if i == t.layers:
+            _nextn(t, i)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1310,6 +1342,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "mellum": _mellum,
     "plamo3": _plamo3,
     "laguna": _laguna,
+    "exaone-moe": _exaone_moe,
 }
 
 
