@@ -215,6 +215,10 @@ RULES: dict[str, CutRule] = {
     "exaone-moe": CutRule(swa_pattern=(4, False), front_counts=_LEAD,
                           why="load_swa_pattern(ml, 4), RoPE on sliding-window layers only; dense FFN where "
                               "il < n_layer_dense_lead; nextn layers dropped (exaone-moe.cpp)"),
+    "cohere2moe": CutRule(swa_pattern=(4, True), front_counts=_LEAD,
+                          why="load_swa_pattern(ml, 4, dense_first): full attention where il % 4 == 0, RoPE on "
+                              "sliding-window and leading dense layers; dense FFN where il < n_layer_dense_lead; "
+                              "nextn layers dropped (cohere2moe.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

@@ -1335,6 +1335,27 @@ def _exaone_moe(t: Tiny) -> None:
             _nextn(t, i)
 
 
+def _cohere2moe(t: Tiny) -> None:
+    """Attention and FFN in parallel off one norm, a tied head, a logit scale; a dense first layer,
+    then sigmoid-routed MoE with a shared expert (their sum halved); a sliding window with full
+    attention on every 4th layer from layer 0 (load_swa_pattern(ml, 4, true)), RoPE on sliding and
+    leading dense layers only (cohere2moe.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("logit_scale", 0.5)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        if i == 0:
+            t.swiglu(i)
+            continue
+        t.experts(i)
+        _shared_experts(t, i, 32)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1343,6 +1364,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "plamo3": _plamo3,
     "laguna": _laguna,
     "exaone-moe": _exaone_moe,
+    "cohere2moe": _cohere2moe,
 }
 
 
