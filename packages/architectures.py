@@ -219,6 +219,12 @@ RULES: dict[str, CutRule] = {
                           why="load_swa_pattern(ml, 4, dense_first): full attention where il % 4 == 0, RoPE on "
                               "sliding-window and leading dense layers; dense FFN where il < n_layer_dense_lead; "
                               "nextn layers dropped (cohere2moe.cpp)"),
+    # With a sliding window, no RoPE where il % n_no_rope_layer_step (4, no key) == 0: cuts keep
+    # the phase, and no stage may have 4 layers (stage_refusal).
+    "smallthinker": CutRule(period=4, swa_pattern=(4, True),
+                            why="load_swa_pattern(ml, 4, dense_first) when sliding_window > 0, and no RoPE "
+                                "where il % 4 == 0 unless the stage has 4 layers; MoE routed from the layer "
+                                "input (smallthinker.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }
@@ -267,6 +273,8 @@ ONE_NODE: dict[str, str] = {
 }
 # exaone4.cpp's load_arch_hparams sets a sliding window (pattern 4) only where n_layer() is this.
 _EXAONE4_SWA_LAYERS = 64
+# smallthinker.cpp's n_no_rope_layer_step with a sliding window (llama_hparams' default, no key).
+_SMALLTHINKER_NO_ROPE_STEP = 4
 # Layer counts from which llama.cpp derives a 27B's attention scale.
 _27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -335,7 +343,9 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         # stage starting at a sliding-window layer has one, and so does the first stage when a
         # layer before the cut slides. (Without the array, cuts fall on multiples of the
         # pattern, whose first layer slides.)
-        cuts = [c for c in cuts if sliding[c] and any(sliding[:c])]
+        # The stage after a cut holds at least the `step` layers from it: one of them sliding will do
+        # (smallthinker's cuts fall on its full-attention layers, sliding ones right after).
+        cuts = [c for c in cuts if any(sliding[c:c + step]) and any(sliding[:c])]
     if RULES[architecture].recurrent_layers:
         # A stage that starts with a recurrent layer and ends with an attention layer holds both
         # kinds whatever the other cuts (stage_refusal checks the first and last stages). Where
@@ -361,6 +371,11 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
                 "q_lora_rank (deepseek2.cpp load_arch_hparams)")
     if architecture == "exaone4" and end - start == _EXAONE4_SWA_LAYERS:
         return "llama.cpp turns on a sliding window for a 64-layer exaone4 stage (exaone4.cpp load_arch_hparams)"
+    if architecture == "smallthinker" and end - start == _SMALLTHINKER_NO_ROPE_STEP \
+            and metadata.get("smallthinker.attention.sliding_window"):
+        # smallthinker.cpp ropes every layer where n_no_rope_layer_step == n_layer(): a 4-layer stage
+        # would rope the layers the whole model leaves unroped
+        return "llama.cpp ropes every layer of a 4-layer smallthinker stage (smallthinker.cpp graph)"
     rule = RULES.get(architecture)
     if rule is not None and rule.recurrent_layers:
         kinds = set(recurrent_layers(architecture, metadata, end)[start:end])

@@ -1356,6 +1356,17 @@ def _cohere2moe(t: Tiny) -> None:
         _shared_experts(t, i, 32)
 
 
+def _smallthinker(t: Tiny) -> None:
+    """Every layer MoE (ReLU experts) routed from the layer's input, before its norm; a sliding
+    window with full attention on every 4th layer from layer 0 (load_swa_pattern(ml, 4, true)), and
+    no RoPE on those (smallthinker.cpp)."""
+    _moe_keys(t)
+    t.key("expert_gating_func", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    _pre_norm_blocks(t, t.experts)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1365,6 +1376,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "laguna": _laguna,
     "exaone-moe": _exaone_moe,
     "cohere2moe": _cohere2moe,
+    "smallthinker": _smallthinker,
 }
 
 
@@ -1448,6 +1460,8 @@ LAYERS_OF["cohere2"] = 6
 # Older families, part 4: any cut in 4 layers; mellum's full attention at 3 (cuts 1, 2, 4, 5).
 LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2"), 4)
 LAYERS_OF["mellum"] = 6
+# cuts every 4th layer and no 4-layer stage: 8, 12 and 16 of 24
+LAYERS_OF["smallthinker"] = 24
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
