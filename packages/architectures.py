@@ -225,6 +225,8 @@ RULES: dict[str, CutRule] = {
                             why="load_swa_pattern(ml, 4, dense_first) when sliding_window > 0, and no RoPE "
                                 "where il % 4 == 0 unless the stage has 4 layers; MoE routed from the layer "
                                 "input (smallthinker.cpp)"),
+    "apertus": CutRule(why=f"{_INDEX_FREE} but the per-layer xIELU arrays (xielu.*, without the arch prefix), "
+                           "sliced like any per-layer array (apertus.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

@@ -1367,6 +1367,17 @@ def _smallthinker(t: Tiny) -> None:
     _pre_norm_blocks(t, t.experts)
 
 
+def _apertus(t: Tiny) -> None:
+    """q/k norms over a head, an up/down FFN through xIELU whose alpha_n, alpha_p, beta and eps are
+    per-layer arrays named without the arch prefix (apertus.cpp, llama-arch.cpp LLM_KV_XIELU_*);
+    they differ by layer here, so a stage that took the wrong slice would part."""
+    for name, base in (("alpha_n", 0.8), ("alpha_p", 0.8), ("beta", 0.5), ("eps", -1e-6)):
+        values = [base * (1 + 0.1 * i) for i in range(t.layers)]
+        t.writer.add_key_value(f"xielu.{name}", values, GGUFValueType.ARRAY, sub_type=GGUFValueType.FLOAT32)
+    _head(t)
+    _pre_norm_blocks(t, lambda i: _up_down(t, i), q_norm=t.head_dim, k_norm=t.head_dim)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1377,6 +1388,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "exaone-moe": _exaone_moe,
     "cohere2moe": _cohere2moe,
     "smallthinker": _smallthinker,
+    "apertus": _apertus,
 }
 
 
@@ -1458,7 +1470,7 @@ LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 # full attention at 3: cuts at 1, 2, 4 and 5
 LAYERS_OF["cohere2"] = 6
 # Older families, part 4: any cut in 4 layers; mellum's full attention at 3 (cuts 1, 2, 4, 5).
-LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2"), 4)
+LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2", "apertus"), 4)
 LAYERS_OF["mellum"] = 6
 # cuts every 4th layer and no 4-layer stage: 8, 12 and 16 of 24
 LAYERS_OF["smallthinker"] = 24
