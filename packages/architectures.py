@@ -227,6 +227,10 @@ RULES: dict[str, CutRule] = {
                                 "input (smallthinker.cpp)"),
     "apertus": CutRule(why=f"{_INDEX_FREE} but the per-layer xIELU arrays (xielu.*, without the arch prefix), "
                            "sliced like any per-layer array (apertus.cpp)"),
+    "afmoe": CutRule(period=4, swa_pattern=(4, False), front_counts=_LEAD, scales_any_input=True,
+                     why="load_swa_pattern(ml, 4) when sliding_window > 0 and no RoPE where (il + 1) % 4 == 0; "
+                         "dense FFN where il < n_layer_dense_lead; the graph scales every input by √n_embd "
+                         "(afmoe.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

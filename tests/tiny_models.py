@@ -1378,6 +1378,31 @@ def _apertus(t: Tiny) -> None:
     _pre_norm_blocks(t, lambda i: _up_down(t, i), q_norm=t.head_dim, k_norm=t.head_dim)
 
 
+def _afmoe(t: Tiny) -> None:
+    """q/k norms over a head and a sigmoid gate on the attention output (attn_gate, as wide as q),
+    norms before and after attention and FFN; a dense first layer, then sigmoid-routed MoE with a
+    required selection bias and a shared expert; a sliding window on 3 of 4 layers; embeddings drawn
+    small, as the graph scales them by √n_embd (afmoe.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t, embd_scale=0.02)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads * t.head_dim, t.width))
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+            continue
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1389,6 +1414,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "cohere2moe": _cohere2moe,
     "smallthinker": _smallthinker,
     "apertus": _apertus,
+    "afmoe": _afmoe,
 }
 
 
@@ -1474,6 +1500,7 @@ LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2", "apertus"), 
 LAYERS_OF["mellum"] = 6
 # cuts every 4th layer and no 4-layer stage: 8, 12 and 16 of 24
 LAYERS_OF["smallthinker"] = 24
+LAYERS_OF["afmoe"] = 12  # cuts every 4th layer: 4 and 8
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
