@@ -66,6 +66,9 @@ class CutRule:
     # kind's inputs a buffer: GGML_ASSERT(buffer) aborts the process. Cuts fall where a recurrent
     # layer follows an attention layer, so any choice of them leaves both kinds in every stage.
     recurrent_layers: str = ""
+    # A layer of zero FFN width leaves the loop (`continue`) before naming its output l_out
+    # (deci.cpp): a stage's hidden tap would find nothing, so no cut falls right after one.
+    tap_needs_ffn: bool = False
     why: str = ""
 
 
@@ -231,6 +234,10 @@ RULES: dict[str, CutRule] = {
                      why="load_swa_pattern(ml, 4) when sliding_window > 0 and no RoPE where (il + 1) % 4 == 0; "
                          "dense FFN where il < n_layer_dense_lead; the graph scales every input by √n_embd "
                          "(afmoe.cpp)"),
+    "deci": CutRule(tap_needs_ffn=True,
+                    why="per-layer head counts and FFN widths sliced; attention-free (0 heads) and linear "
+                        "(0 KV heads) layers by the arrays; no cut right after a layer of zero FFN width, which "
+                        "names no l_out (deci.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }
@@ -359,6 +366,8 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         # the interval's multiples, which keep the pattern's phase too.
         recurrent = recurrent_layers(architecture, meta, layer_count)
         cuts = [c for c in cuts if recurrent[c] and not recurrent[c - 1]]
+    if RULES[architecture].tap_needs_ffn:
+        cuts = [c for c in cuts if ffn_widths(architecture, meta, layer_count)[c - 1] > 0]
     # the first and last stages of a split in two; a stage between cuts is checked when it is
     # materialized (stage_metadata)
     return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
@@ -406,6 +415,15 @@ def recurrent_layers(architecture: str, metadata: Mapping[str, Any], layer_count
     kv = metadata.get(f"{prefix}attention.head_count_kv", metadata.get(f"{prefix}attention.head_count"))
     heads = kv[:layer_count] if isinstance(kv, list) else [kv] * layer_count
     return [int(n or 0) == 0 for n in heads]
+
+
+def ffn_widths(architecture: str, metadata: Mapping[str, Any], layer_count: int) -> list[int]:
+    """Each layer's FFN width, from the per-layer array or the one value for all; unknown counts as
+    zero, which allows no cut after it."""
+    widths = metadata.get(f"{architecture}.feed_forward_length")
+    if isinstance(widths, list):
+        return [int(w) for w in widths[:layer_count]]
+    return [int(widths or 0)] * layer_count
 
 
 def deepseek2_vocab(metadata: Mapping[str, Any], architecture: str = "deepseek2") -> int:

@@ -1403,6 +1403,29 @@ def _afmoe(t: Tiny) -> None:
         _shared_experts(t, i, 32)
 
 
+def _deci(t: Tiny) -> None:
+    """Llama's layers with per-layer heads and FFN widths (deci.cpp): layer 2 has no FFN (the graph's
+    `continue`, which drops its attention's output too), layer 3 is attention-free (no heads, an
+    FFN), layer 5 linear attention (heads but no KV heads: attn_output alone, n_embd square)."""
+    heads = [0 if i == 3 else t.heads for i in range(t.layers)]
+    kv = [0 if i in (3, 5) else t.kv_heads for i in range(t.layers)]
+    ff = [0 if i == 2 else t.ff for i in range(t.layers)]
+    t.set("attention.head_count", heads)
+    t.set("attention.head_count_kv", kv)
+    t.set("feed_forward_length", ff)
+    _head(t)
+    for i in range(t.layers):
+        if heads[i] and kv[i]:
+            t.norm(f"blk.{i}.attn_norm.weight")
+            t.attention(i)
+        elif heads[i]:
+            t.norm(f"blk.{i}.attn_norm.weight")
+            t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        if ff[i]:
+            t.norm(f"blk.{i}.ffn_norm.weight")
+            t.swiglu(i)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1415,6 +1438,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "smallthinker": _smallthinker,
     "apertus": _apertus,
     "afmoe": _afmoe,
+    "deci": _deci,
 }
 
 
