@@ -238,6 +238,12 @@ RULES: dict[str, CutRule] = {
                     why="per-layer head counts and FFN widths sliced; attention-free (0 heads) and linear "
                         "(0 KV heads) layers by the arrays; no cut right after a layer of zero FFN width, which "
                         "names no l_out (deci.cpp)"),
+    # Text only: token input pads the deepstack columns with zeros (build_inp_embd), which layers
+    # il < n_deepstack_layers add; later stages, fed n_embd-wide hidden states, run with none.
+    **{arch: CutRule(token_input_only={"n_deepstack_layers": 0},
+                     why=f"{_INDEX_FREE} but the deepstack columns, zeros for text, which widen the input: "
+                         f"off after stage 0; M-RoPE, 4 positions a row on later stages ({arch}.cpp)")
+       for arch in ("qwen3vl", "qwen3vlmoe")},
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

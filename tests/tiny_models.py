@@ -1426,6 +1426,18 @@ def _deci(t: Tiny) -> None:
             t.swiglu(i)
 
 
+def _qwen3vl(t: Tiny, moe: bool = False) -> None:
+    """qwen3's (or qwen3moe's) tensors with M-RoPE sections (required) and 3 deepstack layers, which
+    widen the embedding input to 4 * n_embd (qwen3vl.cpp, qwen3vlmoe.cpp)."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    t.key("n_deepstack_layers", 3)
+    if moe:
+        _qwen3moe(t)
+        return
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1439,6 +1451,8 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "apertus": _apertus,
     "afmoe": _afmoe,
     "deci": _deci,
+    "qwen3vl": _qwen3vl,
+    "qwen3vlmoe": lambda t: _qwen3vl(t, moe=True),
 }
 
 
