@@ -244,6 +244,9 @@ RULES: dict[str, CutRule] = {
                      why=f"{_INDEX_FREE} but the deepstack columns, zeros for text, which widen the input: "
                          f"off after stage 0; M-RoPE, 4 positions a row on later stages ({arch}.cpp)")
        for arch in ("qwen3vl", "qwen3vlmoe")},
+    "deepseek2-ocr": CutRule(front_counts=_LEAD,
+                             why="dense FFN where il < n_layer_dense_lead; multi-head attention with NEOX RoPE "
+                                 "in deepseek2's graph, nothing it derives from n_layer() (deepseek2ocr.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

@@ -1438,6 +1438,26 @@ def _qwen3vl(t: Tiny, moe: bool = False) -> None:
     _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
 
 
+def _deepseek2_ocr(t: Tiny) -> None:
+    """Multi-head attention (k and v n_embd wide), a dense first layer, then softmax-routed MoE with a
+    shared expert as wide as one expert (deepseek2ocr.cpp; deepseek2's graph, its OCR branch)."""
+    t.kv_heads = t.heads
+    t.set("attention.head_count_kv", [t.heads] * t.layers)
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        if i == 0:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn)
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1453,6 +1473,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "deci": _deci,
     "qwen3vl": _qwen3vl,
     "qwen3vlmoe": lambda t: _qwen3vl(t, moe=True),
+    "deepseek2-ocr": _deepseek2_ocr,
 }
 
 
@@ -1534,7 +1555,7 @@ LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 # full attention at 3: cuts at 1, 2, 4 and 5
 LAYERS_OF["cohere2"] = 6
 # Older families, part 4: any cut in 4 layers; mellum's full attention at 3 (cuts 1, 2, 4, 5).
-LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2", "apertus"), 4)
+LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2", "apertus", "deepseek2-ocr"), 4)
 LAYERS_OF["mellum"] = 6
 # cuts every 4th layer and no 4-layer stage: 8, 12 and 16 of 24
 LAYERS_OF["smallthinker"] = 24
