@@ -247,6 +247,8 @@ RULES: dict[str, CutRule] = {
     "deepseek2-ocr": CutRule(front_counts=_LEAD,
                              why="dense FFN where il < n_layer_dense_lead; multi-head attention with NEOX RoPE "
                                  "in deepseek2's graph, nothing it derives from n_layer() (deepseek2ocr.cpp)"),
+    "openelm": CutRule(why=f"{_INDEX_FREE} but per-layer head counts and FFN widths, sliced; the head is the "
+                           "token embeddings (openelm.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }

@@ -1458,6 +1458,26 @@ def _deepseek2_ocr(t: Tiny) -> None:
     _pre_norm_blocks(t, ffn)
 
 
+def _openelm(t: Tiny) -> None:
+    """Fused q/k/v with head counts and FFN widths that grow by layer, as OpenELM's do; q/k norms over a
+    head; the head tied to the embeddings (openelm.cpp)."""
+    heads = [2 + 2 * (i % 2) for i in range(t.layers)]
+    kv = [1 + i % 2 for i in range(t.layers)]
+    ff = [64 + 32 * (i % 3) for i in range(t.layers)]
+    t.set("attention.head_count", heads)
+    t.set("attention.head_count_kv", kv)
+    t.set("feed_forward_length", ff)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_qkv.weight", t.w((heads[i] + 2 * kv[i]) * t.head_dim, t.width))
+        t.norm(f"blk.{i}.attn_q_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.attn_k_norm.weight", t.head_dim)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, heads[i] * t.head_dim))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i, ff=ff[i])
+
+
 OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "ernie4_5": _ernie4_5,
     "paddleocr": _paddleocr,
@@ -1474,6 +1494,7 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
     "qwen3vl": _qwen3vl,
     "qwen3vlmoe": lambda t: _qwen3vl(t, moe=True),
     "deepseek2-ocr": _deepseek2_ocr,
+    "openelm": _openelm,
 }
 
 
