@@ -414,6 +414,11 @@ INDEX_RULES: dict[str, str] = {
         "experts_per_group > 1 speculation on a Q4_0 target parted from plain decoding (measured; 1 does not): "
         "the chunk experts' ids are the routed ids scaled by 1/n_group_experts (build_moe_ffn)."
     ),
+    "chameleon": (
+        "chameleon.cpp's head writes -FLT_MAX over logits [4, 8196) with ggml_set_1d, which reaches the first "
+        "output row only (a vocabulary shorter than 8196 aborts): a 4-layer tiny model splits bit for bit, but "
+        "a verify window's later rows keep the image tokens, so sampled speculation parted from plain decoding."
+    ),
 }
 
 # Metadata key suffixes (after "{arch}.") that llama.cpp reads as per-layer arrays.
