@@ -77,6 +77,9 @@ class CutRule:
     # by the stage's own count, and asserts it is >= 2. The last stage keeps the count and both
     # source layers, every other stage gets 0, and no stage has fewer than 2 KV layers.
     kv_shared: str = ""
+    # A layer of zero FFN width leaves the loop (`continue`) before naming its output l_out
+    # (deci.cpp): a stage's hidden tap would find nothing, so no cut falls right after one.
+    tap_needs_ffn: bool = False
     why: str = ""
 
 
@@ -255,6 +258,57 @@ RULES: dict[str, CutRule] = {
     "grok": CutRule(token_input_only={"embedding_scale": 0.0},
                     why="build_inp_embd applies f_embedding_scale to embd input too; its default (78.38) "
                         "is written out so a later stage can turn it off (grok.cpp)"),
+    # Older families (issue 54, part 4). ernie4_5 and paddleocr call ggml_get_rows(inp_out_ids) on
+    # the last layer unguarded: build_inp_out_ids never returns null, and a stage that is not the
+    # last outputs every row, so the rows it keeps are all of them.
+    "ernie4_5": CutRule(why=f"{_INDEX_FREE}; its last layer keeps the output rows, all of them on a "
+                            "stage that is not the last (ernie4-5.cpp)"),
+    "paddleocr": CutRule(why=f"{_INDEX_FREE}; M-RoPE: later stages pass 4 positions a row; its last layer "
+                             "keeps the output rows (paddleocr.cpp, ernie4_5's loader)"),
+    "bailingmoe2": CutRule(front_counts=_LEAD,
+                           why="dense FFN where il < n_layer_dense_lead; nextn layers dropped (bailingmoe2.cpp)"),
+    "mellum": CutRule(swa_pattern=(4, False),
+                      why="load_swa_pattern(ml, 4) when sliding_window > 0; every layer MoE (mellum.cpp)"),
+    "plamo3": CutRule(swa_pattern=(8, False),
+                      why="load_swa_pattern(ml, 8) when sliding_window > 0: full attention where il % 8 == 7 "
+                          "(plamo3.cpp)"),
+    "laguna": CutRule(swa_pattern=(4, True), front_counts=_LEAD,
+                      why="load_swa_pattern(ml, 4, dense_first) when sliding_window > 0: full attention where "
+                          "il % 4 == 0; dense FFN where il < n_layer_dense_lead (laguna.cpp)"),
+    "exaone-moe": CutRule(swa_pattern=(4, False), front_counts=_LEAD,
+                          why="load_swa_pattern(ml, 4), RoPE on sliding-window layers only; dense FFN where "
+                              "il < n_layer_dense_lead; nextn layers dropped (exaone-moe.cpp)"),
+    "cohere2moe": CutRule(swa_pattern=(4, True), front_counts=_LEAD,
+                          why="load_swa_pattern(ml, 4, dense_first): full attention where il % 4 == 0, RoPE on "
+                              "sliding-window and leading dense layers; dense FFN where il < n_layer_dense_lead; "
+                              "nextn layers dropped (cohere2moe.cpp)"),
+    # With a sliding window, no RoPE where il % n_no_rope_layer_step (4, no key) == 0: cuts keep
+    # the phase, and no stage may have 4 layers (stage_refusal).
+    "smallthinker": CutRule(period=4, swa_pattern=(4, True),
+                            why="load_swa_pattern(ml, 4, dense_first) when sliding_window > 0, and no RoPE "
+                                "where il % 4 == 0 unless the stage has 4 layers; MoE routed from the layer "
+                                "input (smallthinker.cpp)"),
+    "apertus": CutRule(why=f"{_INDEX_FREE} but the per-layer xIELU arrays (xielu.*, without the arch prefix), "
+                           "sliced like any per-layer array (apertus.cpp)"),
+    "afmoe": CutRule(period=4, swa_pattern=(4, False), front_counts=_LEAD, scales_any_input=True,
+                     why="load_swa_pattern(ml, 4) when sliding_window > 0 and no RoPE where (il + 1) % 4 == 0; "
+                         "dense FFN where il < n_layer_dense_lead; the graph scales every input by √n_embd "
+                         "(afmoe.cpp)"),
+    "deci": CutRule(tap_needs_ffn=True,
+                    why="per-layer head counts and FFN widths sliced; attention-free (0 heads) and linear "
+                        "(0 KV heads) layers by the arrays; no cut right after a layer of zero FFN width, which "
+                        "names no l_out (deci.cpp)"),
+    # Text only: token input pads the deepstack columns with zeros (build_inp_embd), which layers
+    # il < n_deepstack_layers add; later stages, fed n_embd-wide hidden states, run with none.
+    **{arch: CutRule(token_input_only={"n_deepstack_layers": 0},
+                     why=f"{_INDEX_FREE} but the deepstack columns, zeros for text, which widen the input: "
+                         f"off after stage 0; M-RoPE, 4 positions a row on later stages ({arch}.cpp)")
+       for arch in ("qwen3vl", "qwen3vlmoe")},
+    "deepseek2-ocr": CutRule(front_counts=_LEAD,
+                             why="dense FFN where il < n_layer_dense_lead; multi-head attention with NEOX RoPE "
+                                 "in deepseek2's graph, nothing it derives from n_layer() (deepseek2ocr.cpp)"),
+    "openelm": CutRule(why=f"{_INDEX_FREE} but per-layer head counts and FFN widths, sliced; the head is the "
+                           "token embeddings (openelm.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
 }
@@ -312,6 +366,8 @@ ONE_NODE: dict[str, str] = {
 }
 # exaone4.cpp's load_arch_hparams sets a sliding window (pattern 4) only where n_layer() is this.
 _EXAONE4_SWA_LAYERS = 64
+# smallthinker.cpp's n_no_rope_layer_step with a sliding window (llama_hparams' default, no key).
+_SMALLTHINKER_NO_ROPE_STEP = 4
 # Layer counts from which llama.cpp derives a 27B's attention scale.
 _27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -385,7 +441,9 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         # stage starting at a sliding-window layer has one, and so does the first stage when a
         # layer before the cut slides. (Without the array, cuts fall on multiples of the
         # pattern, whose first layer slides.)
-        cuts = [c for c in cuts if sliding[c] and any(sliding[:c])]
+        # The stage after a cut holds at least the `step` layers from it: one of them sliding will do
+        # (smallthinker's cuts fall on its full-attention layers, sliding ones right after).
+        cuts = [c for c in cuts if any(sliding[c:c + step]) and any(sliding[:c])]
     if RULES[architecture].recurrent_layers:
         # A stage that starts with a recurrent layer and ends with an attention layer holds both
         # kinds whatever the other cuts (stage_refusal checks the first and last stages). Where
@@ -402,6 +460,8 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         # the last stage holds the KV-sharing layers and both their sources
         shared = int(meta.get(f"{architecture}.{RULES[architecture].kv_shared}") or 0)
         cuts = [c for c in cuts if shared == 0 or c <= layer_count - shared - 2]
+    if RULES[architecture].tap_needs_ffn:
+        cuts = [c for c in cuts if ffn_widths(architecture, meta, layer_count)[c - 1] > 0]
     # the first and last stages of a split in two; a stage between cuts is checked when it is
     # materialized (stage_metadata)
     return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
@@ -420,6 +480,11 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
                 "q_lora_rank (deepseek2.cpp load_arch_hparams)")
     if architecture == "exaone4" and end - start == _EXAONE4_SWA_LAYERS:
         return "llama.cpp turns on a sliding window for a 64-layer exaone4 stage (exaone4.cpp load_arch_hparams)"
+    if architecture == "smallthinker" and end - start == _SMALLTHINKER_NO_ROPE_STEP \
+            and metadata.get("smallthinker.attention.sliding_window"):
+        # smallthinker.cpp ropes every layer where n_no_rope_layer_step == n_layer(): a 4-layer stage
+        # would rope the layers the whole model leaves unroped
+        return "llama.cpp ropes every layer of a 4-layer smallthinker stage (smallthinker.cpp graph)"
     rule = RULES.get(architecture)
     if rule is not None and rule.kv_shared:
         shared = kv_shared_layers(architecture, metadata, start, end)
@@ -488,6 +553,13 @@ def _last_mixer_is_attention(recurrent: Sequence[bool], attention: Sequence[bool
     kinds = [a for r, a in zip(recurrent, attention, strict=True) if r or a]
     return bool(kinds) and kinds[-1]
 # --- end hyb ---
+def ffn_widths(architecture: str, metadata: Mapping[str, Any], layer_count: int) -> list[int]:
+    """Each layer's FFN width, from the per-layer array or the one value for all; unknown counts as
+    zero, which allows no cut after it."""
+    widths = metadata.get(f"{architecture}.feed_forward_length")
+    if isinstance(widths, list):
+        return [int(w) for w in widths[:layer_count]]
+    return [int(widths or 0)] * layer_count
 
 
 def deepseek2_vocab(metadata: Mapping[str, Any], architecture: str = "deepseek2") -> int:

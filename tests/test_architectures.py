@@ -110,7 +110,9 @@ def _without_rule(arch: str) -> Iterator[None]:
 # abort in a process of its own). step35's and mimo2's only keep a sliding-window layer in every stage (its
 # arrays are sliced whatever the rule): without it, llama_model::create_memory asserts is_swa_any
 # on a stage of full-attention layers (test_no_stage_is_left_without_a_sliding_window_layer).
-_ABORTS_WITHOUT_RULE = {"lfm2", "step35", "mimo2"}
+# smallthinker's rule-less cut at 1 leaves a stage of one full-attention layer, which aborts the
+# same way: test_smallthinker_needs_its_rule cuts it at 2.
+_ABORTS_WITHOUT_RULE = {"lfm2", "step35", "mimo2", "smallthinker"}
 # gemma4's keeps each stage's own KV-sharing count: without it, a first stage keeps the whole
 # model's and create_memory asserts n_layer_kv_from_start >= 2 (tests/test_gemma4_kv_sharing.py).
 _ABORTS_WITHOUT_RULE |= {"gemma4"}
@@ -371,3 +373,18 @@ def test_a_text_only_glm4_is_not_split() -> None:
     assert "without M-RoPE sections" in (architectures.split_refusal("glm4", {"glm4.block_count": 40}) or "")
     assert allowed_cuts("glm4", 40, {"glm4.block_count": 40}) == []
     assert allowed_cuts("glm4", 4, {"glm4.rope.dimension_sections": [8, 12, 12, 0]}) == [1, 2, 3]
+
+
+def test_smallthinker_needs_its_rule(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """Cut out of its period of 4 without the rule, smallthinker parts from the model (RoPE and the
+    sliding window from the stage's own index); with its sliding window, no stage may have 4 layers,
+    where smallthinker.cpp ropes every layer."""
+    gguf = tiny["smallthinker"]
+    with _without_rule("smallthinker"):
+        package = _package(gguf, tmp_path / "pkg")
+        assert _outcome(package, [2], tmp_path / "cache") != reference_greedy(gguf, PROMPT, N)
+    meta = {"smallthinker.attention.sliding_window": 4}
+    assert "4-layer" in (architectures.stage_refusal("smallthinker", meta, 8, 12) or "")
+    assert architectures.stage_refusal("smallthinker", {}, 8, 12) is None
+    assert allowed_cuts("smallthinker", 24, {**meta, architectures.swa_key("smallthinker"): [
+        i % 4 != 0 for i in range(24)]}) == [8, 12, 16]

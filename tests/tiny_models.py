@@ -1469,6 +1469,311 @@ def _minimax_m3(t: Tiny) -> None:
 MINIMAX_M3: dict[str, Callable[[Tiny], None]] = {"minimax-m3": _minimax_m3}
 
 
+# --- older families (issue 54, part 4): each from its load_arch_tensors ---
+
+
+def _ernie4_5(t: Tiny) -> None:
+    """Llama's tensors with an attention output bias, which ernie4-5.cpp loads when present and
+    its graph never adds (so none here)."""
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu)
+
+
+def _paddleocr(t: Tiny) -> None:
+    """ernie4_5's loader; M-RoPE sections (paddleocr.cpp rotates by them) and the output bias it adds."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _moe_with_nextn(t: Tiny) -> int:
+    """MoE keys, and one nextn layer past the main stack of `t.layers`: block_count one more, which
+    the per-layer arrays cover too. Returns block_count."""
+    blocks = t.layers + 1
+    t.layers = blocks
+    _moe_keys(t)
+    t.layers = blocks - 1
+    t.set("block_count", blocks)
+    t.set("feed_forward_length", [t.ff] * blocks)
+    t.set("attention.head_count", [t.heads] * blocks)
+    t.set("attention.head_count_kv", [t.kv_heads] * blocks)
+    t.key("nextn_predict_layers", 1)
+    return blocks
+
+
+def _bailingmoe2(t: Tiny) -> None:
+    """Fused q/k/v (q n_embd wide) with q/k norms over a head, a dense first layer, then MoE with a
+    selection bias and a shared expert as wide as one expert times expert_shared_count; one nextn
+    layer past the main stack (bailingmoe2.cpp)."""
+    blocks = _moe_with_nextn(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    _head(t)
+    gqa = t.kv_heads * t.head_dim
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_qkv.weight", t.w(t.width + 2 * gqa, t.width))
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        t.norm(f"blk.{i}.attn_q_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.attn_k_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+            continue
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
+        if i == t.layers:
+            _nextn(t, i)
+            t.norm(f"blk.{i}.layer_output_norm.weight")
+
+
+def _mellum(t: Tiny) -> None:
+    """q/k norms over a head, every layer MoE (softmax, weights normed); a sliding window on 3 of 4
+    layers (load_swa_pattern(ml, 4)) (mellum.cpp)."""
+    _moe_keys(t)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    _pre_norm_blocks(t, t.experts, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _plamo3(t: Tiny) -> None:
+    """Fused q/k/v, q/k norms over a head, norms after attention and FFN (named without ".weight":
+    plamo3.cpp's tn() has no suffix), ffn_up holding gate and up; a sliding window on 7 of 8 layers
+    (load_swa_pattern(ml, 8))."""
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    gqa = t.kv_heads * t.head_dim
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_qkv.weight", t.w(t.heads * t.head_dim + 2 * gqa, t.width))
+        t.norm(f"blk.{i}.attn_q_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.attn_k_norm.weight", t.head_dim)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * t.head_dim))
+        t.norm(f"blk.{i}.post_attention_norm")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.norm(f"blk.{i}.post_ffw_norm")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+
+
+def _laguna(t: Tiny) -> None:
+    """q/k norms over a head and a softplus gate per head on the attention output (attn_gate,
+    {n_embd, n_head}); a dense first layer (leading_dense_block_count, required), then sigmoid-routed
+    MoE with a required selection bias and a shared expert as wide as one expert; a sliding window
+    with full attention on every 4th layer from layer 0 (load_swa_pattern(ml, 4, true)) (laguna.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads, t.width))
+        if i == 0:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _exaone_moe(t: Tiny) -> None:
+    """q/k norms over a head; a dense first layer, then MoE with a selection bias and a shared expert;
+    a sliding window (required) on 3 of 4 layers (load_swa_pattern(ml, 4)), RoPE on those only;
+    one nextn layer, dense, past the main stack (exaone-moe.cpp)."""
+    blocks = _moe_with_nextn(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    for i in range(blocks):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if i == 0 or i == t.layers:
+            t.swiglu(i)
+        else:
+            t.experts(i)
+            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+            _shared_experts(t, i, 32)
+        if i == t.layers:
+            _nextn(t, i)
+
+
+def _cohere2moe(t: Tiny) -> None:
+    """Attention and FFN in parallel off one norm, a tied head, a logit scale; a dense first layer,
+    then sigmoid-routed MoE with a shared expert (their sum halved); a sliding window with full
+    attention on every 4th layer from layer 0 (load_swa_pattern(ml, 4, true)), RoPE on sliding and
+    leading dense layers only (cohere2moe.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("logit_scale", 0.5)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i)
+        if i == 0:
+            t.swiglu(i)
+            continue
+        t.experts(i)
+        _shared_experts(t, i, 32)
+
+
+def _smallthinker(t: Tiny) -> None:
+    """Every layer MoE (ReLU experts) routed from the layer's input, before its norm; a sliding
+    window with full attention on every 4th layer from layer 0 (load_swa_pattern(ml, 4, true)), and
+    no RoPE on those (smallthinker.cpp)."""
+    _moe_keys(t)
+    t.key("expert_gating_func", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t)
+    _pre_norm_blocks(t, t.experts)
+
+
+def _apertus(t: Tiny) -> None:
+    """q/k norms over a head, an up/down FFN through xIELU whose alpha_n, alpha_p, beta and eps are
+    per-layer arrays named without the arch prefix (apertus.cpp, llama-arch.cpp LLM_KV_XIELU_*);
+    they differ by layer here, so a stage that took the wrong slice would part."""
+    for name, base in (("alpha_n", 0.8), ("alpha_p", 0.8), ("beta", 0.5), ("eps", -1e-6)):
+        values = [base * (1 + 0.1 * i) for i in range(t.layers)]
+        t.writer.add_key_value(f"xielu.{name}", values, GGUFValueType.ARRAY, sub_type=GGUFValueType.FLOAT32)
+    _head(t)
+    _pre_norm_blocks(t, lambda i: _up_down(t, i), q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _afmoe(t: Tiny) -> None:
+    """q/k norms over a head and a sigmoid gate on the attention output (attn_gate, as wide as q),
+    norms before and after attention and FFN; a dense first layer, then sigmoid-routed MoE with a
+    required selection bias and a shared expert; a sliding window on 3 of 4 layers; embeddings drawn
+    small, as the graph scales them by √n_embd (afmoe.cpp)."""
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    _head(t, embd_scale=0.02)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads * t.head_dim, t.width))
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+        if i == 0:
+            t.swiglu(i)
+            continue
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
+
+
+def _deci(t: Tiny) -> None:
+    """Llama's layers with per-layer heads and FFN widths (deci.cpp): layer 2 has no FFN (the graph's
+    `continue`, which drops its attention's output too), layer 3 is attention-free (no heads, an
+    FFN), layer 5 linear attention (heads but no KV heads: attn_output alone, n_embd square)."""
+    heads = [0 if i == 3 else t.heads for i in range(t.layers)]
+    kv = [0 if i in (3, 5) else t.kv_heads for i in range(t.layers)]
+    ff = [0 if i == 2 else t.ff for i in range(t.layers)]
+    t.set("attention.head_count", heads)
+    t.set("attention.head_count_kv", kv)
+    t.set("feed_forward_length", ff)
+    _head(t)
+    for i in range(t.layers):
+        if heads[i] and kv[i]:
+            t.norm(f"blk.{i}.attn_norm.weight")
+            t.attention(i)
+        elif heads[i]:
+            t.norm(f"blk.{i}.attn_norm.weight")
+            t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
+        if ff[i]:
+            t.norm(f"blk.{i}.ffn_norm.weight")
+            t.swiglu(i)
+
+
+def _qwen3vl(t: Tiny, moe: bool = False) -> None:
+    """qwen3's (or qwen3moe's) tensors with M-RoPE sections (required) and 3 deepstack layers, which
+    widen the embedding input to 4 * n_embd (qwen3vl.cpp, qwen3vlmoe.cpp)."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    t.key("n_deepstack_layers", 3)
+    if moe:
+        _qwen3moe(t)
+        return
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _deepseek2_ocr(t: Tiny) -> None:
+    """Multi-head attention (k and v n_embd wide), a dense first layer, then softmax-routed MoE with a
+    shared expert as wide as one expert (deepseek2ocr.cpp; deepseek2's graph, its OCR branch)."""
+    t.kv_heads = t.heads
+    t.set("attention.head_count_kv", [t.heads] * t.layers)
+    _moe_keys(t)
+    t.key("leading_dense_block_count", 1)
+    t.key("expert_shared_count", 1)
+    _head(t)
+
+    def ffn(i: int) -> None:
+        if i == 0:
+            t.swiglu(i)
+            return
+        t.experts(i)
+        _shared_experts(t, i, 32)
+
+    _pre_norm_blocks(t, ffn)
+
+
+def _openelm(t: Tiny) -> None:
+    """Fused q/k/v with head counts and FFN widths that grow by layer, as OpenELM's do; q/k norms over a
+    head; the head tied to the embeddings (openelm.cpp)."""
+    heads = [2 + 2 * (i % 2) for i in range(t.layers)]
+    kv = [1 + i % 2 for i in range(t.layers)]
+    ff = [64 + 32 * (i % 3) for i in range(t.layers)]
+    t.set("attention.head_count", heads)
+    t.set("attention.head_count_kv", kv)
+    t.set("feed_forward_length", ff)
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_qkv.weight", t.w((heads[i] + 2 * kv[i]) * t.head_dim, t.width))
+        t.norm(f"blk.{i}.attn_q_norm.weight", t.head_dim)
+        t.norm(f"blk.{i}.attn_k_norm.weight", t.head_dim)
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, heads[i] * t.head_dim))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i, ff=ff[i])
+
+
+OLDER_4: dict[str, Callable[[Tiny], None]] = {
+    "ernie4_5": _ernie4_5,
+    "paddleocr": _paddleocr,
+    "bailingmoe2": _bailingmoe2,
+    "mellum": _mellum,
+    "plamo3": _plamo3,
+    "laguna": _laguna,
+    "exaone-moe": _exaone_moe,
+    "cohere2moe": _cohere2moe,
+    "smallthinker": _smallthinker,
+    "apertus": _apertus,
+    "afmoe": _afmoe,
+    "deci": _deci,
+    "qwen3vl": _qwen3vl,
+    "qwen3vlmoe": lambda t: _qwen3vl(t, moe=True),
+    "deepseek2-ocr": _deepseek2_ocr,
+    "openelm": _openelm,
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -1513,6 +1818,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     **OLDER,
     **DSA,
     **GEMMA4,
+    **OLDER_4,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
@@ -1557,6 +1863,12 @@ LAYERS_OF |= dict.fromkeys(("step35", "mimo2"), 6)
 LAYERS_OF["cohere2"] = 6
 # cuts at 3, 4 and 6: sliding layers, stages of 2 or more, the KV-sharing layers with their sources
 LAYERS_OF["gemma4"] = len(GEMMA4_SLIDING)
+# Older families, part 4: any cut in 4 layers; mellum's full attention at 3 (cuts 1, 2, 4, 5).
+LAYERS_OF |= dict.fromkeys(("ernie4_5", "paddleocr", "bailingmoe2", "apertus", "deepseek2-ocr"), 4)
+LAYERS_OF["mellum"] = 6
+# cuts every 4th layer and no 4-layer stage: 8, 12 and 16 of 24
+LAYERS_OF["smallthinker"] = 24
+LAYERS_OF["afmoe"] = 12  # cuts every 4th layer: 4 and 8
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
