@@ -174,14 +174,7 @@ def test_qwen3_mixed_mesh_equals_unsplit_llama_up_to_a_near_tie(tiny_qwen3, tmp_
     the sky (reference gap 0.038); mlx -> llama at 4 (0.0053), 1 (0.057) and 13 (0.038), each
     time the second choice: llama.cpp's Q4_0 dot products quantize activations to 8 bits, so
     on random weights, whose top two logits are often close, MLX parts early."""
-    target, draft = tiny_qwen3
-    common = ("--model", str(target), "--lanes", "2", "--ctx-size", "256")
-    reference = _serve_and_ask(_dir(tmp_path / "ref"), *common, "--local-stages", "1", "--engine", "llama",
-                               "--no-draft", model=target.stem)
-    run = _serve_and_ask(_dir(tmp_path / "mixed"), *common, "--local-stages", "2", "--engine", *engines,
-                         "--draft", str(draft), "--draft-window", "3", model=target.stem)
-    assert [s["engine"] for s in run.health["stages"]] == list(engines)
-    _assert_equal_up_to_a_near_tie(run, reference.answers)
+    _mixed_equals_unsplit(tiny_qwen3[0], tiny_qwen3[1], tmp_path, engines)
 
 
 @pytest.fixture(scope="module")
@@ -199,14 +192,7 @@ def test_qwen35moe_mixed_mesh_equals_unsplit_llama_up_to_a_near_tie(tiny_qwen35m
     on a llama.cpp and an MLX stage answers as the unsplit llama.cpp model under the near-tie
     rule, the drafts' rejections rolling back the MLX stage's delta-net state by checkpoint
     (stage/mlx_models/recurrent.py) and the llama.cpp stage's by its own (stage/checkpoints.py)."""
-    target, draft = tiny_qwen35moe
-    common = ("--model", str(target), "--lanes", "2", "--ctx-size", "256")
-    reference = _serve_and_ask(_dir(tmp_path / "ref"), *common, "--local-stages", "1", "--engine", "llama",
-                               "--no-draft", model=target.stem)
-    run = _serve_and_ask(_dir(tmp_path / "mixed"), *common, "--local-stages", "2", "--engine", *engines,
-                         "--draft", str(draft), "--draft-window", "3", model=target.stem)
-    assert [s["engine"] for s in run.health["stages"]] == list(engines)
-    _assert_equal_up_to_a_near_tie(run, reference.answers)
+    _mixed_equals_unsplit(tiny_qwen35moe[0], tiny_qwen35moe[1], tmp_path, engines)
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +201,17 @@ def tiny_qwen35moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     root = tmp_path_factory.mktemp("qwen35moe")
     gguf = write_tiny(root / "qwen35moe.gguf", "qwen35moe")
     return gguf, requantize(gguf, root / "qwen35moe-q8_0.gguf", "Q8_0")
+
+
+def _mixed_equals_unsplit(target: Path, draft: Path, tmp_path: Path, engines: tuple[str, str]) -> None:
+    """`target` split over `engines` with `draft` answers as the unsplit llama.cpp model, up to a near tie."""
+    common = ("--model", str(target), "--lanes", "2", "--ctx-size", "256")
+    reference = _serve_and_ask(_dir(tmp_path / "ref"), *common, "--local-stages", "1", "--engine", "llama",
+                               "--no-draft", model=target.stem)
+    run = _serve_and_ask(_dir(tmp_path / "mixed"), *common, "--local-stages", "2", "--engine", *engines,
+                         "--draft", str(draft), "--draft-window", "3", model=target.stem)
+    assert [s["engine"] for s in run.health["stages"]] == list(engines)
+    _assert_equal_up_to_a_near_tie(run, reference.answers)
 
 
 def _dir(path: Path) -> Path:

@@ -745,13 +745,18 @@ def _step35(t: Tiny) -> None:
         t.norm(f"blk.{i}.attn_norm.weight")
         t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim, heads=heads[i])
         t.add(f"blk.{i}.attn_gate.weight", t.w(heads[i][0], t.width))
-        t.norm(f"blk.{i}.ffn_norm.weight")
-        if i == 0:
-            t.swiglu(i)
-        else:
-            t.experts(i)
-            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
-            _shared_experts(t, i, 32)
+        _dense_first_then_routed(t, i)
+
+
+def _dense_first_then_routed(t: Tiny, i: int) -> None:
+    """Layer i's FFN: dense in layer 0, past it experts with a selection bias and shared experts."""
+    t.norm(f"blk.{i}.ffn_norm.weight")
+    if i == 0:
+        t.swiglu(i)
+    else:
+        t.experts(i)
+        t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
+        _shared_experts(t, i, 32)
 
 
 def _mimo2(t: Tiny) -> None:
@@ -847,13 +852,7 @@ def _ernie4_5_moe(t: Tiny) -> None:
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
         t.attention(i)
-        t.norm(f"blk.{i}.ffn_norm.weight")
-        if i == 0:
-            t.swiglu(i)
-        else:
-            t.experts(i)
-            t.add(f"blk.{i}.exp_probs_b.bias", t.w(4, scale=0.05))
-            _shared_experts(t, i, 32)
+        _dense_first_then_routed(t, i)
 
 
 def _exaone4(t: Tiny) -> None:
@@ -1030,6 +1029,12 @@ def _gptneox(t: Tiny) -> None:
     t.key("use_parallel_residual", True)
     t.key("attention.layer_norm_epsilon", 1e-5)
     t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _biased_blocks(t)
+
+
+def _biased_blocks(t: Tiny) -> None:
+    """The output LayerNorm and head, then blocks of biased LayerNorms, fused biased q/k/v and a
+    biased GELU FFN (gptneox's and gpt2's layouts)."""
     _layer_norm(t, "output_norm")
     t.add("output.weight", t.w(t.vocab, t.width))
     for i in range(t.layers):
@@ -1100,15 +1105,7 @@ def _learned_positions(t: Tiny) -> None:
     t.key("attention.layer_norm_epsilon", 1e-5)
     t.add("token_embd.weight", t.w(t.vocab, t.width))
     t.add("position_embd.weight", t.w(512, t.width))  # context_length rows
-    _layer_norm(t, "output_norm")
-    t.add("output.weight", t.w(t.vocab, t.width))
-    for i in range(t.layers):
-        _layer_norm(t, f"blk.{i}.attn_norm")
-        _fused_qkv(t, i, bias=True)
-        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.width))
-        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
-        _layer_norm(t, f"blk.{i}.ffn_norm")
-        _up_down(t, i, bias=True)
+    _biased_blocks(t)
 
 
 def _granitemoe(t: Tiny) -> None:
@@ -1131,15 +1128,20 @@ def _qwen2vl(t: Tiny) -> None:
     _pre_norm_blocks(t, t.swiglu, bias=True)
 
 
-def _pangu_embedded(t: Tiny) -> None:
-    """Llama's tensors with a required attention output bias (pangu-embed.cpp)."""
-    _head(t)
+def _output_biased_blocks(t: Tiny) -> None:
+    """Llama's pre-norm blocks with a bias on the attention output (pangu-embedded, ernie4_5's loader)."""
     for i in range(t.layers):
         t.norm(f"blk.{i}.attn_norm.weight")
         t.attention(i)
         t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
         t.norm(f"blk.{i}.ffn_norm.weight")
         t.swiglu(i)
+
+
+def _pangu_embedded(t: Tiny) -> None:
+    """Llama's tensors with a required attention output bias (pangu-embed.cpp)."""
+    _head(t)
+    _output_biased_blocks(t)
 
 
 def _plamo(t: Tiny) -> None:
@@ -1483,12 +1485,7 @@ def _paddleocr(t: Tiny) -> None:
     """ernie4_5's loader; M-RoPE sections (paddleocr.cpp rotates by them) and the output bias it adds."""
     t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
     _head(t)
-    for i in range(t.layers):
-        t.norm(f"blk.{i}.attn_norm.weight")
-        t.attention(i)
-        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
-        t.norm(f"blk.{i}.ffn_norm.weight")
-        t.swiglu(i)
+    _output_biased_blocks(t)
 
 
 def _moe_with_nextn(t: Tiny) -> int:
