@@ -343,6 +343,8 @@ ONE_NODE: dict[str, str] = {
     "minicpm3": "the residual scale is 1.4/√n_layer of the stage's own layers, with no key to carry the whole "
                 "model's, and every input is scaled by 12 (minicpm3.cpp)",
     "gptj": "llama.cpp 0.3.36 lists it but has no model class for it: it cannot load",
+    "hy_v4": "hyper-connections: hc_init widens the embedding into hc streams and a layer hands on all of "
+             "them ([n_embd, hc, n_tokens]), where a later stage takes one n_embd row (hy-v4.cpp)",
     "cogvlm": "ubatch.token picks the text or the vision experts of every layer: a later stage, fed hidden "
               "states, would run the vision experts (cogvlm.cpp)",
     "graniteswitch": "the graph asserts token input (GGML_ASSERT(ubatch.token)): a later stage cannot run "
