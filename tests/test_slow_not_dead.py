@@ -138,6 +138,9 @@ def test_the_healer_reads_progress_from_each_stage_s_engine_time():
     assert worked(route, seen)
     b.status = None  # a stage that has not answered yet tells nothing
     assert not worked(route, seen)
+    route.stages = [a]  # b left the route (a rebuild): it is forgotten
+    assert not worked(route, seen)
+    assert set(seen) == {"a:1"}
 
 
 def test_a_503_says_when_to_retry(byte_tokenizer):

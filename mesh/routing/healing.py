@@ -180,6 +180,8 @@ def worked(route: Route, seen: dict[str, float]) -> bool:
             busy = stage.status.busy_seconds
             grew = grew or busy > seen.get(stage.endpoint, busy)
             seen[stage.endpoint] = busy
+    for gone in seen.keys() - {s.endpoint for s in route.stages}:
+        del seen[gone]  # a rebuilt route's local stages listen on new ports: forget the old ones
     return grew
 
 
