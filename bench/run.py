@@ -25,7 +25,7 @@ from bench.harness.llama_cpp import Binaries
 from bench.harness.machines import Machines
 from bench.harness.prompts import LONG_PROMPT_TOKENS, PROMPTS
 from bench.harness.report import format_table, header
-from bench.harness.shape_model import LLAMA_3_1_8B, SHAPES
+from bench.harness.shape_model import LLAMA_3_1_8B
 from bench.scenarios import (
     agreement,
     chat,
@@ -151,9 +151,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-realistic", action="store_true",
                    help="for sweep: the cost-realistic pair of peers (the package's target in F32, with its "
                         "draft) instead of the package's own")
-    p.add_argument("--shape", choices=sorted(SHAPES), default=LLAMA_3_1_8B.name,
+    p.add_argument("--shape", choices=sorted(shapes.SHAPES), default=LLAMA_3_1_8B.name,
                    help="for shapes: the model shape written (default: Llama-3.1-8B's, about 4.6 GB on disk "
-                        "while it runs)")
+                        "while it runs; qwen3.5-moe-35b-a3b-8-layers: 8 of Qwen3.5-35B-A3B's MoE layers, 4.4 GB)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--cache-dir", type=Path, default=None)
     p.set_defaults(func=_run)

@@ -10,6 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
 from bench.harness.harness import Row
+from bench.harness.hybrid_model import QWEN35_MOE_35B_8, TINY_MOE
 from bench.harness.machines import Machines
 from bench.harness.shape_model import LLAMA_3_1_8B, Q4_0_BYTES, TINY, Shape, q4_0_bytes, write_shape_gguf
 from bench.scenarios import shapes
@@ -107,3 +108,34 @@ def test_shapes_runs_alone() -> None:
 
     with pytest.raises(SystemExit, match="shapes runs alone"):
         run._shapes(argparse.Namespace(), {"shapes", "split"}, None)
+
+
+def test_the_frontier_moe_shape_is_qwen35_moe_layers_with_a_random_router(tmp_path: Path) -> None:
+    """`--shape qwen3.5-moe-35b-a3b-8-layers`: Qwen3.5-35B-A3B's layers, the experts one 3-D Q4_0
+    tensor each, and an F32 router that is not constant (a constant one ties every expert)."""
+    big = QWEN35_MOE_35B_8
+    assert (big.width, big.experts, big.experts_used, big.ffn, big.shared_ffn, big.vocab) == (2048, 256, 8, 512,
+                                                                                              512, 248320)
+    assert shapes.SHAPES[big.name] is big
+    reader = GGUFReader(TINY_MOE.write(tmp_path / "moe.gguf"))
+    assert _field(reader, "general.architecture") == "qwen35moe"
+    assert _field(reader, "qwen35moe.expert_count") == TINY_MOE.experts
+    tensors = {t.name: t for t in reader.tensors}
+    up = tensors["blk.0.ffn_up_exps.weight"]
+    assert up.tensor_type == GGMLQuantizationType.Q4_0
+    assert list(up.shape) == [TINY_MOE.width, TINY_MOE.ffn, TINY_MOE.experts]
+    router = tensors["blk.0.ffn_gate_inp.weight"]
+    assert router.tensor_type == GGMLQuantizationType.F32
+    assert np.std(router.data) > 0.01
+
+
+@pytest.mark.mesh
+def test_the_row_cost_step_times_a_decode_and_a_verify_window(tmp_path: Path) -> None:
+    """The row-cost step on the tiny MoE, as the scenario runs it: its own pinned process."""
+    gguf = TINY_MOE.write(tmp_path / "moe.gguf")
+    (decode, verify, per_row) = shapes.row_cost_rows(gguf, TINY_MOE.vocab, "0")
+    assert decode.value > 0
+    assert verify.value > 0
+    assert "verify of 5 rows" in verify.metric
+    assert per_row.baseline == decode.value
+    assert per_row.value == pytest.approx(verify.value / 5)

@@ -1,10 +1,14 @@
-"""A random-weight Q4_0 `qwen35` GGUF of a real hybrid's shape, for `mesh bench --scenarios hybrid`.
+"""A random-weight Q4_0 `qwen35` or `qwen35moe` GGUF of a real hybrid's shape, for `mesh bench
+--scenarios hybrid` and (the MoE) `--scenarios shapes --shape qwen3.5-moe-35b-a3b-8-layers`.
 
 Qwen3.5's layer pattern: gated delta-net layers (a recurrent state per lane), with gated
 attention on every `interval`-th layer, each followed by a SwiGLU FFN. The default shape is
 about 1.1B parameters (24 layers, width 1536, the Qwen vocabulary of 151,936), whose
 recurrent state is about 19 MB a lane, so a checkpoint costs what it would on a real model
-of that size.
+of that size. With experts, each layer's FFN is Qwen3.5-MoE's: a router over `experts`, each
+token's `experts_used` of them and a gated shared expert. The router is F32 and random, so a
+window's rows go to different experts, as they do in use (a router of ones would tie every
+expert and send each row to the same ones).
 
 Matrices are random Q4_0 blocks (bench/harness/shape_model.py `q4_0_bytes`), the small beta
 and alpha projections too: an F32 matrix's k-row product differs in the last bits from k
@@ -42,6 +46,16 @@ class HybridShape:
     vocab: int
     interval: int = 4  # attention where (il + 1) % interval == 0
     conv: int = 4
+    experts: int = 0  # > 0: qwen35moe, every FFN routed (`ffn` is then each expert's width)
+    experts_used: int = 0
+    shared_ffn: int = 0  # the shared expert's width
+
+    @property
+    def architecture(self) -> str:
+        return "qwen35moe" if self.experts else "qwen35"
+
+    def write(self, path: Path, seed: int = 0) -> Path:
+        return write_hybrid_gguf(path, self, seed)
 
     def recurrent_layers(self) -> int:
         return sum(1 for i in range(self.layers) if (i + 1) % self.interval)
@@ -57,6 +71,13 @@ QWEN35_1B = HybridShape("qwen3.5-like-1b", layers=24, width=1536, ffn=4096, head
                         k_heads=16, v_heads=16, state=128, vocab=151936)
 TINY_HYBRID = HybridShape("tiny-hybrid", layers=8, width=64, ffn=128, heads=4, kv_heads=2, head_dim=32,
                           k_heads=2, v_heads=4, state=32, vocab=512)
+# Qwen3.5-35B-A3B's layers (the Qwen3.5-MoE family of the 397B-A17B, whose 3.6 GB a layer in
+# Q4_0 would not fit twice on this machine), 8 of its 40: about 4.2 GB, 2 gated attention layers.
+QWEN35_MOE_35B_8 = HybridShape("qwen3.5-moe-35b-a3b-8-layers", layers=8, width=2048, ffn=512, heads=16, kv_heads=2,
+                               head_dim=256, k_heads=16, v_heads=32, state=128, vocab=248320, experts=256,
+                               experts_used=8, shared_ffn=512)
+TINY_MOE = HybridShape("tiny-moe", layers=4, width=64, ffn=32, heads=4, kv_heads=2, head_dim=32, k_heads=2,
+                       v_heads=4, state=32, vocab=512, experts=8, experts_used=2, shared_ffn=32)
 HYBRID_SHAPES = {s.name: s for s in (QWEN35_1B, TINY_HYBRID)}
 
 
@@ -82,9 +103,22 @@ def _tensors(s: HybridShape) -> list[tuple[str, tuple[int, ...], int]]:
                     (b + "ssm_a", (s.v_heads,), f32), (b + "ssm_beta.weight", (s.v_heads, s.width), q4),
                     (b + "ssm_alpha.weight", (s.v_heads, s.width), q4), (b + "ssm_norm.weight", (s.state,), f32),
                     (b + "ssm_out.weight", (s.width, value), q4)]
-        out += [(b + "ffn_gate.weight", (s.ffn, s.width), q4), (b + "ffn_up.weight", (s.ffn, s.width), q4),
-                (b + "ffn_down.weight", (s.width, s.ffn), q4)]
+        out += _ffn(s, b)
     return [*out, ("output_norm.weight", (s.width,), f32), ("output.weight", (s.vocab, s.width), q4)]
+
+
+def _ffn(s: HybridShape, b: str) -> list[tuple[str, tuple[int, ...], int]]:
+    """A layer's FFN: SwiGLU, or with experts the router, the routed experts (one 3-D tensor
+    each of gate, up and down) and the shared expert with its F32 gate row."""
+    q4, f32 = 1, _F32
+    if not s.experts:
+        return [(b + "ffn_gate.weight", (s.ffn, s.width), q4), (b + "ffn_up.weight", (s.ffn, s.width), q4),
+                (b + "ffn_down.weight", (s.width, s.ffn), q4)]
+    e, sh = s.experts, s.shared_ffn
+    return [(b + "ffn_gate_inp.weight", (e, s.width), f32), (b + "ffn_gate_exps.weight", (e, s.ffn, s.width), q4),
+            (b + "ffn_up_exps.weight", (e, s.ffn, s.width), q4), (b + "ffn_down_exps.weight", (e, s.width, s.ffn), q4),
+            (b + "ffn_gate_inp_shexp.weight", (s.width,), f32), (b + "ffn_gate_shexp.weight", (sh, s.width), q4),
+            (b + "ffn_up_shexp.weight", (sh, s.width), q4), (b + "ffn_down_shexp.weight", (s.width, sh), q4)]
 
 
 def _f32(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -97,9 +131,9 @@ def _f32(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndar
 
 
 def write_hybrid_gguf(path: Path, shape: HybridShape, seed: int = 0) -> Path:
-    """`shape` as a random-weight qwen35 GGUF at `path`, one tensor in memory at a time."""
+    """`shape` as a random-weight qwen35 (or qwen35moe) GGUF at `path`, one tensor in memory at a time."""
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(path, "qwen35")
+    writer = GGUFWriter(path, shape.architecture)
     _metadata(writer, shape)
     tensors = [(name, dims, kind != _F32) for name, dims, kind in _tensors(shape)]
     write_random_tensors(writer, tensors, lambda name, dims: _f32(name, dims, rng), rng)
@@ -107,7 +141,7 @@ def write_hybrid_gguf(path: Path, shape: HybridShape, seed: int = 0) -> Path:
 
 
 def _metadata(w: GGUFWriter, s: HybridShape) -> None:
-    arch = "qwen35"
+    arch = s.architecture
     w.add_name(f"random {s.name} Q4_0")
     for key, value in (("context_length", 8192), ("embedding_length", s.width), ("block_count", s.layers),
                        ("feed_forward_length", s.ffn), ("attention.head_count", s.heads),
@@ -117,6 +151,10 @@ def _metadata(w: GGUFWriter, s: HybridShape) -> None:
                        ("ssm.state_size", s.state), ("ssm.group_count", s.k_heads),
                        ("ssm.time_step_rank", s.v_heads), ("full_attention_interval", s.interval)):
         w.add_key_value(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    if s.experts:
+        for key, value in (("expert_count", s.experts), ("expert_used_count", s.experts_used),
+                           ("expert_feed_forward_length", s.ffn), ("expert_shared_feed_forward_length", s.shared_ffn)):
+            w.add_key_value(f"{arch}.{key}", value, GGUFValueType.UINT32)
     w.add_key_value(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, GGUFValueType.FLOAT32)
     w.add_key_value(f"{arch}.rope.freq_base", 10_000_000.0, GGUFValueType.FLOAT32)
     quarter = s.head_dim // 16  # M-RoPE sections, half the rotated dims: time, height, width

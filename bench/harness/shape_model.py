@@ -55,6 +55,9 @@ class Shape:
                 *[(f"blk.{i}.{n}.weight", r, c) for i in range(self.layers) for n, r, c in layer],
                 ("output.weight", self.vocab, self.width)]
 
+    def write(self, path: Path, seed: int = 0) -> Path:
+        return write_shape_gguf(path, self, seed)
+
     def weight_bytes(self) -> int:
         """Bytes of tensor data: every matrix in Q4_0, and the F32 norms."""
         q = sum(r * c // Q4_0_BLOCK * Q4_0_BYTES for _, r, c in self.matrices())
@@ -92,11 +95,12 @@ def write_shape_gguf(path: Path, shape: Shape, seed: int = 0) -> Path:
 def write_random_tensors(writer: GGUFWriter, tensors: Sequence[tuple[str, tuple[int, ...], bool]],
                          f32: Callable[[str, tuple[int, ...]], np.ndarray], rng: np.random.Generator) -> None:
     """Declare each (name, dims, quantized) tensor, then write them as they are made, one in
-    memory at a time: a random Q4_0 rows x cols matrix where quantized, else `f32(name, dims)`."""
+    memory at a time: random Q4_0 rows of the last dim's columns where quantized (a 3-D tensor
+    is a stack of matrices, an MoE's experts), else `f32(name, dims)`."""
     for name, dims, quantized in tensors:
         if quantized:
-            rows, cols = dims
-            writer.add_tensor_info(name, (rows, cols // Q4_0_BLOCK * Q4_0_BYTES), np.dtype(np.uint8),
+            rows, cols = int(np.prod(dims[:-1])), dims[-1]
+            writer.add_tensor_info(name, (*dims[:-1], cols // Q4_0_BLOCK * Q4_0_BYTES), np.dtype(np.uint8),
                                    rows * cols // Q4_0_BLOCK * Q4_0_BYTES, raw_dtype=GGMLQuantizationType.Q4_0)
         else:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
@@ -104,7 +108,11 @@ def write_random_tensors(writer: GGUFWriter, tensors: Sequence[tuple[str, tuple[
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for name, dims, quantized in tensors:
-        writer.write_tensor_data(q4_0_bytes(dims[0], dims[1], rng) if quantized else f32(name, dims))
+        if quantized:
+            data = q4_0_bytes(int(np.prod(dims[:-1])), dims[-1], rng).reshape(*dims[:-1], -1)
+        else:
+            data = f32(name, dims)
+        writer.write_tensor_data(data)
     writer.close()
 
 

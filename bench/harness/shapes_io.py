@@ -13,6 +13,8 @@ two that serve (`artifacts`, `socket-recv`) first print a line with the port the
 - `socket-recv DIR COUNT` and `socket-send PORT FILE...`: the same bytes over one plain
   loopback TCP connection, written to files as they arrive: the floor a transfer is held to.
 - `load GGUF CTX`: llama.cpp loading a GGUF through stage/llama_model.py's `open_llama`.
+- `rowcost GGUF VOCAB`: a one-row decode against a verify window's rows at one position, the
+  whole model in one engine (stage/llama_engine.py), interleaved rounds, each step rolled back.
 """
 
 from __future__ import annotations
@@ -157,13 +159,43 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "peak_rss": peak_rss()}
 
 
+ROW_COST_AT, ROW_COST_WINDOW, ROW_COST_ROUNDS = 128, 4, 8
+
+
+def row_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Median ms of a one-row decode and of a verify window (ROW_COST_WINDOW drafts, every
+    row's logits) at position ROW_COST_AT; random ids, so an MoE's rows route apart."""
+    import statistics
+
+    import numpy as np
+
+    from stage.engine import EngineConfig, Step
+    from stage.llama_engine import LlamaRangeEngine
+
+    rows = ROW_COST_WINDOW + 1
+    cfg = EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=ROW_COST_AT + rows + 8, threads=1)
+    engine = LlamaRangeEngine(Path(args.gguf), cfg)
+    ids = np.random.default_rng(0).integers(259, args.vocab, ROW_COST_AT + rows).astype(np.int32)
+    engine.step([Step(0, 0, tokens=ids[:ROW_COST_AT])])
+    times: dict[int, list[float]] = {1: [], rows: []}
+    for r in range(ROW_COST_ROUNDS + 1):
+        for n in ((1, rows) if r % 2 else (rows, 1)):  # each first half the time
+            start = time.perf_counter()
+            engine.step([Step(0, ROW_COST_AT, tokens=ids[ROW_COST_AT:ROW_COST_AT + n], all_logits=n > 1)])
+            if r:  # the first round warms up
+                times[n].append(time.perf_counter() - start)
+    engine.close()
+    return {"decode_ms": statistics.median(times[1]) * 1e3, "verify_ms": statistics.median(times[rows]) * 1e3,
+            "rows": rows, "at": ROW_COST_AT}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.harness.shapes_io")
     sub = p.add_subparsers(dest="step", required=True)
     for name, step, params in (("package", package, ["src", "out"]), ("hash", hash_layers, ["dir"]),
                                ("artifacts", artifacts, ["dir"]), ("socket-recv", socket_recv, ["dir"]),
                                ("pull", pull, ["source", "sha"]), ("load", load, ["gguf"]),
-                               ("socket-send", socket_send, [])):
+                               ("socket-send", socket_send, []), ("rowcost", row_cost, ["gguf"])):
         s = sub.add_parser(name)
         s.set_defaults(run=step)
         for param in params:
@@ -175,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.choices["socket-send"].add_argument("port", type=int)
     sub.choices["socket-send"].add_argument("files", nargs="+")
     sub.choices["load"].add_argument("ctx", type=int)
+    sub.choices["rowcost"].add_argument("vocab", type=int)
     return p
 
 

@@ -9,6 +9,8 @@ bench/harness/shapes_io.py):
 - stage 1 pulling its layers from the artifact server of a peer (stage/prepare.py over gRPC,
   fetched and each file verified), next to the same files over one plain loopback socket;
 - llama.cpp loading each stage's GGUF, next to it loading the whole file;
+- what a verify window's row costs against a one-row decode, the whole model on one machine
+  (on an MoE a window's rows route to different experts, so its rows share fewer weights);
 - each stage's peak resident memory in a `mesh serve --local-stages 2 --lanes 1`, next to its
   share of the weights;
 - decode tok/s of that split-2 against llama.cpp's RPC split-2 at the same cut
@@ -42,11 +44,13 @@ import psutil
 from bench.harness import llama_cpp
 from bench.harness.client import mesh_cuts, stream_chat
 from bench.harness.harness import Outcome, Row, Setup, serve, weight_share
+from bench.harness.hybrid_model import QWEN35_MOE_35B_8, HybridShape
 from bench.harness.llama_cpp import Binaries, RpcSplit, ServerSpec
 from bench.harness.local_server import LocalServer, stage_pids, stop
 from bench.harness.machines import Machines
 from bench.harness.report import machine
-from bench.harness.shape_model import SHAPES, Shape, write_shape_gguf
+from bench.harness.shape_model import SHAPES as LLAMA_SHAPES
+from bench.harness.shape_model import Shape
 from mesh.cli.bearer import auth_headers
 from mesh.reports.health import Health
 from mesh.reports.proc_memory import peak_rss
@@ -61,13 +65,15 @@ PROMPT = "Say hello."  # short: a random model's prefill of a long one would cos
 CTX = 512
 LOAD_ROUNDS = 2
 GB = 1e9
+# Every shape --shape takes: llama's dense ones, and a frontier MoE's layers (Qwen3.5-MoE).
+SHAPES: dict[str, Shape | HybridShape] = {**LLAMA_SHAPES, QWEN35_MOE_35B_8.name: QWEN35_MOE_35B_8}
 
 
 @dataclass(frozen=True)
 class Plan:
     """What one run measures: the shape, the machines, and the decode comparison's settings."""
 
-    shape: Shape
+    shape: Shape | HybridShape
     machines: Machines
     tokens: int
     repeats: int
@@ -100,15 +106,16 @@ def shapes_rows(plan: Plan) -> tuple[list[Row], str]:
         plan.say(f"packaged; split-2 by parameters: {ranges[0].end}/{ranges[1].layers} layers")
         rows += _transfer_rows(root, package, manifest, ranges[1], plan.machines.for_stages(2))
         rows += _load_rows(root, gguf, package, (manifest, sha), ranges, plan.machines.for_stages(2))
+        rows += row_cost_rows(gguf, plan.shape.vocab, plan.machines.sets[0])
         setup = Setup(str(package), manifest.model_id, manifest.quantization, package, gguf, manifest,
                       plan.tokens, 1, CTX, root / "cache", plan.machines)
         rows += _decode_rows(setup, plan, root)
     return rows, goals_table(rows)
 
 
-def written_row(gguf: Path, shape: Shape) -> Row:
+def written_row(gguf: Path, shape: Shape | HybridShape) -> Row:
     start = time.perf_counter()
-    write_shape_gguf(gguf, shape)
+    shape.write(gguf)
     return Row("shapes write", f"random {shape.name} Q4_0 GGUF written, {gguf.stat().st_size / GB:.2f} GB (s)",
                time.perf_counter() - start)
 
@@ -222,6 +229,16 @@ def _load_rows(root: Path, gguf: Path, package: Path, pinned: tuple[Manifest, st
                  Row("shapes load", f"stage {i} [{r.start},{r.end}): llama.cpp loads it (s, vs whole)",
                      loaded["seconds"], whole["seconds"], samples=[x[i + 1]["seconds"] for x in loads])]
     return rows
+
+
+def row_cost_rows(gguf: Path, vocab: int, cpus: str) -> list[Row]:
+    """A verify window's rows against a one-row decode at one position, one engine thread."""
+    cost = _step(cpus, "rowcost", str(gguf), str(vocab))
+    rows, at = cost["rows"], cost["at"]
+    return [Row("shapes row cost", f"one-row decode at position {at}, whole model (ms)", cost["decode_ms"]),
+            Row("shapes row cost", f"verify of {rows} rows, all logits (ms)", cost["verify_ms"]),
+            Row("shapes row cost", "verify, ms per row (vs a one-row decode)", cost["verify_ms"] / rows,
+                cost["decode_ms"])]
 
 
 # -- decode and memory, on served meshes -----------------------------------------------------
