@@ -61,7 +61,7 @@ from stage.calibration import BATCH_ROWS, calibrate
 from stage.checkpoints import DEPTH
 from stage.control import split_endpoint
 from stage.engine import EngineConfig, RangeEngine
-from stage.engine_choice import open_engine
+from stage.engine_choice import engine_kind, open_engine
 from stage.grpc_auth import TokenInterceptor
 from stage.llama_model import numerics_promise
 from stage.tls import add_port, client_ssl
@@ -127,7 +127,7 @@ class Coordinator:
         await self.build_route()
         await self._load_draft()
         if self.proposer is not None:
-            self.say(f"numerics: {numerics_promise(self.settings.own_threads, 'mlx' in self.settings.engines)}")
+            self.say(f"numerics: {numerics_promise(self.settings.own_threads, self.settings.engines)}")
         if self.settings.warm_up and self.tokenizer is not None and chooses(self.spec, self.proposer):
             await warm_up(self.requests, self.tokenizer, self.say)
         self.healer.watch()
@@ -244,7 +244,7 @@ class Coordinator:
         s = self.settings
         gguf = await asyncio.to_thread(materialize_stage, self.package_dir, self.manifest,
                                        self.manifest_sha, route.stage0.start, route.stage0.end,
-                                       s.cache_dir, s.engine(0) == "llama")
+                                       s.cache_dir, engine_kind(s.engine(0)).placeholders)
         if self.tokenizer is None:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, self.model_id)
         cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,

@@ -28,7 +28,7 @@ from proto.version import PROTOCOL_VERSION, check_version
 from stage.activations import ActivationStage
 from stage.artifact_fetch import ArtifactFetcher
 from stage.core import StageCore
-from stage.engine_choice import Engine
+from stage.engine_choice import Engine, engine_kind
 from stage.grpc_auth import token_metadata
 from stage.hosted import Hosting
 from stage.lanes import LanePool
@@ -135,7 +135,7 @@ class StageControl(pb_grpc.StageControlServicer):
             return pb.PrepareReply(accepted=False, message="empty layer range")
         await lease.cancel_prepare()
         lease.prepare(request, _fetcher(request.artifact_source, request.manifest_sha256, self.opt),
-                      self.opt.cache_dir, placeholders=self.opt.engine == "llama")
+                      self.opt.cache_dir, placeholders=engine_kind(self.opt.engine).placeholders)
         return pb.PrepareReply(accepted=True)
 
     async def Inventory(self, request: pb.InventoryRequest, context: object) -> pb.InventoryReply:

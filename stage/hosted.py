@@ -23,7 +23,7 @@ from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, close_engine, on_engine_thread
 from stage.calibration import Calibration, calibrate
 from stage.engine import EngineConfig, RangeEngine
-from stage.engine_choice import KV_BYTES, OVERHEAD, Engine, open_engine
+from stage.engine_choice import Engine, EngineKind, engine_kind
 from stage.prepare import PreparedStage
 
 
@@ -82,7 +82,7 @@ class Hosting:
     machine has free at each Load)."""
 
     def __init__(self, engine: Engine, threads: int, budget: int | None, lanes: int) -> None:
-        self.engine_kind, self.threads, self.budget = engine, threads, budget
+        self.engine_kind, self.threads, self.budget = engine_kind(engine), threads, budget
         self.lanes = lanes  # an engine's lanes when it opens: at least this many (0: what the first claim asks)
         self.ranges: dict[RangeKey, Hosted] = {}
         # one Load at a time: two coordinators loading the same new range at once (both healing
@@ -109,7 +109,7 @@ class Hosting:
         cfg = EngineConfig(first=p.start == 0, final=r.final, lanes=lanes, ctx_per_lane=r.ctx_size,
                            batch=r.batch or 256, threads=r.threads or self.threads,
                            cpu_lock=cpu_lock)
-        engine = await on_engine_thread(open_engine, self.engine_kind, p.gguf, cfg)
+        engine = await on_engine_thread(self.engine_kind.open, p.gguf, cfg)
         try:  # before any claim runs on it: no session's lane can be in use yet
             calibration = await on_engine_thread(calibrate, engine, r.work_layers or p.end - p.start, r.wire_dtype)
         except BaseException:
@@ -152,14 +152,14 @@ class Hosting:
         await close_engine(hosted.engine)
 
 
-def footprint(p: PreparedStage, engine: Engine, lanes: int, ctx: int) -> int:
+def footprint(p: PreparedStage, engine: EngineKind, lanes: int, ctx: int) -> int:
     """What loading `p` costs this machine: its file (weights), its KV for every lane's
     whole context, and the engine's own."""
     widths = 0
     for t in open_gguf(p.gguf).tensors:
         if t.name.endswith((".attn_k.weight", ".attn_v.weight")):
             widths += int(t.shape[-1])
-    return os.path.getsize(p.gguf) + lanes * ctx * KV_BYTES[engine] * widths + OVERHEAD[engine]
+    return os.path.getsize(p.gguf) + lanes * ctx * engine.kv_bytes * widths + engine.overhead
 
 
 def _mib(n: int) -> str:

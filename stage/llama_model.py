@@ -37,6 +37,7 @@ import ctypes
 import functools
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from llama_cpp import llama_cpp as L
 
 from config.errors import MeshpipeError
 from packages.gguf_header import read_scalars
+from stage.engine_choice import engine_kind
 from stage.ggml_lib import ggml
 
 EXTRA_BUFTS_ENV = "MESHPIPE_EXTRA_BUFTS"
@@ -202,14 +204,12 @@ def architecture(model: ctypes.c_void_p) -> str:
     return buf.value.decode() if n >= 0 else ""
 
 
-def numerics_promise(threads: int, mlx: bool = False) -> str:
+def numerics_promise(threads: int, engines: Iterable[str] = ()) -> str:
     """What speculation promises about the numbers on this process's llama.cpp settings (and
-    MLX stages'), said by `mesh serve` at start (DESIGN.md §9 holds the measurements quoted)."""
-    llama = _llama_promise(threads)
-    if not mlx:
-        return llama
-    return (f"{llama}; MLX stages compute a window's rows as row by row too (mlx[cpu] measured "
-            f"past 512 positions; Metal not measured)")
+    the other engines' the local stages run), said by `mesh serve` at start (DESIGN.md §9 holds
+    the measurements quoted)."""
+    others = dict.fromkeys(n for e in engines if (n := engine_kind(e).numerics))
+    return "; ".join([_llama_promise(threads), *others])
 
 
 def _llama_promise(threads: int) -> str:

@@ -21,7 +21,7 @@ def test_auto_is_mlx_only_on_apple_silicon_with_mlx(monkeypatch, apple, installe
 
 
 def test_mlx_without_mlx_names_the_install(monkeypatch):
-    monkeypatch.setattr(engine_choice, "mlx_installed", lambda: False)
+    monkeypatch.setattr(engine_choice, "package_installed", lambda _: False)
     with pytest.raises(EngineChoiceError, match=r"--engine mlx needs the mlx package: pip install 'meshpipe\[mlx\]'"):
         resolve("mlx")
 

@@ -149,7 +149,7 @@ def test_mesh_serve_states_the_promise_its_settings_keep(monkeypatch):
     monkeypatch.delenv(lm.KV_CACHE_ENV, raising=False)
     monkeypatch.delenv(lm.FLASH_ATTN_ENV, raising=False)
     assert "equals --no-draft bit for bit" in lm.numerics_promise(2)
-    assert "MLX stages" in lm.numerics_promise(2, mlx=True)
+    assert "MLX stages" in lm.numerics_promise(2, ("llama", "mlx"))
     monkeypatch.setenv(lm.KV_CACHE_ENV, "f16")
     assert "bit for bit" in lm.numerics_promise(1)  # one thread: the split path has one part
     assert lm.numerics_promise(2).startswith("WARNING: the f16 KV cache splits a one-row decode's attention")

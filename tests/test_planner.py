@@ -16,6 +16,7 @@ from mesh.routing.stage_fit import footprint, package_sizes
 from packages.manifest import load_manifest
 from packages.parameters import EXPERT_TENSORS, layer_parameters, package_parameters
 from proto import meshpipe_pb2 as pb
+from stage.engine_choice import LLAMA
 
 SETTINGS = RouteSettings(token=None, cache_dir=Path("/nonexistent"), lanes=2, ctx_size=64, batch=8, threads=1)
 
@@ -118,7 +119,7 @@ def test_the_plan_cuts_on_active_work_and_fits_on_all_the_bytes(moe):
     assert route.work.parameters(ranges[1]) == (3 * MOE + p.head, 3 * MOE_ACTIVE + p.head)
     sizes = package_sizes(package_dir, manifest)
     assert sizes.layer_weights[2:] == (4 * MOE,) * 4  # f32: every expert's bytes
-    need = footprint(sizes, ranges[1], "llama", SETTINGS.lanes, SETTINGS.ctx_size).total
+    need = footprint(sizes, ranges[1], LLAMA, SETTINGS.lanes, SETTINGS.ctx_size).total
     stage.status = pb.StatusReply(mem_available_bytes=need - 1, engine="llama")  # room for the active experts only
     with pytest.raises(RouteError, match=r"stage 1 \(10.0.0.2:7070\) \[3,6\) on llama"):
         asyncio.run(_plan(route, [1.0, 1.0], 8 << 30, (), said.append))

@@ -31,6 +31,7 @@ from packages.writer import write_package
 from stage import llama_engine
 from stage.checkpoints import DEPTH, DRAFT_DEPTH, CannotRollBackError
 from stage.engine import EngineConfig, Step
+from stage.engine_choice import LLAMA
 from stage.llama_engine import LlamaRangeEngine
 
 PROMPT = np.array([1, *range(40, 60), 7, 7, 9], dtype=np.int32)
@@ -205,9 +206,9 @@ def test_the_fit_check_counts_each_stages_recurrent_state_and_its_checkpoints(tm
         measured = len(engine.recurrent.save(0))  # llama.cpp's own: the F32 state and a small header
     finally:
         engine.close()
-    counted = footprint(sizes, StageRange(0, 12), "llama", lanes=2, ctx=64).state
+    counted = footprint(sizes, StageRange(0, 12), LLAMA, lanes=2, ctx=64).state
     assert 0 <= 2 * (1 + DEPTH) * measured - counted < 2 * (1 + DEPTH) * 256
-    short = [StageNeed("stage 0", StageRange(0, 12), "llama", counted, "a")]
+    short = [StageNeed("stage 0", StageRange(0, 12), LLAMA, counted, "a")]
     assert f"recurrent state ({1 + DEPTH} copies a lane)" in misfits(sizes, short, lanes=2, ctx=64)[0]
 
 

@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from mesh.routing.planner import StageRange
-from mesh.routing.stage_fit import KV_BYTES, OVERHEAD, StageNeed, footprint, misfits, package_sizes
+from mesh.routing.stage_fit import StageNeed, footprint, misfits, package_sizes
 from packages.manifest import load_manifest
+from stage.engine_choice import LLAMA, MLX
 
 pytestmark = pytest.mark.mesh  # the packages are built from real GGUFs
 MIB = 1 << 20
@@ -34,39 +35,39 @@ def test_sizes_are_read_from_the_package(smol):
 
 def test_the_engine_sets_the_kv_bytes_and_the_ends_hold_the_embeddings(smol):
     middle, first, last = StageRange(10, 20), StageRange(0, 10), StageRange(20, 30)
-    llama, mlx = (footprint(smol, middle, e, lanes=4, ctx=2048) for e in ("llama", "mlx"))
+    llama, mlx = (footprint(smol, middle, e, lanes=4, ctx=2048) for e in (LLAMA, MLX))
     assert llama.kv == 4 * 2048 * 2 * 10 * 384
     assert mlx.kv == 2 * llama.kv
     assert llama.weights == mlx.weights == sum(smol.layer_weights[10:20])
-    assert (llama.overhead, mlx.overhead) == (OVERHEAD["llama"], OVERHEAD["mlx"])
+    assert (llama.overhead, mlx.overhead) == (LLAMA.overhead, MLX.overhead)
     for ends in (first, last):
-        assert footprint(smol, ends, "llama", 4, 2048).weights >= sum(smol.layer_weights[ends.start:ends.end]) \
+        assert footprint(smol, ends, LLAMA, 4, 2048).weights >= sum(smol.layer_weights[ends.start:ends.end]) \
             + smol.embeddings
-    assert KV_BYTES == {"llama": 2, "mlx": 4}
+    assert (LLAMA.kv_bytes, MLX.kv_bytes) == (2, 4)
 
 
 def test_a_plan_that_fits_has_no_misfits(smol):
-    needs = [StageNeed("stage 0", StageRange(0, 19), "llama", 8 << 30, "a"),
-             StageNeed("stage 1", StageRange(19, 30), "mlx", 8 << 30, "b")]
+    needs = [StageNeed("stage 0", StageRange(0, 19), LLAMA, 8 << 30, "a"),
+             StageNeed("stage 1", StageRange(19, 30), MLX, 8 << 30, "b")]
     assert misfits(smol, needs, 4, 2048) == []
 
 
 def test_a_short_machine_is_named_with_what_each_stage_needs(smol):
-    need = footprint(smol, StageRange(19, 30), "mlx", 4, 2048).total
-    needs = [StageNeed("stage 0", StageRange(0, 19), "llama", 8 << 30, "a"),
-             StageNeed("stage 1 (10.0.0.2:7070)", StageRange(19, 30), "mlx", need - 1, "b")]
+    need = footprint(smol, StageRange(19, 30), MLX, 4, 2048).total
+    needs = [StageNeed("stage 0", StageRange(0, 19), LLAMA, 8 << 30, "a"),
+             StageNeed("stage 1 (10.0.0.2:7070)", StageRange(19, 30), MLX, need - 1, "b")]
     [problem] = misfits(smol, needs, 4, 2048)
     assert problem.startswith("stage 1 (10.0.0.2:7070) [19,30) on mlx: ")
     assert "at 4 lanes of 2048 tokens" in problem
     assert "lower --lanes or --ctx-size" in problem
-    needs[1] = StageNeed("stage 1", StageRange(19, 30), "mlx", need, "b")
+    needs[1] = StageNeed("stage 1", StageRange(19, 30), MLX, need, "b")
     assert misfits(smol, needs, 4, 2048) == []
 
 
 def test_stages_on_one_machine_share_its_memory(smol):
-    both = sum(footprint(smol, r, "llama", 4, 2048).total for r in (StageRange(0, 19), StageRange(19, 30)))
-    needs = [StageNeed("stage 0", StageRange(0, 19), "llama", both - 1, "here"),
-             StageNeed("stage 1", StageRange(19, 30), "llama", both - 1, "here")]
+    both = sum(footprint(smol, r, LLAMA, 4, 2048).total for r in (StageRange(0, 19), StageRange(19, 30)))
+    needs = [StageNeed("stage 0", StageRange(0, 19), LLAMA, both - 1, "here"),
+             StageNeed("stage 1", StageRange(19, 30), LLAMA, both - 1, "here")]
     [problem] = misfits(smol, needs, 4, 2048)
     assert "stage 0 [0,19)" in problem
     assert "stage 1 [19,30)" in problem
@@ -75,13 +76,13 @@ def test_stages_on_one_machine_share_its_memory(smol):
 def test_mlx_is_refused_a_k_quant_range_by_tensor_and_type(gemma3_package):
     sizes = package_sizes(gemma3_package, load_manifest(gemma3_package)[0])
     layers = len(sizes.layer_weights)
-    needs = [StageNeed("stage 0", StageRange(0, 6), "llama", 64 << 30, "a"),
-             StageNeed("stage 1 (mac:7070)", StageRange(6, layers), "mlx", 64 << 30, "b")]
+    needs = [StageNeed("stage 0", StageRange(0, 6), LLAMA, 64 << 30, "a"),
+             StageNeed("stage 1 (mac:7070)", StageRange(6, layers), MLX, 64 << 30, "b")]
     [problem] = misfits(sizes, needs, 1, 512)
     assert problem.startswith("stage 1 (mac:7070) runs MLX, which cannot read tensor blk.6.")
     assert " of type Q" in problem
     assert "run that stage with --engine llama" in problem
-    assert misfits(sizes, [StageNeed("stage 0", StageRange(0, layers), "llama", 64 << 30, "a")], 1, 512) == []
+    assert misfits(sizes, [StageNeed("stage 0", StageRange(0, layers), LLAMA, 64 << 30, "a")], 1, 512) == []
 
 
 def test_serve_refuses_a_plan_the_machine_cannot_hold_before_loading(tmp_path):

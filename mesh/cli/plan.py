@@ -14,6 +14,7 @@ from mesh.routing.header_plan import ModelPlan, PlanAsk, StagePlan, plan_model
 from packages.gguf_infos import GGUFInfo, read_header, read_package_header, read_remote_header
 from packages.manifest import MANIFEST_NAME
 from packages.refs import HubRef, is_hub_ref, parse_draft_ref
+from stage.engine_choice import ENGINES, LLAMA, engine_kind
 
 # G and GiB are 2^30 bytes, GB is 10^9: a machine sold as "512 GB" has 512 GiB of memory, and
 # free(1) and llama.cpp print G for GiB; a disk-like GB is said with its B.
@@ -32,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    f"first ({UNITS_HELP})")
     p.add_argument("--lanes", type=int, default=4, help="concurrent sessions (KV lanes), as mesh serve")
     p.add_argument("--ctx-size", type=int, default=2048, help="context tokens per session, as mesh serve")
-    p.add_argument("--engine", choices=("llama", "mlx"), default="llama", help="the range engine counted")
+    p.add_argument("--engine", choices=sorted(ENGINES), default=LLAMA.name, help="the range engine counted")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_plan)
 
@@ -53,7 +54,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.lanes < 1 or args.ctx_size < 1:
         raise UsageError("--lanes and --ctx-size must be at least 1")
     info = read_model_header(args.model)
-    plan = plan_model(info, PlanAsk(tuple(args.machine), args.lanes, args.ctx_size, args.engine))
+    plan = plan_model(info, PlanAsk(tuple(args.machine), args.lanes, args.ctx_size, engine_kind(args.engine)))
     print(json.dumps({"model": args.model, **dataclasses.asdict(plan)}, indent=2) if args.json
           else format_plan(args.model, plan))
     return 0 if plan.fits else 1

@@ -21,7 +21,7 @@ from packages.gguf_infos import GGUFInfo, TensorInfo
 from packages.parameters import LayerParameters, parameters_of, used_per_layer
 from packages.stage_metadata import package_metadata
 from packages.writer import block_index
-from stage.engine_choice import Engine
+from stage.engine_choice import LLAMA, EngineKind
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PlanAsk:
     machines: tuple[int, ...]
     lanes: int = 4
     ctx: int = 2048
-    engine: Engine = "llama"
+    engine: EngineKind = LLAMA
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def plan_model(info: GGUFInfo, ask: PlanAsk) -> ModelPlan:
         parameters=sum(m.params.total) + m.globals_, active=sum(m.params.active) + m.globals_,
         experts_total=int(experts or 0),
         experts_used=int(max(used_experts) if isinstance(used_experts, list) else used_experts or 0),
-        lanes=ask.lanes, ctx=ask.ctx, engine=ask.engine, header_bytes=info.header_bytes, stages=stages,
+        lanes=ask.lanes, ctx=ask.ctx, engine=ask.engine.name, header_bytes=info.header_bytes, stages=stages,
         fits=not problems, problems=tuple(problems))
 
 

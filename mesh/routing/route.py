@@ -33,7 +33,7 @@ from proto import meshpipe_pb2 as pb
 from proto.clients import StageControlClient, Unary, rpc_name, stage_control
 from proto.version import PROTOCOL_VERSION
 from stage.calibration import Calibration, calibration_of
-from stage.engine_choice import Engine
+from stage.engine_choice import Engine, EngineChoiceError, engine_kind
 from stage.grpc_auth import token_metadata
 from stage.tls import MeshTls, channel
 from stage.transport import NO_EMULATION, WireEmulation
@@ -286,9 +286,12 @@ async def _check_fit(route: Route, ranges: list[StageRange], own_memory: int) ->
     stage prepares; stage 0 and the stages it spawned share this machine's memory."""
     s = route.settings
     sizes = await asyncio.to_thread(package_sizes, route.package_dir, route.manifest)
-    needs = [StageNeed("stage 0 (this process)", ranges[0], s.engine(0), own_memory, "this machine")]
+    needs = [StageNeed("stage 0 (this process)", ranges[0], engine_kind(s.engine(0)), own_memory, "this machine")]
     for index, (stage, rng) in enumerate(zip(route.stages, ranges[1:], strict=True), 1):
-        engine: Engine = "mlx" if stage.status is not None and stage.status.engine == "mlx" else "llama"
+        try:
+            engine = engine_kind(stage.status.engine if stage.status is not None else None)
+        except EngineChoiceError as e:
+            raise RouteError(f"stage {index} ({stage.endpoint}): {e}; upgrade this coordinator") from e
         free = stage.status.mem_available_bytes if stage.status is not None else own_memory
         machine = "this machine" if stage.process is not None else stage.endpoint
         needs.append(StageNeed(f"stage {index} ({stage.endpoint})", rng, engine, free, machine))

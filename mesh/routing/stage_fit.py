@@ -27,8 +27,7 @@ from packages.gguf_files import open_gguf
 from packages.gguf_infos import TensorInfo
 from packages.manifest import Manifest
 from stage.checkpoints import DEPTH
-from stage.engine_choice import KV_BYTES, OVERHEAD, Engine
-from stage.mlx_tensors import MLX_GGUF_TYPES, mlx_unreadable
+from stage.engine_choice import EngineKind
 
 
 @dataclass(frozen=True)
@@ -89,14 +88,14 @@ def _kv_elements(tensor: TensorInfo) -> int:
     return tensor.shape[-1] if role in ("attn_k", "attn_v", "attn_kv_a_mqa", "indexer.attn_k") else 0
 
 
-def footprint(sizes: PackageSizes, rng: StageRange, engine: Engine, lanes: int, ctx: int) -> Footprint:
+def footprint(sizes: PackageSizes, rng: StageRange, engine: EngineKind, lanes: int, ctx: int) -> Footprint:
     final = rng.end == len(sizes.layer_weights)
     weights = sum(sizes.layer_weights[rng.start:rng.end])
     weights += sizes.embeddings if rng.start == 0 else 0
     weights += (sizes.head + (sizes.embeddings if sizes.tied else 0)) if final else 0
-    kv = lanes * ctx * KV_BYTES[engine] * sum(sizes.layer_kv[rng.start:rng.end])
+    kv = lanes * ctx * engine.kv_bytes * sum(sizes.layer_kv[rng.start:rng.end])
     state = lanes * (1 + DEPTH) * 4 * sum(sizes.layer_state[rng.start:rng.end])
-    return Footprint(weights, kv, OVERHEAD[engine], state)
+    return Footprint(weights, kv, engine.overhead, state)
 
 
 def _state_size(package_dir: Path, manifest: Manifest) -> int:
@@ -121,7 +120,7 @@ def _state_elements(name: str, shape: list[int], d_state: int) -> int:
 class StageNeed:
     name: str  # how the operator knows the stage: "stage 0 (this process)", an endpoint
     rng: StageRange
-    engine: Engine
+    engine: EngineKind
     free: int  # bytes the stage's machine reports available
     machine: str  # stages on one machine share its free memory
 
@@ -136,7 +135,7 @@ def misfits(sizes: PackageSizes, needs: Sequence[StageNeed], lanes: int, ctx: in
         total, free = sum(p.total for p in prints), min(n.free for n in here)
         if total <= free:
             continue
-        parts = ", ".join(f"{n.name} [{n.rng.start},{n.rng.end}) on {n.engine}: {_mib(p.weights)} weights "
+        parts = ", ".join(f"{n.name} [{n.rng.start},{n.rng.end}) on {n.engine.name}: {_mib(p.weights)} weights "
                           f"+ {_mib(p.kv)} KV{_state_part(p)} + {_mib(p.overhead)} engine"
                           for n, p in zip(here, prints, strict=True))
         problems.append(f"{parts} need {_mib(total)} at {lanes} lanes of {ctx} tokens and the machine has "
@@ -145,12 +144,11 @@ def misfits(sizes: PackageSizes, needs: Sequence[StageNeed], lanes: int, ctx: in
 
 
 def _unreadable(sizes: PackageSizes, need: StageNeed) -> str | None:
-    if need.engine != "mlx":  # llama.cpp reads every type a package holds
-        return None
     for layer in range(need.rng.start, need.rng.end):
-        if bad := mlx_unreadable(sizes.layer_types[layer]):
-            return (f"{need.name} runs MLX, which cannot read tensor {bad[0]} of type {bad[1]} in layer "
-                    f"{layer} (it reads {', '.join(MLX_GGUF_TYPES)}); run that stage with --engine llama")
+        if bad := need.engine.unreadable(sizes.layer_types[layer]):
+            return (f"{need.name} runs {need.engine.label}, which cannot read tensor {bad[0]} of type {bad[1]} "
+                    f"in layer {layer} (it reads {', '.join(need.engine.reads)}); run that stage with --engine "
+                    "llama")
     return None
 
 
