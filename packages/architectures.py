@@ -165,6 +165,13 @@ RULES: dict[str, CutRule] = {
     # Recurrent and hybrid families: a layer's state shapes come from the ssm.* keys, the same in
     # every stage, and each stage's memory holds its own layers' conv and SSM states.
     "mamba2": CutRule(why=f"recurrent: a Mamba-2 mixer in every layer; {_INDEX_FREE} (mamba.cpp, mamba2.cpp)"),
+    # mamba2's graph (mamba.cpp picks the mixer by the architecture): the dt/B/C norms by their
+    # tensors' presence or ssm.dt_b_c_rms, the same in every stage.
+    "mamba": CutRule(why=f"recurrent: a Mamba-1 mixer in every layer; {_INDEX_FREE} (mamba.cpp)"),
+    # QRWKV-6 takes its input as it comes (no LayerNorm on the embeddings, unlike rwkv6.cpp) and
+    # neither rescales nor passes anything but the residual from layer to layer.
+    "rwkv6qwen2": CutRule(why=f"recurrent: RWKV-6 time mixing and a SwiGLU FFN in every layer; {_INDEX_FREE} "
+                              "(rwkv6qwen2.cpp, rwkv6-base.cpp)"),
     "falcon-h1": CutRule(why="hybrid: attention and a Mamba-2 mixer side by side in every layer, so every stage "
                              f"holds both; {_INDEX_FREE} (falcon-h1.cpp)"),
     "lfm2": CutRule(recurrent_layers=KV_HEADS,

@@ -37,8 +37,8 @@ ADMITTED = [a for a in FAMILIES if a in architectures.RULES]
 
 
 def test_the_families_are_these() -> None:
-    assert FAMILIES == ["bailingmoe3", "falcon-h1", "granitehybrid", "jamba", "lfm2", "lfm2moe", "mamba2", "nemotron_h",
-                        "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next"]
+    assert FAMILIES == ["bailingmoe3", "falcon-h1", "granitehybrid", "jamba", "lfm2", "lfm2moe", "mamba", "mamba2",
+                        "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "rwkv6qwen2"]
     assert sorted(RECURRENT) == []  # every one admitted (nemotron_h by its tap's name, hyb)
 
 

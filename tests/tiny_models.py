@@ -581,18 +581,21 @@ def _nemotron_h_moe(t: Tiny) -> None:
 
 
 # --- hyb: jamba ---
-def _mamba1_mixer(t: Tiny, i: int, dt_rank: int = 4, state: int = 16, conv: int = 4) -> None:
-    """One Mamba-1 block with jamba's dt/B/C norms (jamba.cpp): d_inner 2 * width (asserted)."""
+def _mamba1_mixer(t: Tiny, i: int, dt_rank: int = 4, state: int = 16, conv: int = 4, norms: bool = True) -> None:
+    """One Mamba-1 block, with jamba's dt/B/C norms unless `norms` is off (mamba.cpp has none):
+    d_inner 2 * width (asserted)."""
     inner = 2 * t.width
     t.add(f"blk.{i}.ssm_in.weight", t.w(2 * inner, t.width))
     t.add(f"blk.{i}.ssm_conv1d.weight", t.w(inner, conv))
     t.add(f"blk.{i}.ssm_conv1d.bias", t.w(inner, scale=0.05))
     t.add(f"blk.{i}.ssm_x.weight", t.w(dt_rank + 2 * state, inner))
-    t.norm(f"blk.{i}.ssm_dt_norm.weight", dt_rank)
+    if norms:  # in jamba's order of draws, so its tiny model is unchanged
+        t.norm(f"blk.{i}.ssm_dt_norm.weight", dt_rank)
     t.add(f"blk.{i}.ssm_dt.weight", t.w(inner, dt_rank))
     t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
-    t.norm(f"blk.{i}.ssm_b_norm.weight", state)
-    t.norm(f"blk.{i}.ssm_c_norm.weight", state)
+    if norms:
+        t.norm(f"blk.{i}.ssm_b_norm.weight", state)
+        t.norm(f"blk.{i}.ssm_c_norm.weight", state)
     t.add(f"blk.{i}.ssm_a", -np.exp(t.w(inner, state)))  # A < 0: the state decays
     t.add(f"blk.{i}.ssm_d", t.w(inner))
     t.add(f"blk.{i}.ssm_out.weight", t.w(t.width, inner))
@@ -608,6 +611,153 @@ def _jamba(t: Tiny) -> None:
     _head(t)
     _attention_every_4th(t, _mamba1_mixer, lambda i: t.experts(i, ff_exp=t.ff) if i % 2 else t.swiglu(i))
 # --- end hyb ---
+
+
+def _mamba(t: Tiny) -> None:
+    """Pure recurrent: a norm and a Mamba-1 mixer per layer, without dt/B/C norms (mamba.cpp)."""
+    _ssm_keys(t, inner=2 * t.width, state=16, groups=0, heads=4)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _mamba1_mixer(t, i, norms=False)
+
+
+# --- RWKV (recurrent): wkv state and token shift, no KV cache ---
+_WKV_HEAD = 16  # head_size: 4 heads of a 64-wide model
+_RWKV6_EXTRA = 8  # the width of RWKV-6's time-mix and decay LoRAs
+
+
+def _rwkv_keys(t: Tiny, shift: int, head: int = _WKV_HEAD) -> None:
+    t.key("wkv.head_size", head)
+    t.key("token_shift_count", shift)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+
+
+def _rwkv6_keys(t: Tiny, shift: int) -> None:
+    _rwkv_keys(t, shift)
+    t.key("time_mix_extra_dim", _RWKV6_EXTRA)
+    t.key("time_decay_extra_dim", _RWKV6_EXTRA)
+
+
+def _layer_norm_pair(t: Tiny, name: str) -> None:
+    t.norm(f"{name}.weight")
+    t.add(f"{name}.bias", t.w(t.width, scale=0.05))
+
+
+def _rwkv6_time_mix(t: Tiny, i: int, kv: int, first: bool) -> None:
+    """RWKV-6 time mixing (rwkv6-base.cpp): fused lerps, a decay LoRA; with `first` (RWKV-6 proper)
+    the bonus time_mix_first and a group norm, without it (QRWKV-6) gated linear attention."""
+    extra = _RWKV6_EXTRA
+    p = f"blk.{i}.time_mix"
+    t.add(f"{p}_w1.weight", t.w(extra * 5, t.width))
+    t.add(f"{p}_w2.weight", t.w(5, t.width, extra))
+    t.add(f"{p}_lerp_x.weight", t.w(1, 1, t.width))
+    t.add(f"{p}_lerp_fused.weight", t.w(5, 1, 1, t.width))
+    if first:
+        t.add(f"{p}_first.weight", t.w(t.width // _WKV_HEAD, _WKV_HEAD))
+    t.add(f"{p}_decay.weight", t.w(t.width))
+    t.add(f"{p}_decay_w1.weight", t.w(extra, t.width))
+    t.add(f"{p}_decay_w2.weight", t.w(t.width, extra))
+    for name, rows in (("key", kv), ("value", kv), ("receptance", t.width), ("gate", t.width)):
+        t.add(f"{p}_{name}.weight", t.w(rows, t.width))
+    if first:
+        _layer_norm_pair(t, f"{p}_ln")
+    t.add(f"{p}_output.weight", t.w(t.width, t.width))
+
+
+def _rwkv6(t: Tiny) -> None:
+    """RWKV-6: a LayerNorm on the embeddings (token_embd_norm), LayerNorm blocks of time and channel
+    mixing, two token shifts a layer, half the residual every 2nd layer (rwkv6.cpp)."""
+    _rwkv6_keys(t, 2)
+    t.key("rescale_every_n_layers", 2)
+    t.set("attention.head_count_kv", [0] * t.layers)  # no grouped keys (rwkv6-base.cpp reads n_head_kv)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm_pair(t, "token_embd_norm")
+    for i in range(t.layers):
+        _layer_norm_pair(t, f"blk.{i}.attn_norm")
+        _layer_norm_pair(t, f"blk.{i}.attn_norm_2")
+        _rwkv6_time_mix(t, i, t.width, first=True)
+        t.add(f"blk.{i}.channel_mix_lerp_k.weight", t.w(1, 1, t.width))
+        t.add(f"blk.{i}.channel_mix_lerp_r.weight", t.w(1, 1, t.width))
+        t.add(f"blk.{i}.channel_mix_key.weight", t.w(t.ff, t.width))
+        t.add(f"blk.{i}.channel_mix_value.weight", t.w(t.width, t.ff))
+        t.add(f"blk.{i}.channel_mix_receptance.weight", t.w(t.width, t.width))
+    _layer_norm_pair(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+
+
+def _rwkv6qwen2(t: Tiny) -> None:
+    """QRWKV-6: RMS-normed blocks of RWKV-6 time mixing without time_mix_first (gated linear
+    attention, 2 KV heads for 4) and a SwiGLU FFN, one token shift a layer (rwkv6qwen2.cpp)."""
+    _rwkv6_keys(t, 1)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _rwkv6_time_mix(t, i, t.kv_heads * _WKV_HEAD, first=False)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+_RWKV7_LORA = {"decay": 8, "iclr": 8, "value_residual_mix": 4, "gate": 8}  # attention.{name}_lora_rank
+
+
+def _rwkv7_keys(t: Tiny, shift: int) -> None:
+    # one head as wide as the model: with heads of 16, ggml's CPU wkv7 gave NaN or varying logits
+    # by ubatch size and run (measured), with heads of 64, as RWKV-7 models have, it is exact
+    _rwkv_keys(t, shift, head=t.width)
+    for name, rank in _RWKV7_LORA.items():
+        t.key(f"attention.{name}_lora_rank", rank)
+
+
+def _rwkv7_time_mix(t: Tiny, i: int, ln: bool) -> None:
+    """RWKV-7 time mixing (rwkv7-base.cpp): decay, in-context rate, value-residual and gate LoRAs;
+    layer 0's value LoRA is iclr-wide and unused, every later layer mixes in layer 0's value
+    (v_first)."""
+    p, lora = f"blk.{i}.time_mix", _RWKV7_LORA
+    value_rank = lora["iclr"] if i == 0 else lora["value_residual_mix"]
+    for name, rank in (("w", lora["decay"]), ("a", lora["iclr"]), ("v", value_rank)):
+        t.add(f"{p}_{name}0.weight", t.w(t.width))
+        t.add(f"{p}_{name}1.weight", t.w(rank, t.width))
+        t.add(f"{p}_{name}2.weight", t.w(t.width, rank))
+    t.add(f"{p}_g1.weight", t.w(lora["gate"], t.width))
+    t.add(f"{p}_g2.weight", t.w(t.width, lora["gate"]))
+    t.add(f"{p}_lerp_fused.weight", t.w(6, 1, 1, t.width))
+    for name in ("k_k", "k_a", "r_k"):
+        t.add(f"{p}_{name}.weight", t.w(t.width))
+    for name in ("key", "value", "receptance"):
+        t.add(f"{p}_{name}.weight", t.w(t.width, t.width))
+    if ln:
+        _layer_norm_pair(t, f"{p}_ln")
+    t.add(f"{p}_output.weight", t.w(t.width, t.width))
+
+
+def _rwkv7(t: Tiny) -> None:
+    """RWKV-7: a LayerNorm on the embeddings, LayerNorm blocks of time and channel mixing, two token
+    shifts a layer (rwkv7.cpp)."""
+    _rwkv7_keys(t, 2)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm_pair(t, "token_embd_norm")
+    for i in range(t.layers):
+        _layer_norm_pair(t, f"blk.{i}.attn_norm")
+        _layer_norm_pair(t, f"blk.{i}.attn_norm_2")
+        _rwkv7_time_mix(t, i, ln=True)
+        t.add(f"blk.{i}.channel_mix_lerp_k.weight", t.w(1, 1, t.width))
+        t.add(f"blk.{i}.channel_mix_key.weight", t.w(t.ff, t.width))
+        t.add(f"blk.{i}.channel_mix_value.weight", t.w(t.width, t.ff))
+    _layer_norm_pair(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+
+
+def _arwkv7(t: Tiny) -> None:
+    """ARWKV-7: RMS-normed blocks of RWKV-7 time mixing (gated, with its group norm) and a SwiGLU
+    FFN, one token shift a layer (arwkv7.cpp)."""
+    _rwkv7_keys(t, 1)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _rwkv7_time_mix(t, i, ln=True)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
 
 
 # --- hyb: bailingmoe3 ---
@@ -1788,6 +1938,8 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama4": _llama4,
     "glm4moe": _glm4moe,
     "mamba2": _mamba2,
+    "mamba": _mamba,
+    "rwkv6qwen2": _rwkv6qwen2,
     "lfm2": _lfm2,
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
