@@ -227,6 +227,16 @@ RULES: dict[str, CutRule] = {
                            why="hybrid: Kimi delta-attention layers where head_count_kv is 0, gated MLA elsewhere; "
                                "dense FFN where il < n_layer_dense_lead, MoE past it (bailingmoe3.cpp); "
                                f"{_ONE_KIND}"),
+    # A Mamba layer's state shapes from the ssm.* keys; its layers name their output ffn_residual
+    # (tap_name).
+    "plamo2": CutRule(recurrent_layers=KV_HEADS,
+                      why="hybrid: Mamba layers where head_count_kv is 0, attention with RoPE elsewhere; every "
+                          f"layer's output named ffn_residual, read by the tap (plamo2.cpp); {_ONE_KIND}"),
+    # bailingmoe3's kinds of layer (KDA and MLA) without its gate, and MLA without RoPE; shared expert
+    # beside the routed ones past the lead.
+    "kimi-linear": CutRule(recurrent_layers=KV_HEADS, front_counts=_LEAD,
+                           why="hybrid: Kimi delta-attention layers where head_count_kv is 0, MLA elsewhere; dense "
+                               "FFN where il < n_layer_dense_lead, MoE past it (kimi-linear.cpp); " + _ONE_KIND),
     # --- end hyb ---
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
@@ -627,6 +637,8 @@ _LAST_OUTPUT = {"step35": "h_nextn"}
 # hyb: nemotron-h.cpp (and nemotron-h-moe's, the same graph) names each layer's output after its
 # residual nemotron_h_block_out, and l_out nothing, or an FFN's output before the residual.
 _LAYER_OUTPUT = dict.fromkeys(("nemotron_h", "nemotron_h_moe"), "nemotron_h_block_out")
+# plamo2.cpp names a layer's output after its FFN residual and never l_out.
+_LAYER_OUTPUT["plamo2"] = "ffn_residual"
 
 
 def tap_name(architecture: str, last_layer: int) -> str:

@@ -117,7 +117,7 @@ _ABORTS_WITHOUT_RULE = {"lfm2", "step35", "mimo2", "smallthinker"}
 # model's and create_memory asserts n_layer_kv_from_start >= 2 (tests/test_gemma4_kv_sharing.py).
 _ABORTS_WITHOUT_RULE |= {"gemma4"}
 # hyb: as lfm2's (test_tiny_recurrent shows their [0,2) abort)
-_ABORTS_WITHOUT_RULE |= {"nemotron_h", "nemotron_h_moe", "jamba"}
+_ABORTS_WITHOUT_RULE |= {"nemotron_h", "nemotron_h_moe", "jamba", "plamo2", "kimi-linear"}
 
 
 @pytest.mark.parametrize("arch", [a for a in PROVEN if RULES[a] != CutRule(why=RULES[a].why)

@@ -760,6 +760,47 @@ def _arwkv7(t: Tiny) -> None:
         t.swiglu(i)
 
 
+def _plamo2_mamba(t: Tiny, i: int, inner: int, state: int, heads: int, conv: int) -> None:
+    """PLaMo-2's Mamba mixer (plamo2.cpp): a scan with one A and D per head, dt/B/C RMS norms
+    named without `.weight`, no conv bias, no groups."""
+    dt_dim = max(64, t.width // 16)
+    t.add(f"blk.{i}.ssm_in.weight", t.w(2 * inner, t.width))
+    t.add(f"blk.{i}.ssm_conv1d.weight", t.w(inner, conv))
+    t.add(f"blk.{i}.ssm_x.weight", t.w(dt_dim + 2 * state, inner))
+    t.add(f"blk.{i}.ssm_dt.weight", t.w(heads, dt_dim))
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(heads, scale=0.05))
+    t.add(f"blk.{i}.ssm_a", -np.exp(t.w(heads)))  # A < 0: the state decays
+    t.add(f"blk.{i}.ssm_d", t.w(heads))
+    t.add(f"blk.{i}.ssm_out.weight", t.w(t.width, inner))
+    t.norm(f"blk.{i}.ssm_dt_norm", dt_dim)
+    t.norm(f"blk.{i}.ssm_b_norm", state)
+    t.norm(f"blk.{i}.ssm_c_norm", state)
+
+
+def _plamo2(t: Tiny) -> None:
+    """Mamba mixers, with attention (fused QKV, per-head q/k norms, RoPE) where head_count_kv is not 0,
+    here every 4th layer; post-mixer and post-FFN norms, an up-gate FFN (plamo2.cpp)."""
+    inner, state, heads, conv = 2 * t.width, 16, 8, 4
+    _ssm_keys(t, inner=inner, state=state, groups=0, heads=heads, conv=conv)
+    _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        if (i + 1) % 4 == 0:
+            q, kv = t.heads * t.head_dim, t.kv_heads * t.head_dim
+            t.add(f"blk.{i}.attn_qkv.weight", t.w(q + 2 * kv, t.width))
+            t.add(f"blk.{i}.attn_q_norm.weight", 1 + t.w(t.heads, t.head_dim, scale=0.1))
+            t.add(f"blk.{i}.attn_k_norm.weight", 1 + t.w(t.kv_heads, t.head_dim, scale=0.1))
+            t.add(f"blk.{i}.attn_output.weight", t.w(t.width, q))
+        else:
+            _plamo2_mamba(t, i, inner, state, heads, conv)
+        t.norm(f"blk.{i}.post_attention_norm")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+        t.norm(f"blk.{i}.post_ffw_norm")
+
+
 # --- hyb: bailingmoe3 ---
 def _kda(t: Tiny, i: int, head_dim: int = 16, conv: int = 4) -> None:
     """One Kimi delta-attention layer (bailingmoe3.cpp): q, k, v each through a short conv, a gate
@@ -813,6 +854,54 @@ def _bailingmoe3(t: Tiny) -> None:
         t.norm(f"blk.{i}.ffn_norm.weight")
         _lead_dense_then_moe(t, i, lead)
 # --- end hyb ---
+
+
+def _kimi_kda(t: Tiny, i: int, head_dim: int = 16, conv: int = 4) -> None:
+    """One Kimi delta-attention layer (kimi-linear.cpp): q, k, v each through a short conv, the decay
+    and the output gate each a low-rank pair through head_dim, d_inner = head_count * kda.head_dim."""
+    inner = t.heads * head_dim
+    for x in "qkv":
+        t.add(f"blk.{i}.ssm_conv1d_{x}.weight", t.w(1, inner, 1, conv))
+        t.add(f"blk.{i}.attn_{x}.weight", t.w(inner, t.width))
+    for x in "fg":
+        t.add(f"blk.{i}.ssm_{x}_a.weight", t.w(head_dim, t.width))
+        t.add(f"blk.{i}.ssm_{x}_b.weight", t.w(inner, head_dim))
+    t.add(f"blk.{i}.ssm_beta.weight", t.w(t.heads, t.width))
+    t.add(f"blk.{i}.ssm_a", -np.exp(t.w(t.heads, 1)))  # -exp(A_log), as converted
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
+    t.norm(f"blk.{i}.ssm_norm.weight", head_dim)
+    t.add(f"blk.{i}.attn_output.weight", t.w(t.width, inner))
+
+
+def _kimi_linear(t: Tiny) -> None:
+    """KDA layers where head_count_kv is 0, MLA without RoPE on the query every 4th layer, a dense FFN
+    where il < leading_dense_block_count (5), sigmoid-routed experts and a shared expert past it
+    (kimi-linear.cpp)."""
+    kv_rank, rope, nope, v_mla, lead = 32, 16, 32, 32, 5
+    _moe_keys(t)
+    for key, value in (("attention.kv_lora_rank", kv_rank), ("attention.key_length_mla", nope + rope),
+                       ("attention.value_length_mla", v_mla), ("ssm.conv_kernel", 4), ("kda.head_dim", 16),
+                       ("expert_shared_count", 1), ("leading_dense_block_count", lead),
+                       ("expert_gating_func", 2), ("expert_weights_scale", 1.0)):
+        t.key(key, value)
+    t.set("attention.head_count_kv", [1 if (i + 1) % 4 == 0 else 0 for i in range(t.layers)])
+    t.set("attention.key_length", kv_rank + rope)
+    t.set("attention.value_length", kv_rank)
+    t.set("rope.dimension_count", rope)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        if (i + 1) % 4 == 0:
+            t.add(f"blk.{i}.attn_q.weight", t.w(t.heads * (nope + rope), t.width))
+            t.add(f"blk.{i}.attn_kv_a_mqa.weight", t.w(kv_rank + rope, t.width))
+            t.norm(f"blk.{i}.attn_kv_a_norm.weight", kv_rank)
+            t.add(f"blk.{i}.attn_k_b.weight", t.w(t.heads, kv_rank, nope))
+            t.add(f"blk.{i}.attn_v_b.weight", t.w(t.heads, v_mla, kv_rank))
+            t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * v_mla))
+        else:
+            _kimi_kda(t, i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        _lead_dense_then_moe(t, i, lead)
 
 
 def _nemotron_h_layers(t: Tiny, ffn: Callable[[int], None]) -> None:
@@ -1940,6 +2029,8 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "mamba2": _mamba2,
     "mamba": _mamba,
     "rwkv6qwen2": _rwkv6qwen2,
+    "plamo2": _plamo2,
+    "kimi-linear": _kimi_linear,
     "lfm2": _lfm2,
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
@@ -2003,6 +2094,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # hyb: nemotron_h's mixer, FFN, mixer, attention, and jamba's attention every 4th: cuts at 4 and 8
 LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba", "lfm2moe", "bailingmoe3"), 12)
+LAYERS_OF |= dict.fromkeys(("plamo2", "kimi-linear"), 12)  # attention every 4th: cuts at 4 and 8
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
