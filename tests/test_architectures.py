@@ -172,7 +172,9 @@ def test_a_text_family_that_cannot_be_cut_serves_on_one_node_with_its_reason(arc
     assert KINDS[arch] == "text"
 
 
-@pytest.mark.parametrize(("arch", "reason"), [("qwen4exp", "hybrid"), ("bert", "encoder"),
+@pytest.mark.parametrize(("arch", "reason"), [("qwen4exp", "cannot be cut: hyper-connections"),
+                                              ("minimax-01", "cannot be cut: each lightning-attention layer's decay"),
+                                              ("bert", "encoder"),
                                               ("clip", "vision"), ("llada", "diffusion"), ("t5", "encoder-decoder")])
 def test_what_generates_no_text_or_cannot_roll_back_is_refused_with_its_reason(arch: str, reason: str) -> None:
     with pytest.raises(PackageError, match=f"cannot serve architecture '{arch}': .*{reason}"):

@@ -1,7 +1,8 @@
 """Tiny recurrent and hybrid GGUFs: what llama.cpp makes of them, and what meshpipe does (issue 43).
 
-Each recurrent or hybrid family of `tiny_models` (those of `WRITERS` that are not plain text, and
-`RECURRENT`, refused) is opened by llama-cpp-python and decoded greedily twice from fresh
+Each recurrent or hybrid family of `tiny_models` (those of `WRITERS` that are not plain text,
+`ONE_NODE_RECURRENT`, served on one node (tests/test_recurrent_one_node.py), and `RECURRENT`,
+refused) is opened by llama-cpp-python and decoded greedily twice from fresh
 contexts (a recurrent state that leaked or was left uninitialized would part the two), and
 llama.cpp's own recurrent and hybrid flags agree with `packages.architecture_kinds.KINDS`. The
 families in `packages.architectures.RULES` are admitted, with their kind in what they report;
@@ -22,7 +23,7 @@ from typing import Any
 import llama_cpp
 import pytest
 from chain import reference_greedy
-from tiny_models import RECURRENT, WRITERS, write_tiny
+from tiny_models import ONE_NODE_RECURRENT, RECURRENT, WRITERS, write_tiny
 
 from packages import architectures
 from packages.architecture_kinds import HYBRID, TEXT
@@ -32,14 +33,14 @@ from packages.stage_metadata import package_metadata
 from stage.llama_model import open_llama
 
 PROMPT = [1, 72, 101, 108, 108, 111, 44, 32]
-FAMILIES = sorted([a for a in WRITERS if architectures.kind_of(a) != TEXT] + list(RECURRENT))
+FAMILIES = sorted([a for a in WRITERS if architectures.kind_of(a) != TEXT] + list(RECURRENT) + list(ONE_NODE_RECURRENT))
 ADMITTED = [a for a in FAMILIES if a in architectures.RULES]
 
 
 def test_the_families_are_these() -> None:
-    assert FAMILIES == ["bailingmoe3", "falcon-h1", "granitehybrid", "jamba", "kimi-linear", "lfm2", "lfm2moe", "mamba",
-                        "mamba2", "nemotron_h", "nemotron_h_moe", "plamo2", "qwen35", "qwen35moe", "qwen3next",
-                        "rwkv6qwen2"]
+    assert FAMILIES == ["arwkv7", "bailingmoe3", "falcon-h1", "granitehybrid", "jamba", "kimi-linear", "lfm2",
+                        "lfm2moe", "mamba", "mamba2", "nemotron_h", "nemotron_h_moe", "plamo2", "qwen35", "qwen35moe",
+                        "qwen3next", "rwkv6", "rwkv6qwen2", "rwkv7"]
     assert sorted(RECURRENT) == []  # every one admitted (nemotron_h by its tap's name, hyb)
 
 

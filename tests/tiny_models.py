@@ -698,7 +698,9 @@ def _rwkv6qwen2(t: Tiny) -> None:
         t.swiglu(i)
 
 
-_RWKV7_LORA = {"decay": 8, "iclr": 8, "value_residual_mix": 4, "gate": 8}  # attention.{name}_lora_rank
+# attention.{name}_lora_rank; load_arch_tensors gives layer 0's unused value LoRA the iclr rank, so a
+# stage starting past it loads only where the two are equal, as here: a cut then parts by v_first alone
+_RWKV7_LORA = {"decay": 8, "iclr": 8, "value_residual_mix": 8, "gate": 8}
 
 
 def _rwkv7_keys(t: Tiny, shift: int) -> None:
@@ -2083,6 +2085,9 @@ ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 # minimax-m3 splits exactly but cannot speculate losslessly (ONE_NODE): one node
 ONE_NODE_WRITERS |= MINIMAX_M3
 
+# Recurrent families whose graph cannot be cut (architectures.ONE_NODE_STATEFUL): served on one node.
+ONE_NODE_RECURRENT: dict[str, Callable[[Tiny], None]] = {"rwkv6": _rwkv6, "rwkv7": _rwkv7, "arwkv7": _arwkv7}
+
 # Hybrids llama.cpp loads and decodes whole that meshpipe refuses: none left (nemotron_h, once
 # refused for its layer output's name, is split through tap_name).
 RECURRENT: dict[str, Callable[[Tiny], None]] = {}
@@ -2118,7 +2123,7 @@ def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, 
     writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
     t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed), width=width)
     _common(t)
-    (WRITERS | ONE_NODE_WRITERS | RECURRENT)[arch](t)
+    (WRITERS | ONE_NODE_WRITERS | ONE_NODE_RECURRENT | RECURRENT)[arch](t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
