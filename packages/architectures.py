@@ -165,6 +165,13 @@ RULES: dict[str, CutRule] = {
     # Recurrent and hybrid families: a layer's state shapes come from the ssm.* keys, the same in
     # every stage, and each stage's memory holds its own layers' conv and SSM states.
     "mamba2": CutRule(why=f"recurrent: a Mamba-2 mixer in every layer; {_INDEX_FREE} (mamba.cpp, mamba2.cpp)"),
+    # mamba2's graph (mamba.cpp picks the mixer by the architecture): the dt/B/C norms by their
+    # tensors' presence or ssm.dt_b_c_rms, the same in every stage.
+    "mamba": CutRule(why=f"recurrent: a Mamba-1 mixer in every layer; {_INDEX_FREE} (mamba.cpp)"),
+    # QRWKV-6 takes its input as it comes (no LayerNorm on the embeddings, unlike rwkv6.cpp) and
+    # neither rescales nor passes anything but the residual from layer to layer.
+    "rwkv6qwen2": CutRule(why=f"recurrent: RWKV-6 time mixing and a SwiGLU FFN in every layer; {_INDEX_FREE} "
+                              "(rwkv6qwen2.cpp, rwkv6-base.cpp)"),
     "falcon-h1": CutRule(why="hybrid: attention and a Mamba-2 mixer side by side in every layer, so every stage "
                              f"holds both; {_INDEX_FREE} (falcon-h1.cpp)"),
     "lfm2": CutRule(recurrent_layers=KV_HEADS,
@@ -220,6 +227,16 @@ RULES: dict[str, CutRule] = {
                            why="hybrid: Kimi delta-attention layers where head_count_kv is 0, gated MLA elsewhere; "
                                "dense FFN where il < n_layer_dense_lead, MoE past it (bailingmoe3.cpp); "
                                f"{_ONE_KIND}"),
+    # A Mamba layer's state shapes from the ssm.* keys; its layers name their output ffn_residual
+    # (tap_name).
+    "plamo2": CutRule(recurrent_layers=KV_HEADS,
+                      why="hybrid: Mamba layers where head_count_kv is 0, attention with RoPE elsewhere; every "
+                          f"layer's output named ffn_residual, read by the tap (plamo2.cpp); {_ONE_KIND}"),
+    # bailingmoe3's kinds of layer (KDA and MLA) without its gate, and MLA without RoPE; shared expert
+    # beside the routed ones past the lead.
+    "kimi-linear": CutRule(recurrent_layers=KV_HEADS, front_counts=_LEAD,
+                           why="hybrid: Kimi delta-attention layers where head_count_kv is 0, MLA elsewhere; dense "
+                               "FFN where il < n_layer_dense_lead, MoE past it (kimi-linear.cpp); " + _ONE_KIND),
     # --- end hyb ---
     # Older dense families (issue 54): their graphs read nothing from the index but per-layer
     # arrays, and take the input as it comes (no scale, norm or position embedding added to it).
@@ -322,8 +339,10 @@ DEEPSEEK2_HPARAMS = ("deepseek2", "mistral4")
 
 # Refusal reasons, by what llama.cpp says the architecture is (packages/architecture_kinds.py).
 _NOT_TEXT = {
-    HYBRID: "hybrid attention and recurrent layers: not yet proven to split or to roll back to a position",
-    RECURRENT: "recurrent layers: not yet proven to split or to roll back to a position",
+    # Only for an architecture this table does not name (every hybrid and recurrent family of 0.3.36
+    # is in RULES, ONE_NODE_STATEFUL or CANNOT_CUT).
+    HYBRID: "hybrid attention and recurrent layers: no tiny model of it measured, neither a cut nor a rollback",
+    RECURRENT: "recurrent layers: no tiny model of it measured, neither a cut nor a rollback",
     ENCODER: "an encoder (embeddings or reranking), not a text generator",
     ENCODER_DECODER: "an encoder-decoder model; meshpipe serves decoder-only models",
     VISION: "a vision tower, not a text generator",
@@ -366,6 +385,37 @@ ONE_NODE: dict[str, str] = {
            "so building it aborts (GGML_ASSERT in ggml_set_rows) with the flash attention every engine runs "
            "(plm.cpp): it cannot run at all",
 }
+# Recurrent families whose graph cannot be cut, served on one node: their state rolls back by
+# checkpoint like any recurrent memory's (llama_memory_recurrent, the state API), which speculation on
+# one node proves lossless (tests/test_recurrent_one_node.py).
+_V_FIRST = ("every layer after the first mixes in the first layer's value (v_first, rwkv7-base.cpp): a later stage "
+            "would take its own first layer's instead, which a cut cannot carry")
+ONE_NODE_STATEFUL: dict[str, str] = {
+    "rwkv6": "the graph LayerNorms whatever it is fed (token_embd_norm, the RWKV ln0): a later stage would "
+             "normalize the hidden state again (rwkv6.cpp)",
+    "rwkv7": "the graph LayerNorms whatever it is fed (token_embd_norm, the RWKV ln0), and " + _V_FIRST
+             + " (rwkv7.cpp)",
+    "arwkv7": _V_FIRST + " (arwkv7.cpp)",
+}
+# Hybrids whose graph cannot be cut, and what serving one on one node would also need: refused.
+_HC = ("hyper-connections: hc_init repeats the embedding into {} streams and every layer reads and writes the "
+       "[n_embd, {}, n_tokens] residual, where a stage takes one n_embd row")
+_NO_TINY = "a tiny model of it to prove its state's rollback by checkpoint, which none is written for"
+CANNOT_CUT: dict[str, str] = {
+    "deepseek4": _HC.format("hc_mult", "hc_mult") + " (deepseek4.cpp); one node would also need its compressed "
+                 "KV cache (llama_kv_cache_dsv4) rolled back, which removes positions inside a sequence only "
+                 "within its own n_rs_seq rows and one removal at a time (seq_rm), and " + _NO_TINY,
+    "glm5-next": _HC.format("hyper_connection.count (4)", "hc") + " (glm5-next.cpp); one node would also "
+                 "need " + _NO_TINY,
+    "qwen4exp": _HC.format("hyper_connection.count", "hc") + ", and PLE layers read per-layer n-gram embeddings "
+                "of the tokens (build_inp_ple) (qwen4exp.cpp); one node would also need " + _NO_TINY,
+    "kimi-k3": "cross-layer residual attention (attn_res_block_size > 0): every layer mixes over a bank of earlier "
+               "layers' inputs, pushed where il % block_size == 0 by the stage's own index, which a cut would have "
+               "to carry whole (kimi-k3.cpp); one node would also need " + _NO_TINY,
+    "minimax-01": "each lightning-attention layer's decay slope is scaled by 1 - il / (n_layer - 1), from the "
+                  "stage's own index and layer count, with no key to carry the whole model's (a 1-layer stage "
+                  "divides by zero) (minimax-01.cpp); one node would also need " + _NO_TINY,
+}
 # exaone4.cpp's load_arch_hparams sets a sliding window (pattern 4) only where n_layer() is this.
 _EXAONE4_SWA_LAYERS = 64
 # smallthinker.cpp's n_no_rope_layer_step with a sliding window (llama_hparams' default, no key).
@@ -386,15 +436,17 @@ def keeps_state(architecture: str) -> bool:
 def require_servable(architecture: str) -> None:
     """Refuse what meshpipe cannot serve even on one node, with the reason."""
     kind = kind_of(architecture)
-    if kind != TEXT and architecture not in RULES:
-        raise PackageError(f"cannot serve architecture '{architecture}': {_NOT_TEXT[kind]}")
+    if kind != TEXT and architecture not in RULES and architecture not in ONE_NODE_STATEFUL:
+        why = f"cannot be cut: {CANNOT_CUT[architecture]}" if architecture in CANNOT_CUT else _NOT_TEXT[kind]
+        raise PackageError(f"cannot serve architecture '{architecture}': {why}")
 
 
 def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) -> str | None:
     """Why this model may not be split, or None when it may."""
     if architecture not in RULES:
         # a text model: one node, with its reason where one is known
-        return ONE_NODE.get(architecture) or _NOT_TEXT.get(kind_of(architecture), UNPROVEN)
+        known = ONE_NODE.get(architecture) or ONE_NODE_STATEFUL.get(architecture) or CANNOT_CUT.get(architecture)
+        return known or _NOT_TEXT.get(kind_of(architecture), UNPROVEN)
     blocks = (metadata or {}).get(f"{architecture}.block_count")
     if architecture in _27B_LAYERS and blocks == _27B_LAYERS[architecture]:
         # load_arch_hparams (gemma2.cpp, gemma3.cpp) takes the 27B's query scale
@@ -620,6 +672,8 @@ _LAST_OUTPUT = {"step35": "h_nextn"}
 # hyb: nemotron-h.cpp (and nemotron-h-moe's, the same graph) names each layer's output after its
 # residual nemotron_h_block_out, and l_out nothing, or an FFN's output before the residual.
 _LAYER_OUTPUT = dict.fromkeys(("nemotron_h", "nemotron_h_moe"), "nemotron_h_block_out")
+# plamo2.cpp names a layer's output after its FFN residual and never l_out.
+_LAYER_OUTPUT["plamo2"] = "ffn_residual"
 
 
 def tap_name(architecture: str, last_layer: int) -> str:
@@ -653,8 +707,10 @@ def table() -> list[tuple[str, str]]:
         needs = f"; {INDEX_RULES[arch]}" if arch in INDEX_RULES else ""
         if arch in RULES:
             rows.append((arch, f"split: {describe_rule(arch).split(': ', 1)[1]}"))
-        elif arch in ONE_NODE:
-            rows.append((arch, f"one node: {ONE_NODE[arch]}"))
+        elif arch in ONE_NODE or arch in ONE_NODE_STATEFUL:
+            rows.append((arch, f"one node: {ONE_NODE.get(arch) or ONE_NODE_STATEFUL[arch]}"))
+        elif arch in CANNOT_CUT:
+            rows.append((arch, f"refused: cannot be cut: {CANNOT_CUT[arch]}"))
         elif kind_of(arch) == TEXT:
             rows.append((arch, f"one node: {UNPROVEN.split(':')[0]}{needs}"))
         else:

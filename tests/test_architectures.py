@@ -117,7 +117,7 @@ _ABORTS_WITHOUT_RULE = {"lfm2", "step35", "mimo2", "smallthinker"}
 # model's and create_memory asserts n_layer_kv_from_start >= 2 (tests/test_gemma4_kv_sharing.py).
 _ABORTS_WITHOUT_RULE |= {"gemma4"}
 # hyb: as lfm2's (test_tiny_recurrent shows their [0,2) abort)
-_ABORTS_WITHOUT_RULE |= {"nemotron_h", "nemotron_h_moe", "jamba"}
+_ABORTS_WITHOUT_RULE |= {"nemotron_h", "nemotron_h_moe", "jamba", "plamo2", "kimi-linear"}
 
 
 @pytest.mark.parametrize("arch", [a for a in PROVEN if RULES[a] != CutRule(why=RULES[a].why)
@@ -172,7 +172,9 @@ def test_a_text_family_that_cannot_be_cut_serves_on_one_node_with_its_reason(arc
     assert KINDS[arch] == "text"
 
 
-@pytest.mark.parametrize(("arch", "reason"), [("mamba", "recurrent"), ("qwen4exp", "hybrid"), ("bert", "encoder"),
+@pytest.mark.parametrize(("arch", "reason"), [("qwen4exp", "cannot be cut: hyper-connections"),
+                                              ("minimax-01", "cannot be cut: each lightning-attention layer's decay"),
+                                              ("bert", "encoder"),
                                               ("clip", "vision"), ("llada", "diffusion"), ("t5", "encoder-decoder")])
 def test_what_generates_no_text_or_cannot_roll_back_is_refused_with_its_reason(arch: str, reason: str) -> None:
     with pytest.raises(PackageError, match=f"cannot serve architecture '{arch}': .*{reason}"):
@@ -222,7 +224,7 @@ def test_the_table_names_every_architecture_once_with_what_is_done_with_it() -> 
     assert len(rows) == len(architectures.table()) == len(KINDS) - 1  # all but "(unknown)"
     assert sorted(a for a, verdict in rows.items() if verdict.startswith("split: ")) == PROVEN
     assert rows["bloom"].startswith("one node: the graph LayerNorms whatever it is fed")
-    assert rows["mamba"].startswith("refused: recurrent layers")
+    assert rows["mamba"].startswith("split: may be split at any layer; recurrent: a Mamba-1 mixer")
 
 
 def test_no_stage_is_left_without_a_sliding_window_layer() -> None:

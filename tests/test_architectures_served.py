@@ -20,7 +20,7 @@ from mesh_server import free_port, mesh_serve
 from tiny_models import write_tiny
 
 from mesh.model.tokenizer import TextStream, Tokenizer
-from packages.architectures import RULES
+from packages.architectures import ONE_NODE_STATEFUL, RULES
 from packages.requantize import requantize
 from stage.llama_model import open_llama
 
@@ -83,3 +83,19 @@ def test_a_family_that_cannot_be_cut_serves_on_one_node_and_refuses_two(tmp_path
         chat = client.chat.completions.create(model="talkie", messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=4, temperature=0)
         assert chat.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_recurrent_family_that_cannot_be_cut_serves_on_one_node_with_a_draft(tmp_path: Path) -> None:
+    """rwkv7 (architectures.ONE_NODE_STATEFUL): one stage, its recurrent state rolled back by checkpoint
+    where the draft's windows are rejected, and the unsplit model's greedy text."""
+    target, draft = _models(tmp_path, "rwkv7")
+    expected = _unsplit_text(target)
+    (tmp_path / "cache").mkdir()
+    args = ("--model", str(target), "--draft", str(draft), "--draft-window", "3", "--lanes", "2", "--ctx-size", "256")
+    with mesh_serve(tmp_path / "cache", *args) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        text = client.completions.create(model=target.stem, prompt=PROMPT, max_tokens=N, temperature=0)
+        assert text.choices[0].text == expected
+    log = next((tmp_path / "cache").glob("serve-*.log")).read_text()
+    assert f"model {target.stem}: rwkv7: not split ({ONE_NODE_STATEFUL['rwkv7']})" in log
+    assert "recurrent state rolls back by checkpoint" in log

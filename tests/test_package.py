@@ -162,12 +162,12 @@ def test_cli_bad_inputs_fail_cleanly(tiny_gguf, tiny_package, tmp_path):
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(tiny_gguf.read_bytes()[:5000])
     alien = write_tiny_llama(tmp_path / "alien.gguf", layers=2)
-    alien.write_bytes(alien.read_bytes().replace(b"llama", b"mamba", 1))
+    alien.write_bytes(alien.read_bytes().replace(b"llama", b"dream", 1))
     cases = [
         (("package", "write", garbage, tmp_path / "o1"), "not a valid GGUF"),
         (("package", "write", truncated, tmp_path / "o2"), "not a valid GGUF"),
         (("package", "write", tmp_path / "absent.gguf", tmp_path / "o3"), "missing file"),
-        (("package", "write", alien, tmp_path / "o4"), "cannot serve architecture 'mamba': recurrent layers"),
+        (("package", "write", alien, tmp_path / "o4"), "cannot serve architecture 'dream': a diffusion"),
         (("package", "validate", tmp_path / "nope"), "not a package directory"),
         (("package", "materialize", tiny_package, "--range", "2:2", "--cache-dir", tmp_path / "c"),
          "empty"),

@@ -581,18 +581,21 @@ def _nemotron_h_moe(t: Tiny) -> None:
 
 
 # --- hyb: jamba ---
-def _mamba1_mixer(t: Tiny, i: int, dt_rank: int = 4, state: int = 16, conv: int = 4) -> None:
-    """One Mamba-1 block with jamba's dt/B/C norms (jamba.cpp): d_inner 2 * width (asserted)."""
+def _mamba1_mixer(t: Tiny, i: int, dt_rank: int = 4, state: int = 16, conv: int = 4, norms: bool = True) -> None:
+    """One Mamba-1 block, with jamba's dt/B/C norms unless `norms` is off (mamba.cpp has none):
+    d_inner 2 * width (asserted)."""
     inner = 2 * t.width
     t.add(f"blk.{i}.ssm_in.weight", t.w(2 * inner, t.width))
     t.add(f"blk.{i}.ssm_conv1d.weight", t.w(inner, conv))
     t.add(f"blk.{i}.ssm_conv1d.bias", t.w(inner, scale=0.05))
     t.add(f"blk.{i}.ssm_x.weight", t.w(dt_rank + 2 * state, inner))
-    t.norm(f"blk.{i}.ssm_dt_norm.weight", dt_rank)
+    if norms:  # in jamba's order of draws, so its tiny model is unchanged
+        t.norm(f"blk.{i}.ssm_dt_norm.weight", dt_rank)
     t.add(f"blk.{i}.ssm_dt.weight", t.w(inner, dt_rank))
     t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
-    t.norm(f"blk.{i}.ssm_b_norm.weight", state)
-    t.norm(f"blk.{i}.ssm_c_norm.weight", state)
+    if norms:
+        t.norm(f"blk.{i}.ssm_b_norm.weight", state)
+        t.norm(f"blk.{i}.ssm_c_norm.weight", state)
     t.add(f"blk.{i}.ssm_a", -np.exp(t.w(inner, state)))  # A < 0: the state decays
     t.add(f"blk.{i}.ssm_d", t.w(inner))
     t.add(f"blk.{i}.ssm_out.weight", t.w(t.width, inner))
@@ -608,6 +611,196 @@ def _jamba(t: Tiny) -> None:
     _head(t)
     _attention_every_4th(t, _mamba1_mixer, lambda i: t.experts(i, ff_exp=t.ff) if i % 2 else t.swiglu(i))
 # --- end hyb ---
+
+
+def _mamba(t: Tiny) -> None:
+    """Pure recurrent: a norm and a Mamba-1 mixer per layer, without dt/B/C norms (mamba.cpp)."""
+    _ssm_keys(t, inner=2 * t.width, state=16, groups=0, heads=4)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _mamba1_mixer(t, i, norms=False)
+
+
+# --- RWKV (recurrent): wkv state and token shift, no KV cache ---
+_WKV_HEAD = 16  # head_size: 4 heads of a 64-wide model
+_RWKV6_EXTRA = 8  # the width of RWKV-6's time-mix and decay LoRAs
+
+
+def _rwkv_keys(t: Tiny, shift: int, head: int = _WKV_HEAD) -> None:
+    t.key("wkv.head_size", head)
+    t.key("token_shift_count", shift)
+    t.key("attention.layer_norm_epsilon", 1e-5)
+
+
+def _rwkv6_keys(t: Tiny, shift: int) -> None:
+    _rwkv_keys(t, shift)
+    t.key("time_mix_extra_dim", _RWKV6_EXTRA)
+    t.key("time_decay_extra_dim", _RWKV6_EXTRA)
+
+
+def _layer_norm_pair(t: Tiny, name: str) -> None:
+    t.norm(f"{name}.weight")
+    t.add(f"{name}.bias", t.w(t.width, scale=0.05))
+
+
+def _rwkv6_time_mix(t: Tiny, i: int, kv: int, first: bool) -> None:
+    """RWKV-6 time mixing (rwkv6-base.cpp): fused lerps, a decay LoRA; with `first` (RWKV-6 proper)
+    the bonus time_mix_first and a group norm, without it (QRWKV-6) gated linear attention."""
+    extra = _RWKV6_EXTRA
+    p = f"blk.{i}.time_mix"
+    t.add(f"{p}_w1.weight", t.w(extra * 5, t.width))
+    t.add(f"{p}_w2.weight", t.w(5, t.width, extra))
+    t.add(f"{p}_lerp_x.weight", t.w(1, 1, t.width))
+    t.add(f"{p}_lerp_fused.weight", t.w(5, 1, 1, t.width))
+    if first:
+        t.add(f"{p}_first.weight", t.w(t.width // _WKV_HEAD, _WKV_HEAD))
+    t.add(f"{p}_decay.weight", t.w(t.width))
+    t.add(f"{p}_decay_w1.weight", t.w(extra, t.width))
+    t.add(f"{p}_decay_w2.weight", t.w(t.width, extra))
+    for name, rows in (("key", kv), ("value", kv), ("receptance", t.width), ("gate", t.width)):
+        t.add(f"{p}_{name}.weight", t.w(rows, t.width))
+    if first:
+        _layer_norm_pair(t, f"{p}_ln")
+    t.add(f"{p}_output.weight", t.w(t.width, t.width))
+
+
+def _rwkv6(t: Tiny) -> None:
+    """RWKV-6: a LayerNorm on the embeddings (token_embd_norm), LayerNorm blocks of time and channel
+    mixing, two token shifts a layer, half the residual every 2nd layer (rwkv6.cpp)."""
+    _rwkv6_keys(t, 2)
+    t.key("rescale_every_n_layers", 2)
+    t.set("attention.head_count_kv", [0] * t.layers)  # no grouped keys (rwkv6-base.cpp reads n_head_kv)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm_pair(t, "token_embd_norm")
+    for i in range(t.layers):
+        _layer_norm_pair(t, f"blk.{i}.attn_norm")
+        _layer_norm_pair(t, f"blk.{i}.attn_norm_2")
+        _rwkv6_time_mix(t, i, t.width, first=True)
+        t.add(f"blk.{i}.channel_mix_lerp_k.weight", t.w(1, 1, t.width))
+        t.add(f"blk.{i}.channel_mix_lerp_r.weight", t.w(1, 1, t.width))
+        t.add(f"blk.{i}.channel_mix_key.weight", t.w(t.ff, t.width))
+        t.add(f"blk.{i}.channel_mix_value.weight", t.w(t.width, t.ff))
+        t.add(f"blk.{i}.channel_mix_receptance.weight", t.w(t.width, t.width))
+    _layer_norm_pair(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+
+
+def _rwkv6qwen2(t: Tiny) -> None:
+    """QRWKV-6: RMS-normed blocks of RWKV-6 time mixing without time_mix_first (gated linear
+    attention, 2 KV heads for 4) and a SwiGLU FFN, one token shift a layer (rwkv6qwen2.cpp)."""
+    _rwkv6_keys(t, 1)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _rwkv6_time_mix(t, i, t.kv_heads * _WKV_HEAD, first=False)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+# attention.{name}_lora_rank; load_arch_tensors gives layer 0's unused value LoRA the iclr rank, so a
+# stage starting past it loads only where the two are equal, as here: a cut then parts by v_first alone
+_RWKV7_LORA = {"decay": 8, "iclr": 8, "value_residual_mix": 8, "gate": 8}
+
+
+def _rwkv7_keys(t: Tiny, shift: int) -> None:
+    # one head as wide as the model: with heads of 16, ggml's CPU wkv7 gave NaN or varying logits
+    # by ubatch size and run (measured), with heads of 64, as RWKV-7 models have, it is exact
+    _rwkv_keys(t, shift, head=t.width)
+    for name, rank in _RWKV7_LORA.items():
+        t.key(f"attention.{name}_lora_rank", rank)
+
+
+def _rwkv7_time_mix(t: Tiny, i: int, ln: bool) -> None:
+    """RWKV-7 time mixing (rwkv7-base.cpp): decay, in-context rate, value-residual and gate LoRAs;
+    layer 0's value LoRA is iclr-wide and unused, every later layer mixes in layer 0's value
+    (v_first)."""
+    p, lora = f"blk.{i}.time_mix", _RWKV7_LORA
+    value_rank = lora["iclr"] if i == 0 else lora["value_residual_mix"]
+    for name, rank in (("w", lora["decay"]), ("a", lora["iclr"]), ("v", value_rank)):
+        t.add(f"{p}_{name}0.weight", t.w(t.width))
+        t.add(f"{p}_{name}1.weight", t.w(rank, t.width))
+        t.add(f"{p}_{name}2.weight", t.w(t.width, rank))
+    t.add(f"{p}_g1.weight", t.w(lora["gate"], t.width))
+    t.add(f"{p}_g2.weight", t.w(t.width, lora["gate"]))
+    t.add(f"{p}_lerp_fused.weight", t.w(6, 1, 1, t.width))
+    for name in ("k_k", "k_a", "r_k"):
+        t.add(f"{p}_{name}.weight", t.w(t.width))
+    for name in ("key", "value", "receptance"):
+        t.add(f"{p}_{name}.weight", t.w(t.width, t.width))
+    if ln:
+        _layer_norm_pair(t, f"{p}_ln")
+    t.add(f"{p}_output.weight", t.w(t.width, t.width))
+
+
+def _rwkv7(t: Tiny) -> None:
+    """RWKV-7: a LayerNorm on the embeddings, LayerNorm blocks of time and channel mixing, two token
+    shifts a layer (rwkv7.cpp)."""
+    _rwkv7_keys(t, 2)
+    t.add("token_embd.weight", t.w(t.vocab, t.width))
+    _layer_norm_pair(t, "token_embd_norm")
+    for i in range(t.layers):
+        _layer_norm_pair(t, f"blk.{i}.attn_norm")
+        _layer_norm_pair(t, f"blk.{i}.attn_norm_2")
+        _rwkv7_time_mix(t, i, ln=True)
+        t.add(f"blk.{i}.channel_mix_lerp_k.weight", t.w(1, 1, t.width))
+        t.add(f"blk.{i}.channel_mix_key.weight", t.w(t.ff, t.width))
+        t.add(f"blk.{i}.channel_mix_value.weight", t.w(t.width, t.ff))
+    _layer_norm_pair(t, "output_norm")
+    t.add("output.weight", t.w(t.vocab, t.width))
+
+
+def _arwkv7(t: Tiny) -> None:
+    """ARWKV-7: RMS-normed blocks of RWKV-7 time mixing (gated, with its group norm) and a SwiGLU
+    FFN, one token shift a layer (arwkv7.cpp)."""
+    _rwkv7_keys(t, 1)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        _rwkv7_time_mix(t, i, ln=True)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _plamo2_mamba(t: Tiny, i: int, inner: int, state: int, heads: int, conv: int) -> None:
+    """PLaMo-2's Mamba mixer (plamo2.cpp): a scan with one A and D per head, dt/B/C RMS norms
+    named without `.weight`, no conv bias, no groups."""
+    dt_dim = max(64, t.width // 16)
+    t.add(f"blk.{i}.ssm_in.weight", t.w(2 * inner, t.width))
+    t.add(f"blk.{i}.ssm_conv1d.weight", t.w(inner, conv))
+    t.add(f"blk.{i}.ssm_x.weight", t.w(dt_dim + 2 * state, inner))
+    t.add(f"blk.{i}.ssm_dt.weight", t.w(heads, dt_dim))
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(heads, scale=0.05))
+    t.add(f"blk.{i}.ssm_a", -np.exp(t.w(heads)))  # A < 0: the state decays
+    t.add(f"blk.{i}.ssm_d", t.w(heads))
+    t.add(f"blk.{i}.ssm_out.weight", t.w(t.width, inner))
+    t.norm(f"blk.{i}.ssm_dt_norm", dt_dim)
+    t.norm(f"blk.{i}.ssm_b_norm", state)
+    t.norm(f"blk.{i}.ssm_c_norm", state)
+
+
+def _plamo2(t: Tiny) -> None:
+    """Mamba mixers, with attention (fused QKV, per-head q/k norms, RoPE) where head_count_kv is not 0,
+    here every 4th layer; post-mixer and post-FFN norms, an up-gate FFN (plamo2.cpp)."""
+    inner, state, heads, conv = 2 * t.width, 16, 8, 4
+    _ssm_keys(t, inner=inner, state=state, groups=0, heads=heads, conv=conv)
+    _recurrent_kv(t, lambda i: (i + 1) % 4 == 0)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        if (i + 1) % 4 == 0:
+            q, kv = t.heads * t.head_dim, t.kv_heads * t.head_dim
+            t.add(f"blk.{i}.attn_qkv.weight", t.w(q + 2 * kv, t.width))
+            t.add(f"blk.{i}.attn_q_norm.weight", 1 + t.w(t.heads, t.head_dim, scale=0.1))
+            t.add(f"blk.{i}.attn_k_norm.weight", 1 + t.w(t.kv_heads, t.head_dim, scale=0.1))
+            t.add(f"blk.{i}.attn_output.weight", t.w(t.width, q))
+        else:
+            _plamo2_mamba(t, i, inner, state, heads, conv)
+        t.norm(f"blk.{i}.post_attention_norm")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.add(f"blk.{i}.ffn_up.weight", t.w(2 * t.ff, t.width))
+        t.add(f"blk.{i}.ffn_down.weight", t.w(t.width, t.ff))
+        t.norm(f"blk.{i}.post_ffw_norm")
 
 
 # --- hyb: bailingmoe3 ---
@@ -663,6 +856,54 @@ def _bailingmoe3(t: Tiny) -> None:
         t.norm(f"blk.{i}.ffn_norm.weight")
         _lead_dense_then_moe(t, i, lead)
 # --- end hyb ---
+
+
+def _kimi_kda(t: Tiny, i: int, head_dim: int = 16, conv: int = 4) -> None:
+    """One Kimi delta-attention layer (kimi-linear.cpp): q, k, v each through a short conv, the decay
+    and the output gate each a low-rank pair through head_dim, d_inner = head_count * kda.head_dim."""
+    inner = t.heads * head_dim
+    for x in "qkv":
+        t.add(f"blk.{i}.ssm_conv1d_{x}.weight", t.w(1, inner, 1, conv))
+        t.add(f"blk.{i}.attn_{x}.weight", t.w(inner, t.width))
+    for x in "fg":
+        t.add(f"blk.{i}.ssm_{x}_a.weight", t.w(head_dim, t.width))
+        t.add(f"blk.{i}.ssm_{x}_b.weight", t.w(inner, head_dim))
+    t.add(f"blk.{i}.ssm_beta.weight", t.w(t.heads, t.width))
+    t.add(f"blk.{i}.ssm_a", -np.exp(t.w(t.heads, 1)))  # -exp(A_log), as converted
+    t.add(f"blk.{i}.ssm_dt.bias", t.w(inner, scale=0.05))
+    t.norm(f"blk.{i}.ssm_norm.weight", head_dim)
+    t.add(f"blk.{i}.attn_output.weight", t.w(t.width, inner))
+
+
+def _kimi_linear(t: Tiny) -> None:
+    """KDA layers where head_count_kv is 0, MLA without RoPE on the query every 4th layer, a dense FFN
+    where il < leading_dense_block_count (5), sigmoid-routed experts and a shared expert past it
+    (kimi-linear.cpp)."""
+    kv_rank, rope, nope, v_mla, lead = 32, 16, 32, 32, 5
+    _moe_keys(t)
+    for key, value in (("attention.kv_lora_rank", kv_rank), ("attention.key_length_mla", nope + rope),
+                       ("attention.value_length_mla", v_mla), ("ssm.conv_kernel", 4), ("kda.head_dim", 16),
+                       ("expert_shared_count", 1), ("leading_dense_block_count", lead),
+                       ("expert_gating_func", 2), ("expert_weights_scale", 1.0)):
+        t.key(key, value)
+    t.set("attention.head_count_kv", [1 if (i + 1) % 4 == 0 else 0 for i in range(t.layers)])
+    t.set("attention.key_length", kv_rank + rope)
+    t.set("attention.value_length", kv_rank)
+    t.set("rope.dimension_count", rope)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        if (i + 1) % 4 == 0:
+            t.add(f"blk.{i}.attn_q.weight", t.w(t.heads * (nope + rope), t.width))
+            t.add(f"blk.{i}.attn_kv_a_mqa.weight", t.w(kv_rank + rope, t.width))
+            t.norm(f"blk.{i}.attn_kv_a_norm.weight", kv_rank)
+            t.add(f"blk.{i}.attn_k_b.weight", t.w(t.heads, kv_rank, nope))
+            t.add(f"blk.{i}.attn_v_b.weight", t.w(t.heads, v_mla, kv_rank))
+            t.add(f"blk.{i}.attn_output.weight", t.w(t.width, t.heads * v_mla))
+        else:
+            _kimi_kda(t, i)
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        _lead_dense_then_moe(t, i, lead)
 
 
 def _nemotron_h_layers(t: Tiny, ffn: Callable[[int], None]) -> None:
@@ -1788,6 +2029,10 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama4": _llama4,
     "glm4moe": _glm4moe,
     "mamba2": _mamba2,
+    "mamba": _mamba,
+    "rwkv6qwen2": _rwkv6qwen2,
+    "plamo2": _plamo2,
+    "kimi-linear": _kimi_linear,
     "lfm2": _lfm2,
     "granitehybrid": _granitehybrid,
     "qwen35": _qwen35,
@@ -1840,6 +2085,9 @@ ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 # minimax-m3 splits exactly but cannot speculate losslessly (ONE_NODE): one node
 ONE_NODE_WRITERS |= MINIMAX_M3
 
+# Recurrent families whose graph cannot be cut (architectures.ONE_NODE_STATEFUL): served on one node.
+ONE_NODE_RECURRENT: dict[str, Callable[[Tiny], None]] = {"rwkv6": _rwkv6, "rwkv7": _rwkv7, "arwkv7": _arwkv7}
+
 # Hybrids llama.cpp loads and decodes whole that meshpipe refuses: none left (nemotron_h, once
 # refused for its layer output's name, is split through tap_name).
 RECURRENT: dict[str, Callable[[Tiny], None]] = {}
@@ -1851,6 +2099,7 @@ RECURRENT: dict[str, Callable[[Tiny], None]] = {}
 LAYERS_OF = dict.fromkeys(("llama4", "lfm2", "granitehybrid", "qwen35", "qwen3next", "qwen35moe"), 12)
 # hyb: nemotron_h's mixer, FFN, mixer, attention, and jamba's attention every 4th: cuts at 4 and 8
 LAYERS_OF |= dict.fromkeys(("nemotron_h", "nemotron_h_moe", "jamba", "lfm2moe", "bailingmoe3"), 12)
+LAYERS_OF |= dict.fromkeys(("plamo2", "kimi-linear"), 12)  # attention every 4th: cuts at 4 and 8
 # Families that may split at any layer need few layers to show it: fewer cuts to run.
 LAYERS_OF |= dict.fromkeys(("minimax-m2", "mistral4", "glm4", "qwen2moe", "olmoe", "seed_oss", "talkie",
                                  "ernie4_5-moe", "exaone4", "hy_v3"), 4)
@@ -1874,7 +2123,7 @@ def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, 
     writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
     t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed), width=width)
     _common(t)
-    (WRITERS | ONE_NODE_WRITERS | RECURRENT)[arch](t)
+    (WRITERS | ONE_NODE_WRITERS | ONE_NODE_RECURRENT | RECURRENT)[arch](t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
