@@ -311,6 +311,16 @@ RULES: dict[str, CutRule] = {
                            "token embeddings (openelm.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
+    # Text families (issue 54, part 5). maple's and spark2_5's arrays are sliced whatever the rule;
+    # swa_array keeps a sliding layer in every stage (create_memory asserts is_swa_any).
+    "maple": CutRule(swa_array=True,
+                     why="sliding-window layers by the per-layer array (get_arr), RoPE on them only, with their "
+                         "own RoPE base; every layer MoE, its SwiGLU clamp per layer (maple.cpp)"),
+    "spark2_5": CutRule(swa_array=True,
+                        why="sliding-window layers by the per-layer array (get_arr), with their own head counts "
+                            "and RoPE; a sigmoid gate per head on the attention output (spark2-5.cpp)"),
+    "hunyuan_vl": CutRule(why=f"{_INDEX_FREE}; with XDRoPE sections (M-RoPE) later stages pass 4 positions a row; "
+                              "the NTK alpha scales the RoPE base of every layer alike (hunyuan-vl.cpp)"),
 }
 
 # The per-layer DSA indexer kinds (1 full, 0 shared) of glm-dsa.cpp, read over n_layer().

@@ -1771,6 +1771,76 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
 }
 
 
+# --- text families (issue 54, part 5): each from its load_arch_tensors and graph ---
+
+
+def _maple(t: Tiny) -> None:
+    """q/k norms over a head; RoPE on sliding-window layers only, which the per-layer array tells
+    (get_arr, required; full attention on every 4th from layer 0 here), with their own RoPE base;
+    every layer MoE (softmax, weights normed) with per-layer SwiGLU clamps (maple.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    _moe_keys(t)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.key("swiglu_clamp_exp", [7.0] * t.layers, GGUFValueType.FLOAT32)
+    _head(t)
+    _pre_norm_blocks(t, t.experts, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _spark2_5(t: Tiny) -> None:
+    """Sliding-window layers by the per-layer array (get_arr, required; full attention on every 4th
+    from layer 0 here) with their own head counts and RoPE base; a sigmoid gate per head on the
+    attention output (attn_gate, {n_embd, n_head}); a GELU FFN; the head tied (spark2-5.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    heads = [(8, 4) if s else (t.heads, t.kv_heads) for s in sliding]
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.set("attention.head_count", [q for q, _ in heads])
+    t.set("attention.head_count_kv", [kv for _, kv in heads])
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, heads=heads[i])
+        t.add(f"blk.{i}.attn_gate.weight", t.w(heads[i][0], t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _hunyuan_vl(t: Tiny) -> None:
+    """q/k norms over a head, applied after RoPE; SwiGLU; XDRoPE sections (M-RoPE, so a later stage
+    passes 4 positions a row) and its NTK alpha on the RoPE base (hunyuan-vl.cpp)."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    t.key("rope.scaling.alpha", 1.5)
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _muse_glimmer(t: Tiny) -> None:
+    """q/k norms over a head, a sigmoid gate on the attention output as wide as q, norms after
+    attention and FFN; the input RMS-normed without a weight; RoPE on sliding-window layers only
+    (load_swa_pattern(ml, 4)); a logit scale (muse-glimmer.cpp)."""
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("logit_scale", 0.5)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads * t.head_dim, t.width))
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+
+
+TEXT_5: dict[str, Callable[[Tiny], None]] = {
+    "maple": _maple,
+    "spark2_5": _spark2_5,
+    "hunyuan_vl": _hunyuan_vl,
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -1816,6 +1886,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     **DSA,
     **GEMMA4,
     **OLDER_4,
+    **TEXT_5,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
@@ -1866,6 +1937,9 @@ LAYERS_OF["mellum"] = 6
 # cuts every 4th layer and no 4-layer stage: 8, 12 and 16 of 24
 LAYERS_OF["smallthinker"] = 24
 LAYERS_OF["afmoe"] = 12  # cuts every 4th layer: 4 and 8
+# Part 5: full attention at 0 and 4 (cuts 2, 3 and 5); hunyuan_vl any cut in 4 layers.
+LAYERS_OF |= dict.fromkeys(("maple", "spark2_5"), 6)
+LAYERS_OF["hunyuan_vl"] = 4
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
