@@ -371,6 +371,11 @@ ONE_NODE: dict[str, str] = {
     "minimax-m3": "its sparse attention (MSA) takes a window's rows by the mask path and one row by the gather "
                   "path, which differ (by ~0.1 in the logits of a tiny model): a verified window is not the "
                   "tokens of plain decoding (minimax-m3.cpp)",
+    # Text families (issue 54, part 5); tests/test_architectures.py cuts a tiny one with its rule.
+    "muse-glimmer": "the graph RMS-normalizes whatever it is fed (embd_norm, without a weight) and the residual "
+                    "carries the normalized input: a later stage would normalize the hidden state, losing its "
+                    "scale; a tiny model cut at 4, the sliding-window phase kept, parts at the second token "
+                    "(muse-glimmer.cpp)",
     # Older families (issue 54, part 3).
     "plm": "the graph hands the KV cache V as one 2-D row per token where llama_kv_cache::cpy_v reads heads, "
            "so building it aborts (GGML_ASSERT in ggml_set_rows) with the flash attention every engine runs "

@@ -390,3 +390,17 @@ def test_smallthinker_needs_its_rule(tiny: dict[str, Path], tmp_path: Path) -> N
     assert architectures.stage_refusal("smallthinker", {}, 8, 12) is None
     assert allowed_cuts("smallthinker", 24, {**meta, architectures.swa_key("smallthinker"): [
         i % 4 != 0 for i in range(24)]}) == [8, 12, 16]
+
+
+def test_muse_glimmer_cannot_be_cut(tmp_path: Path) -> None:
+    """muse-glimmer.cpp RMS-normalizes any input before its first layer: with its sliding-window rule
+    (load_swa_pattern(ml, 4)) a cut at 4 keeps the pattern's phase, and still parts from the model."""
+    gguf = write_tiny(tmp_path / "muse-glimmer.gguf", "muse-glimmer")
+    RULES["muse-glimmer"] = CutRule(swa_pattern=(4, False))
+    try:
+        package = _package(gguf, tmp_path / "pkg")
+        assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
+        assert _chain_tokens(package, [4], tmp_path / "cache") != reference_greedy(gguf, PROMPT, N)
+    finally:
+        del RULES["muse-glimmer"]
+    assert allowed_cuts("muse-glimmer", 8) == []

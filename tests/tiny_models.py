@@ -1910,6 +1910,8 @@ def _talkie(t: Tiny) -> None:
 ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 # minimax-m3 splits exactly but cannot speculate losslessly (ONE_NODE): one node
 ONE_NODE_WRITERS |= MINIMAX_M3
+# muse-glimmer RMS-normalizes any input before its first layer (ONE_NODE): one node
+ONE_NODE_WRITERS["muse-glimmer"] = _muse_glimmer
 
 # Hybrids llama.cpp loads and decodes whole that meshpipe refuses: none left (nemotron_h, once
 # refused for its layer output's name, is split through tap_name).
