@@ -319,6 +319,11 @@ RULES: dict[str, CutRule] = {
     "spark2_5": CutRule(swa_array=True,
                         why="sliding-window layers by the per-layer array (get_arr), with their own head counts "
                             "and RoPE; a sigmoid gate per head on the attention output (spark2-5.cpp)"),
+    # Only without deepstack inputs (split_refusal), as granite's.
+    "granite_swa": CutRule(swa_array=True, token_input_only={"embedding_scale": 0.0},
+                           why="sliding-window layers by the per-layer array (get_arr) and RoPE by the per-layer "
+                               "rope_pattern, both sliced; build_inp_embd applies f_embedding_scale to embd input "
+                               "too (granite-swa.cpp)"),
     "hunyuan_vl": CutRule(why=f"{_INDEX_FREE}; with XDRoPE sections (M-RoPE) later stages pass 4 positions a row; "
                               "the NTK alpha scales the RoPE base of every layer alike (hunyuan-vl.cpp)"),
 }
@@ -437,6 +442,12 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
         # every layer; fed hidden states, a later stage would take the padding token's rows instead
         return ("gemma4 with per-layer inputs (E2B, E4B): every layer adds an input computed from the token "
                 "ids, which a later stage does not have")
+    deepstack = (metadata or {}).get(f"{architecture}.deepstack_mapping")
+    if architecture in ("granite", "granite_swa") and isinstance(deepstack, list) and max(deepstack, default=-1) >= 0:
+        # granite.cpp, granite-swa.cpp: the input is as wide as the distinct indices of a stage's slice
+        # make it (n_embd_inp), and a layer adds a column of it, which a later stage's input does not hold
+        return (f"{architecture} with deepstack inputs (Granite Vision): layers add columns of the widened "
+                "embedding input, which a later stage does not have")
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"

@@ -404,3 +404,13 @@ def test_muse_glimmer_cannot_be_cut(tmp_path: Path) -> None:
     finally:
         del RULES["muse-glimmer"]
     assert allowed_cuts("muse-glimmer", 8) == []
+
+
+@pytest.mark.parametrize("arch", ["granite", "granite_swa"])
+def test_a_granite_with_deepstack_inputs_is_not_split(arch: str) -> None:
+    """Granite Vision's layers add columns of an input widened by the deepstack count, which a stage's
+    slice of deepstack_mapping changes and a later stage's hidden state does not hold."""
+    meta = {f"{arch}.deepstack_mapping": [-1, 0, -1, 1, -1, -1]}
+    assert "deepstack" in (architectures.split_refusal(arch, meta) or "")
+    assert allowed_cuts(arch, 6, meta) == []
+    assert architectures.split_refusal(arch, {f"{arch}.deepstack_mapping": [-1] * 6}) is None

@@ -1834,10 +1834,37 @@ def _muse_glimmer(t: Tiny) -> None:
         t.norm(f"blk.{i}.post_ffw_norm.weight")
 
 
+def _granite_swa(t: Tiny) -> None:
+    """Granite's scales (the embedding scale, which build_inp_embd applies to hidden-state input too);
+    sliding-window layers by the per-layer array (get_arr, required; full attention on every 4th from
+    layer 0 here) and RoPE by the per-layer rope_pattern (none on the full layers here); attention
+    sinks; biased attention output and SwiGLU FFN (granite-swa.cpp). Dense: its MoE branch splits as
+    exactly, but an F32 router's logits differ in the last bit between a window and single rows (in
+    every MoE family here), which at this model's near-tie parts a sampled speculation."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    t.key("logit_scale", 8.0)  # required by granite-swa.cpp
+    t.key("embedding_scale", 12.0)
+    t.key("residual_scale", 0.22)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("attention.rope_pattern", [int(s) for s in sliding])
+    _head(t, embd_scale=0.05)
+
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.attn_sinks.weight", t.w(t.heads, scale=1.0))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        t.swiglu(i)
+        for name, n in (("gate", t.ff), ("up", t.ff), ("down", t.width)):
+            t.add(f"blk.{i}.ffn_{name}.bias", t.w(n, scale=0.05))
+
+    _pre_norm_blocks(t, ffn)
+
+
 TEXT_5: dict[str, Callable[[Tiny], None]] = {
     "maple": _maple,
     "spark2_5": _spark2_5,
     "hunyuan_vl": _hunyuan_vl,
+    "granite_swa": _granite_swa,
 }
 
 
@@ -1940,7 +1967,7 @@ LAYERS_OF["mellum"] = 6
 LAYERS_OF["smallthinker"] = 24
 LAYERS_OF["afmoe"] = 12  # cuts every 4th layer: 4 and 8
 # Part 5: full attention at 0 and 4 (cuts 2, 3 and 5); hunyuan_vl any cut in 4 layers.
-LAYERS_OF |= dict.fromkeys(("maple", "spark2_5"), 6)
+LAYERS_OF |= dict.fromkeys(("maple", "spark2_5", "granite_swa"), 6)
 LAYERS_OF["hunyuan_vl"] = 4
 
 
