@@ -376,6 +376,15 @@ ONE_NODE: dict[str, str] = {
     "minimax-m3": "its sparse attention (MSA) takes a window's rows by the mask path and one row by the gather "
                   "path, which differ (by ~0.1 in the logits of a tiny model): a verified window is not the "
                   "tokens of plain decoding (minimax-m3.cpp)",
+    # Older families (issue 54, part 4): split bit for bit on tiny models, not lossless to speculate.
+    "grovemoe": "with experts_per_group > 1, speculation on a Q4_0 target parted from plain decoding (measured; "
+                "1 does not): the chunk experts' ids are the routed ids scaled by 1/n_group_experts "
+                "(build_moe_ffn); the graph reads nothing from the index and a 4-layer tiny model splits bit for "
+                "bit (grovemoe.cpp)",
+    "chameleon": "its head writes -FLT_MAX over logits [4, 8196) with ggml_set_1d, which reaches the first output "
+                 "row only (a vocabulary shorter than 8196 aborts): a 4-layer tiny model splits bit for bit, but a "
+                 "verify window's later rows keep the image tokens, so sampled speculation parted from plain "
+                 "decoding (chameleon.cpp)",
     # Text families (issue 54, part 5); tests/test_architectures.py cuts a tiny one with its rule.
     "muse-glimmer": "the graph RMS-normalizes whatever it is fed (embd_norm, without a weight) and the residual "
                     "carries the normalized input: a later stage would normalize the hidden state, losing its "
