@@ -80,6 +80,13 @@ class CutRule:
     # A layer of zero FFN width leaves the loop (`continue`) before naming its output l_out
     # (deci.cpp): a stage's hidden tap would find nothing, so no cut falls right after one.
     tap_needs_ffn: bool = False
+    # dots3note's memory (llama_kv_cache_dsa_iswa, llama-model.cpp create_memory) holds a DSA cache of
+    # the full-attention layers beside a cache of the sliding-window ones, and a stage without either
+    # kind aborts (GGML_ASSERT(buffer) without a sliding layer, SIGFPE without a full one, measured).
+    # Cuts fall where a full-attention layer follows a sliding one (by the per-layer sliding-window
+    # array), so any choice of them leaves both kinds in every stage but the first and last, which
+    # stage_refusal checks.
+    full_follows_sliding: bool = False
     why: str = ""
 
 
@@ -324,6 +331,11 @@ RULES: dict[str, CutRule] = {
                            why="sliding-window layers by the per-layer array (get_arr) and RoPE by the per-layer "
                                "rope_pattern, both sliced; build_inp_embd applies f_embedding_scale to embd input "
                                "too (granite-swa.cpp)"),
+    "dots3note": CutRule(front_counts=_LEAD, full_follows_sliding=True,
+                         why="MLA in two geometries: full-attention layers with a DSA indexer and sliding-window "
+                             "layers, both by per-layer arrays, sliced; a stage holds both kinds, so it starts at a "
+                             "full-attention layer that follows a sliding one; dense FFN where "
+                             "il < n_layer_dense_lead; nextn layers dropped (dots3note.cpp)"),
     "hunyuan_vl": CutRule(why=f"{_INDEX_FREE}; with XDRoPE sections (M-RoPE) later stages pass 4 positions a row; "
                               "the NTK alpha scales the RoPE base of every layer alike (hunyuan-vl.cpp)"),
 }
@@ -499,6 +511,10 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         cuts = [c for c in cuts if shared == 0 or c <= layer_count - shared - 2]
     if RULES[architecture].tap_needs_ffn:
         cuts = [c for c in cuts if ffn_widths(architecture, meta, layer_count)[c - 1] > 0]
+    if RULES[architecture].full_follows_sliding:
+        # no array (a model the package has not seen): no cut, rather than guess the layers' kinds
+        sliding = meta.get(swa_key(architecture))
+        cuts = [c for c in cuts if isinstance(sliding, list) and c < len(sliding) and sliding[c - 1] and not sliding[c]]
     # the first and last stages of a split in two; a stage between cuts is checked when it is
     # materialized (stage_metadata)
     return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
@@ -528,6 +544,11 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
         if end - start - shared < 2:
             return (f"llama.cpp asserts a {architecture} stage has 2 layers or more of its own KV "
                     "(n_layer_kv_from_start >= 2, llama-model.cpp create_memory)")
+    if rule is not None and rule.full_follows_sliding:
+        sliding = metadata.get(swa_key(architecture))
+        if not isinstance(sliding, list) or {bool(s) for s in sliding[start:end]} != {True, False}:
+            return (f"a {architecture} stage needs a full-attention and a sliding-window layer: its memory "
+                    "(llama_kv_cache_dsa_iswa) aborts without either (llama-model.cpp create_memory)")
     if rule is not None and rule.recurrent_layers:
         recurrent = recurrent_layers(architecture, metadata, end)[start:end]
         attention = attention_layers(architecture, metadata, end)[start:end]
@@ -643,6 +664,8 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
         where = "a recurrent layer that follows an attention layer"
     if RULES[architecture].shared_indexers:
         where = "a layer with a full indexer"
+    if RULES[architecture].full_follows_sliding:
+        where = "a full-attention layer that follows a sliding-window layer"
     return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
 
 

@@ -414,3 +414,16 @@ def test_a_granite_with_deepstack_inputs_is_not_split(arch: str) -> None:
     assert "deepstack" in (architectures.split_refusal(arch, meta) or "")
     assert allowed_cuts(arch, 6, meta) == []
     assert architectures.split_refusal(arch, {f"{arch}.deepstack_mapping": [-1] * 6}) is None
+
+
+def test_no_dots3note_stage_is_left_without_either_attention_kind() -> None:
+    """dots3note's memory aborts on a stage without a full-attention layer (SIGFPE) or without a sliding
+    one (GGML_ASSERT(buffer)): cuts fall where a full layer follows a sliding one, the first and last
+    stages holding both kinds."""
+    key = architectures.swa_key("dots3note")
+    sliding = [i not in (0, 3, 6) for i in range(8)]
+    assert allowed_cuts("dots3note", 8, {key: sliding}) == [3, 6]
+    assert allowed_cuts("dots3note", 8, {key: [True, False] * 4}) == [3, 5]  # [0,1) and [7,8) would hold one kind
+    assert allowed_cuts("dots3note", 8) == []  # no array: no cut
+    assert "full-attention and a sliding-window layer" in (
+        architectures.stage_refusal("dots3note", {key: sliding}, 4, 6) or "")

@@ -1860,7 +1860,68 @@ def _granite_swa(t: Tiny) -> None:
     _pre_norm_blocks(t, ffn)
 
 
+# dots3note's full-attention layers (the others slide), over a main stack of 8: the nextn layer slides.
+DOTS3NOTE_FULL = [0, 3, 6]
+
+
+def _dots3note(t: Tiny) -> None:
+    """MLA in two geometries: full-attention layers with a DSA indexer (a head of 64, the smallest
+    Hadamard rotation of its cache) and a wider compressed KV, sliding-window layers with their own
+    head count, KV rank, head sizes and RoPE base, both kinds by per-layer arrays (get_arr, required);
+    a norm on the shared RoPE key and a sigmoid gate per head; a dense first layer, then sigmoid-routed
+    MoE with a selection bias and a shared expert; one nextn layer past the main stack (dots3note.cpp)."""
+    q_rank, rope, lead = 32, 16, 1
+    geometry = {False: (t.heads, 32, 32, 32), True: (2, 16, 16, 16)}  # heads, kv rank, nope, v
+    sliding = [i not in DOTS3NOTE_FULL for i in range(t.layers)]
+    blocks = _moe_with_nextn(t)
+    t.set("attention.head_count", [geometry[s][0] for s in [*sliding, True]])
+    t.set("attention.head_count_kv", [1] * blocks)  # MQA over the compressed KV
+    t.set("rope.dimension_count", rope)
+    for swa, suffix in ((False, ""), (True, "_swa")):
+        _, kv_rank, nope, v = geometry[swa]
+        t.key(f"attention.kv_lora_rank{suffix}", kv_rank)
+        t.key(f"attention.key_length_mla{suffix}", nope + rope)
+        t.key(f"attention.value_length_mla{suffix}", v)
+        (t.set if suffix == "" else t.key)(f"attention.key_length{suffix}", kv_rank + rope)
+        (t.set if suffix == "" else t.key)(f"attention.value_length{suffix}", kv_rank)
+    t.key("attention.q_lora_rank", q_rank)
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_shared_count", 1)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    for suffix, value in (("head_count", 2), ("key_length", 64), ("top_k", 8)):
+        t.key(f"attention.indexer.{suffix}", value)
+    t.key("attention.indexer.types", [not s for s in sliding], GGUFValueType.BOOL)
+    _head(t)
+    for i, swa in enumerate([*sliding, True]):
+        heads, kv_rank, nope, v = geometry[swa]
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_q_a.weight", t.w(q_rank, t.width))
+        t.norm(f"blk.{i}.attn_q_a_norm.weight", q_rank)
+        t.norm(f"blk.{i}.attn_kv_a_norm.weight", kv_rank)
+        t.norm(f"blk.{i}.attn_k_norm.weight", rope)
+        t.add(f"blk.{i}.attn_q_b.weight", t.w(heads * (nope + rope), q_rank))
+        t.add(f"blk.{i}.attn_kv_a_mqa.weight", t.w(kv_rank + rope, t.width))
+        t.add(f"blk.{i}.attn_k_b.weight", t.w(heads, kv_rank, nope))
+        t.add(f"blk.{i}.attn_v_b.weight", t.w(heads, v, kv_rank))
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, heads * v))
+        t.add(f"blk.{i}.attn_gate.weight", t.w(heads, t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if not swa:
+            _indexer(t, i)
+        if i >= t.layers:  # the nextn block: a dense FFN
+            t.swiglu(i)
+            _nextn(t, i)
+            t.add(f"blk.{i}.nextn.embed_tokens.weight", t.w(t.vocab, t.width))
+        else:
+            _lead_dense_then_moe(t, i, lead)
+
+
 TEXT_5: dict[str, Callable[[Tiny], None]] = {
+    "dots3note": _dots3note,
     "maple": _maple,
     "spark2_5": _spark2_5,
     "hunyuan_vl": _hunyuan_vl,
@@ -1969,6 +2030,7 @@ LAYERS_OF["afmoe"] = 12  # cuts every 4th layer: 4 and 8
 # Part 5: full attention at 0 and 4 (cuts 2, 3 and 5); hunyuan_vl any cut in 4 layers.
 LAYERS_OF |= dict.fromkeys(("maple", "spark2_5", "granite_swa"), 6)
 LAYERS_OF["hunyuan_vl"] = 4
+LAYERS_OF["dots3note"] = 8  # full attention at 0, 3 and 6 (DOTS3NOTE_FULL): cuts at 3 and 6
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
