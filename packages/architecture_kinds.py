@@ -432,17 +432,6 @@ INDEX_RULES: dict[str, str] = {
         "which a cut would have to carry whole; KDA recurrent layers where head_count_kv is 0; leading dense "
         "blocks; MLA without RoPE."
     ),
-    # Older families, part 4 (issue 54): measured, not yet enabled.
-    "grovemoe": (
-        "grovemoe.cpp reads nothing from the index and a 4-layer tiny model splits bit for bit, but with "
-        "experts_per_group > 1 speculation on a Q4_0 target parted from plain decoding (measured; 1 does not): "
-        "the chunk experts' ids are the routed ids scaled by 1/n_group_experts (build_moe_ffn)."
-    ),
-    "chameleon": (
-        "chameleon.cpp's head writes -FLT_MAX over logits [4, 8196) with ggml_set_1d, which reaches the first "
-        "output row only (a vocabulary shorter than 8196 aborts): a 4-layer tiny model splits bit for bit, but "
-        "a verify window's later rows keep the image tokens, so sampled speculation parted from plain decoding."
-    ),
 }
 
 # --- hyb: qwen4exp ---

@@ -80,6 +80,13 @@ class CutRule:
     # A layer of zero FFN width leaves the loop (`continue`) before naming its output l_out
     # (deci.cpp): a stage's hidden tap would find nothing, so no cut falls right after one.
     tap_needs_ffn: bool = False
+    # dots3note's memory (llama_kv_cache_dsa_iswa, llama-model.cpp create_memory) holds a DSA cache of
+    # the full-attention layers beside a cache of the sliding-window ones, and a stage without either
+    # kind aborts (GGML_ASSERT(buffer) without a sliding layer, SIGFPE without a full one, measured).
+    # Cuts fall where a full-attention layer follows a sliding one (by the per-layer sliding-window
+    # array), so any choice of them leaves both kinds in every stage but the first and last, which
+    # stage_refusal checks.
+    full_follows_sliding: bool = False
     why: str = ""
 
 
@@ -328,6 +335,26 @@ RULES: dict[str, CutRule] = {
                            "token embeddings (openelm.cpp)"),
     "command-r": CutRule(why=f"{_INDEX_FREE}; not Command R+ (64 layers or more), whose q/k norms load_arch_tensors "
                              "creates only where n_layer >= 64 (command-r.cpp)"),
+    # Text families (issue 54, part 5). maple's and spark2_5's arrays are sliced whatever the rule;
+    # swa_array keeps a sliding layer in every stage (create_memory asserts is_swa_any).
+    "maple": CutRule(swa_array=True,
+                     why="sliding-window layers by the per-layer array (get_arr), RoPE on them only, with their "
+                         "own RoPE base; every layer MoE, its SwiGLU clamp per layer (maple.cpp)"),
+    "spark2_5": CutRule(swa_array=True,
+                        why="sliding-window layers by the per-layer array (get_arr), with their own head counts "
+                            "and RoPE; a sigmoid gate per head on the attention output (spark2-5.cpp)"),
+    # Only without deepstack inputs (split_refusal), as granite's.
+    "granite_swa": CutRule(swa_array=True, token_input_only={"embedding_scale": 0.0},
+                           why="sliding-window layers by the per-layer array (get_arr) and RoPE by the per-layer "
+                               "rope_pattern, both sliced; build_inp_embd applies f_embedding_scale to embd input "
+                               "too (granite-swa.cpp)"),
+    "dots3note": CutRule(front_counts=_LEAD, full_follows_sliding=True,
+                         why="MLA in two geometries: full-attention layers with a DSA indexer and sliding-window "
+                             "layers, both by per-layer arrays, sliced; a stage holds both kinds, so it starts at a "
+                             "full-attention layer that follows a sliding one; dense FFN where "
+                             "il < n_layer_dense_lead; nextn layers dropped (dots3note.cpp)"),
+    "hunyuan_vl": CutRule(why=f"{_INDEX_FREE}; with XDRoPE sections (M-RoPE) later stages pass 4 positions a row; "
+                              "the NTK alpha scales the RoPE base of every layer alike (hunyuan-vl.cpp)"),
 }
 
 # The per-layer DSA indexer kinds (1 full, 0 shared) of glm-dsa.cpp, read over n_layer().
@@ -380,6 +407,20 @@ ONE_NODE: dict[str, str] = {
     "minimax-m3": "its sparse attention (MSA) takes a window's rows by the mask path and one row by the gather "
                   "path, which differ (by ~0.1 in the logits of a tiny model): a verified window is not the "
                   "tokens of plain decoding (minimax-m3.cpp)",
+    # Older families (issue 54, part 4): split bit for bit on tiny models, not lossless to speculate.
+    "grovemoe": "with experts_per_group > 1, speculation on a Q4_0 target parted from plain decoding (measured; "
+                "1 does not): the chunk experts' ids are the routed ids scaled by 1/n_group_experts "
+                "(build_moe_ffn); the graph reads nothing from the index and a 4-layer tiny model splits bit for "
+                "bit (grovemoe.cpp)",
+    "chameleon": "its head writes -FLT_MAX over logits [4, 8196) with ggml_set_1d, which reaches the first output "
+                 "row only (a vocabulary shorter than 8196 aborts): a 4-layer tiny model splits bit for bit, but a "
+                 "verify window's later rows keep the image tokens, so sampled speculation parted from plain "
+                 "decoding (chameleon.cpp)",
+    # Text families (issue 54, part 5); tests/test_architectures.py cuts a tiny one with its rule.
+    "muse-glimmer": "the graph RMS-normalizes whatever it is fed (embd_norm, without a weight) and the residual "
+                    "carries the normalized input: a later stage would normalize the hidden state, losing its "
+                    "scale; a tiny model cut at 4, the sliding-window phase kept, parts at the second token "
+                    "(muse-glimmer.cpp)",
     # Older families (issue 54, part 3).
     "plm": "the graph hands the KV cache V as one 2-D row per token where llama_kv_cache::cpy_v reads heads, "
            "so building it aborts (GGML_ASSERT in ggml_set_rows) with the flash attention every engine runs "
@@ -474,6 +515,12 @@ def split_refusal(architecture: str, metadata: Mapping[str, Any] | None = None) 
         # every layer; fed hidden states, a later stage would take the padding token's rows instead
         return ("gemma4 with per-layer inputs (E2B, E4B): every layer adds an input computed from the token "
                 "ids, which a later stage does not have")
+    deepstack = (metadata or {}).get(f"{architecture}.deepstack_mapping")
+    if architecture in ("granite", "granite_swa") and isinstance(deepstack, list) and max(deepstack, default=-1) >= 0:
+        # granite.cpp, granite-swa.cpp: the input is as wide as the distinct indices of a stage's slice
+        # make it (n_embd_inp), and a layer adds a column of it, which a later stage's input does not hold
+        return (f"{architecture} with deepstack inputs (Granite Vision): layers add columns of the widened "
+                "embedding input, which a later stage does not have")
     if architecture == "llama4" and (metadata or {}).get("llama4.attention.sliding_window") == 0:
         # llama4.cpp then sets n_no_rope_layer_step = n_layer(): a stage's last layer would skip RoPE
         return "llama4 without chunked attention takes its RoPE rule from the total layer count"
@@ -516,6 +563,10 @@ def allowed_cuts(architecture: str, layer_count: int, metadata: Mapping[str, Any
         cuts = [c for c in cuts if shared == 0 or c <= layer_count - shared - 2]
     if RULES[architecture].tap_needs_ffn:
         cuts = [c for c in cuts if ffn_widths(architecture, meta, layer_count)[c - 1] > 0]
+    if RULES[architecture].full_follows_sliding:
+        # no array (a model the package has not seen): no cut, rather than guess the layers' kinds
+        sliding = meta.get(swa_key(architecture))
+        cuts = [c for c in cuts if isinstance(sliding, list) and c < len(sliding) and sliding[c - 1] and not sliding[c]]
     # the first and last stages of a split in two; a stage between cuts is checked when it is
     # materialized (stage_metadata)
     return [c for c in cuts if stage_refusal(architecture, meta, 0, c) is None
@@ -545,6 +596,11 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
         if end - start - shared < 2:
             return (f"llama.cpp asserts a {architecture} stage has 2 layers or more of its own KV "
                     "(n_layer_kv_from_start >= 2, llama-model.cpp create_memory)")
+    if rule is not None and rule.full_follows_sliding:
+        sliding = metadata.get(swa_key(architecture))
+        if not isinstance(sliding, list) or {bool(s) for s in sliding[start:end]} != {True, False}:
+            return (f"a {architecture} stage needs a full-attention and a sliding-window layer: its memory "
+                    "(llama_kv_cache_dsa_iswa) aborts without either (llama-model.cpp create_memory)")
     if rule is not None and rule.recurrent_layers:
         recurrent = recurrent_layers(architecture, metadata, end)[start:end]
         attention = attention_layers(architecture, metadata, end)[start:end]
@@ -660,6 +716,8 @@ def describe_rule(architecture: str, metadata: Mapping[str, Any] | None = None) 
         where = "a recurrent layer that follows an attention layer"
     if RULES[architecture].shared_indexers:
         where = "a layer with a full indexer"
+    if RULES[architecture].full_follows_sliding:
+        where = "a full-attention layer that follows a sliding-window layer"
     return f"{architecture}: may be split at {where}; {RULES[architecture].why}"
 
 

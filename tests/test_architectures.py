@@ -118,6 +118,8 @@ _ABORTS_WITHOUT_RULE = {"lfm2", "step35", "mimo2", "smallthinker"}
 _ABORTS_WITHOUT_RULE |= {"gemma4"}
 # hyb: as lfm2's (test_tiny_recurrent shows their [0,2) abort)
 _ABORTS_WITHOUT_RULE |= {"nemotron_h", "nemotron_h_moe", "jamba", "plamo2", "kimi-linear"}
+# maple's and spark2_5's, as step35's: their arrays are sliced whatever the rule
+_ABORTS_WITHOUT_RULE |= {"maple", "spark2_5"}
 
 
 @pytest.mark.parametrize("arch", [a for a in PROVEN if RULES[a] != CutRule(why=RULES[a].why)
@@ -390,3 +392,40 @@ def test_smallthinker_needs_its_rule(tiny: dict[str, Path], tmp_path: Path) -> N
     assert architectures.stage_refusal("smallthinker", {}, 8, 12) is None
     assert allowed_cuts("smallthinker", 24, {**meta, architectures.swa_key("smallthinker"): [
         i % 4 != 0 for i in range(24)]}) == [8, 12, 16]
+
+
+def test_muse_glimmer_cannot_be_cut(tmp_path: Path) -> None:
+    """muse-glimmer.cpp RMS-normalizes any input before its first layer: with its sliding-window rule
+    (load_swa_pattern(ml, 4)) a cut at 4 keeps the pattern's phase, and still parts from the model."""
+    gguf = write_tiny(tmp_path / "muse-glimmer.gguf", "muse-glimmer")
+    RULES["muse-glimmer"] = CutRule(swa_pattern=(4, False))
+    try:
+        package = _package(gguf, tmp_path / "pkg")
+        assert _chain_tokens(package, [], tmp_path / "cache") == reference_greedy(gguf, PROMPT, N)
+        assert _chain_tokens(package, [4], tmp_path / "cache") != reference_greedy(gguf, PROMPT, N)
+    finally:
+        del RULES["muse-glimmer"]
+    assert allowed_cuts("muse-glimmer", 8) == []
+
+
+@pytest.mark.parametrize("arch", ["granite", "granite_swa"])
+def test_a_granite_with_deepstack_inputs_is_not_split(arch: str) -> None:
+    """Granite Vision's layers add columns of an input widened by the deepstack count, which a stage's
+    slice of deepstack_mapping changes and a later stage's hidden state does not hold."""
+    meta = {f"{arch}.deepstack_mapping": [-1, 0, -1, 1, -1, -1]}
+    assert "deepstack" in (architectures.split_refusal(arch, meta) or "")
+    assert allowed_cuts(arch, 6, meta) == []
+    assert architectures.split_refusal(arch, {f"{arch}.deepstack_mapping": [-1] * 6}) is None
+
+
+def test_no_dots3note_stage_is_left_without_either_attention_kind() -> None:
+    """dots3note's memory aborts on a stage without a full-attention layer (SIGFPE) or without a sliding
+    one (GGML_ASSERT(buffer)): cuts fall where a full layer follows a sliding one, the first and last
+    stages holding both kinds."""
+    key = architectures.swa_key("dots3note")
+    sliding = [i not in (0, 3, 6) for i in range(8)]
+    assert allowed_cuts("dots3note", 8, {key: sliding}) == [3, 6]
+    assert allowed_cuts("dots3note", 8, {key: [True, False] * 4}) == [3, 5]  # [0,1) and [7,8) would hold one kind
+    assert allowed_cuts("dots3note", 8) == []  # no array: no cut
+    assert "full-attention and a sliding-window layer" in (
+        architectures.stage_refusal("dots3note", {key: sliding}, 4, 6) or "")

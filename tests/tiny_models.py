@@ -2012,6 +2012,164 @@ OLDER_4: dict[str, Callable[[Tiny], None]] = {
 }
 
 
+# --- text families (issue 54, part 5): each from its load_arch_tensors and graph ---
+
+
+def _maple(t: Tiny) -> None:
+    """q/k norms over a head; RoPE on sliding-window layers only, which the per-layer array tells
+    (get_arr, required; full attention on every 4th from layer 0 here), with their own RoPE base;
+    every layer MoE (softmax, weights normed) with per-layer SwiGLU clamps (maple.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    _moe_keys(t)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.key("swiglu_clamp_exp", [7.0] * t.layers, GGUFValueType.FLOAT32)
+    _head(t)
+    _pre_norm_blocks(t, t.experts, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _spark2_5(t: Tiny) -> None:
+    """Sliding-window layers by the per-layer array (get_arr, required; full attention on every 4th
+    from layer 0 here) with their own head counts and RoPE base; a sigmoid gate per head on the
+    attention output (attn_gate, {n_embd, n_head}); a GELU FFN; the head tied (spark2-5.cpp)."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    heads = [(8, 4) if s else (t.heads, t.kv_heads) for s in sliding]
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    t.set("attention.head_count", [q for q, _ in heads])
+    t.set("attention.head_count_kv", [kv for _, kv in heads])
+    _head(t, tied=True)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, heads=heads[i])
+        t.add(f"blk.{i}.attn_gate.weight", t.w(heads[i][0], t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+
+
+def _hunyuan_vl(t: Tiny) -> None:
+    """q/k norms over a head, applied after RoPE; SwiGLU; XDRoPE sections (M-RoPE, so a later stage
+    passes 4 positions a row) and its NTK alpha on the RoPE base (hunyuan-vl.cpp)."""
+    t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
+    t.key("rope.scaling.alpha", 1.5)
+    _head(t)
+    _pre_norm_blocks(t, t.swiglu, q_norm=t.head_dim, k_norm=t.head_dim)
+
+
+def _muse_glimmer(t: Tiny) -> None:
+    """q/k norms over a head, a sigmoid gate on the attention output as wide as q, norms after
+    attention and FFN; the input RMS-normed without a weight; RoPE on sliding-window layers only
+    (load_swa_pattern(ml, 4)); a logit scale (muse-glimmer.cpp)."""
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("logit_scale", 0.5)
+    _head(t)
+    for i in range(t.layers):
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim)
+        t.add(f"blk.{i}.attn_gate.weight", t.w(t.heads * t.head_dim, t.width))
+        t.norm(f"blk.{i}.post_attention_norm.weight")
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        t.swiglu(i)
+        t.norm(f"blk.{i}.post_ffw_norm.weight")
+
+
+def _granite_swa(t: Tiny) -> None:
+    """Granite's scales (the embedding scale, which build_inp_embd applies to hidden-state input too);
+    sliding-window layers by the per-layer array (get_arr, required; full attention on every 4th from
+    layer 0 here) and RoPE by the per-layer rope_pattern (none on the full layers here); attention
+    sinks; biased attention output and SwiGLU FFN (granite-swa.cpp). Dense: its MoE branch splits as
+    exactly, but an F32 router's logits differ in the last bit between a window and single rows (in
+    every MoE family here), which at this model's near-tie parts a sampled speculation."""
+    sliding = [i % 4 != 0 for i in range(t.layers)]
+    t.key("logit_scale", 8.0)  # required by granite-swa.cpp
+    t.key("embedding_scale", 12.0)
+    t.key("residual_scale", 0.22)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("attention.rope_pattern", [int(s) for s in sliding])
+    _head(t, embd_scale=0.05)
+
+    def ffn(i: int) -> None:
+        t.add(f"blk.{i}.attn_sinks.weight", t.w(t.heads, scale=1.0))
+        t.add(f"blk.{i}.attn_output.bias", t.w(t.width, scale=0.05))
+        t.swiglu(i)
+        for name, n in (("gate", t.ff), ("up", t.ff), ("down", t.width)):
+            t.add(f"blk.{i}.ffn_{name}.bias", t.w(n, scale=0.05))
+
+    _pre_norm_blocks(t, ffn)
+
+
+# dots3note's full-attention layers (the others slide), over a main stack of 8: the nextn layer slides.
+DOTS3NOTE_FULL = [0, 3, 6]
+
+
+def _dots3note(t: Tiny) -> None:
+    """MLA in two geometries: full-attention layers with a DSA indexer (a head of 64, the smallest
+    Hadamard rotation of its cache) and a wider compressed KV, sliding-window layers with their own
+    head count, KV rank, head sizes and RoPE base, both kinds by per-layer arrays (get_arr, required);
+    a norm on the shared RoPE key and a sigmoid gate per head; a dense first layer, then sigmoid-routed
+    MoE with a selection bias and a shared expert; one nextn layer past the main stack (dots3note.cpp)."""
+    q_rank, rope, lead = 32, 16, 1
+    geometry = {False: (t.heads, 32, 32, 32), True: (2, 16, 16, 16)}  # heads, kv rank, nope, v
+    sliding = [i not in DOTS3NOTE_FULL for i in range(t.layers)]
+    blocks = _moe_with_nextn(t)
+    t.set("attention.head_count", [geometry[s][0] for s in [*sliding, True]])
+    t.set("attention.head_count_kv", [1] * blocks)  # MQA over the compressed KV
+    t.set("rope.dimension_count", rope)
+    for swa, suffix in ((False, ""), (True, "_swa")):
+        _, kv_rank, nope, v = geometry[swa]
+        t.key(f"attention.kv_lora_rank{suffix}", kv_rank)
+        t.key(f"attention.key_length_mla{suffix}", nope + rope)
+        t.key(f"attention.value_length_mla{suffix}", v)
+        (t.set if suffix == "" else t.key)(f"attention.key_length{suffix}", kv_rank + rope)
+        (t.set if suffix == "" else t.key)(f"attention.value_length{suffix}", kv_rank)
+    t.key("attention.q_lora_rank", q_rank)
+    t.key("leading_dense_block_count", lead)
+    t.key("expert_shared_count", 1)
+    t.key("expert_gating_func", 2)
+    t.key("expert_weights_norm", True)
+    t.key("attention.sliding_window", 4)  # short, so the prompts reach past it
+    t.key("attention.sliding_window_pattern", sliding, GGUFValueType.BOOL)
+    t.key("rope.freq_base_swa", 1000.0)
+    for suffix, value in (("head_count", 2), ("key_length", 64), ("top_k", 8)):
+        t.key(f"attention.indexer.{suffix}", value)
+    t.key("attention.indexer.types", [not s for s in sliding], GGUFValueType.BOOL)
+    _head(t)
+    for i, swa in enumerate([*sliding, True]):
+        heads, kv_rank, nope, v = geometry[swa]
+        t.norm(f"blk.{i}.attn_norm.weight")
+        t.add(f"blk.{i}.attn_q_a.weight", t.w(q_rank, t.width))
+        t.norm(f"blk.{i}.attn_q_a_norm.weight", q_rank)
+        t.norm(f"blk.{i}.attn_kv_a_norm.weight", kv_rank)
+        t.norm(f"blk.{i}.attn_k_norm.weight", rope)
+        t.add(f"blk.{i}.attn_q_b.weight", t.w(heads * (nope + rope), q_rank))
+        t.add(f"blk.{i}.attn_kv_a_mqa.weight", t.w(kv_rank + rope, t.width))
+        t.add(f"blk.{i}.attn_k_b.weight", t.w(heads, kv_rank, nope))
+        t.add(f"blk.{i}.attn_v_b.weight", t.w(heads, v, kv_rank))
+        t.add(f"blk.{i}.attn_output.weight", t.w(t.width, heads * v))
+        t.add(f"blk.{i}.attn_gate.weight", t.w(heads, t.width))
+        t.norm(f"blk.{i}.ffn_norm.weight")
+        if not swa:
+            _indexer(t, i)
+        if i >= t.layers:  # the nextn block: a dense FFN
+            t.swiglu(i)
+            _nextn(t, i)
+            t.add(f"blk.{i}.nextn.embed_tokens.weight", t.w(t.vocab, t.width))
+        else:
+            _lead_dense_then_moe(t, i, lead)
+
+
+TEXT_5: dict[str, Callable[[Tiny], None]] = {
+    "dots3note": _dots3note,
+    "maple": _maple,
+    "spark2_5": _spark2_5,
+    "hunyuan_vl": _hunyuan_vl,
+    "granite_swa": _granite_swa,
+}
+
+
 WRITERS: dict[str, Callable[[Tiny], None]] = {
     "llama": _llama,
     "qwen3": _qwen3,
@@ -2061,6 +2219,7 @@ WRITERS: dict[str, Callable[[Tiny], None]] = {
     **DSA,
     **GEMMA4,
     **OLDER_4,
+    **TEXT_5,
 }
 
 # A `general.name` containing "phi3" makes the vocab loader look for `<|endoftext|>`.
@@ -2084,6 +2243,8 @@ def _talkie(t: Tiny) -> None:
 ONE_NODE_WRITERS: dict[str, Callable[[Tiny], None]] = {"talkie": _talkie}
 # minimax-m3 splits exactly but cannot speculate losslessly (ONE_NODE): one node
 ONE_NODE_WRITERS |= MINIMAX_M3
+# muse-glimmer RMS-normalizes any input before its first layer (ONE_NODE): one node
+ONE_NODE_WRITERS["muse-glimmer"] = _muse_glimmer
 
 # Recurrent families whose graph cannot be cut (architectures.ONE_NODE_STATEFUL): served on one node.
 ONE_NODE_RECURRENT: dict[str, Callable[[Tiny], None]] = {"rwkv6": _rwkv6, "rwkv7": _rwkv7, "arwkv7": _arwkv7}
@@ -2115,6 +2276,10 @@ LAYERS_OF["mellum"] = 6
 # cuts every 4th layer and no 4-layer stage: 8, 12 and 16 of 24
 LAYERS_OF["smallthinker"] = 24
 LAYERS_OF["afmoe"] = 12  # cuts every 4th layer: 4 and 8
+# Part 5: full attention at 0 and 4 (cuts 2, 3 and 5); hunyuan_vl any cut in 4 layers.
+LAYERS_OF |= dict.fromkeys(("maple", "spark2_5", "granite_swa"), 6)
+LAYERS_OF["hunyuan_vl"] = 4
+LAYERS_OF["dots3note"] = 8  # full attention at 0, 3 and 6 (DOTS3NOTE_FULL): cuts at 3 and 6
 
 
 def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
