@@ -9,14 +9,17 @@ family whose graph cannot be cut serves on one node, and a split of it is refuse
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
-from mesh_server import free_port, mesh_serve
+from mesh_server import free_port, mesh_serve, stage_daemon
 from tiny_models import write_tiny
 
 from mesh.model.tokenizer import TextStream, Tokenizer
@@ -26,6 +29,7 @@ from stage.llama_model import open_llama
 
 pytestmark = pytest.mark.mesh
 
+TOKEN = "architectures-token"
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 N = 16
 
@@ -47,14 +51,31 @@ def _unsplit_text(gguf: Path) -> str:
     return text + stream.flush()
 
 
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Two `mesh stage` daemons every family's coordinator splits its model across: a stage
+    holds the ranges of many models, and a family's test pays for its coordinator only."""
+    root = tmp_path_factory.mktemp("architecture-stages")
+    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "4") for i in (1, 2)]
+    try:
+        yield [at for _, at in daemons]
+    finally:
+        for proc, _ in daemons:
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            proc.kill()
+
+
 @pytest.mark.parametrize("arch", sorted(RULES))
-def test_served_split_in_two_with_a_draft(arch: str, tmp_path: Path) -> None:
+def test_served_split_in_two_with_a_draft(arch: str, stages: list[str], tmp_path: Path) -> None:
     target, draft = _models(tmp_path, arch)
     expected = _unsplit_text(target)
-    args = ("--model", str(target), "--draft", str(draft), "--draft-window", "3", "--local-stages", "2",
-            "--lanes", "2", "--ctx-size", "256")
+    peers = [a for s in stages for a in ("--peer", s)]
+    args = ("--model", str(target), "--draft", str(draft), "--draft-window", "3", *peers, "--advertise",
+            "127.0.0.1", "--artifact-listen", "127.0.0.1:0", "--lanes", "2", "--ctx-size", "256")
     (tmp_path / "cache").mkdir()
-    with mesh_serve(tmp_path / "cache", *args) as (url, _):
+    with mesh_serve(tmp_path / "cache", *args, env={"MESHPIPE_TOKEN": TOKEN}) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
         chat = client.chat.completions.create(model=target.stem, messages=[{"role": "user", "content": "Hello there"}],
                                               max_tokens=N, temperature=0)
