@@ -53,8 +53,21 @@ def stage_control(channel: grpc.aio.Channel) -> StageControlClient:
     return pb_grpc.StageControlStub(channel)
 
 
-def artifact_transfer(channel: grpc.aio.Channel) -> ArtifactTransferClient:
-    return pb_grpc.ArtifactTransferStub(channel)
+class RawFetch(Protocol):
+    """ArtifactTransfer.Fetch with its replies left serialized: each a Chunk's bytes, which a
+    stage reads `data` from as a view (stage/artifact_fetch.py chunk_data), not a parsed copy."""
+
+    def __call__(self, request: pb.FetchRequest, *, timeout: float | None = None,
+                 metadata: Metadata | None = None) -> AsyncIterable[bytes]: ...
+
+
+def artifact_fetch_raw(channel: grpc.aio.Channel) -> RawFetch:
+    """ArtifactTransfer's Fetch on `channel`, the path taken from the service descriptor."""
+    method = pb.DESCRIPTOR.services_by_name["ArtifactTransfer"].methods_by_name["Fetch"]
+    fetch: RawFetch = channel.unary_stream(f"/{method.containing_service.full_name}/{method.name}",
+                                           request_serializer=pb.FetchRequest.SerializeToString,
+                                           response_deserializer=None)
+    return fetch
 
 
 # Every StageControl request type belongs to exactly one RPC (tests/test_proto.py checks),

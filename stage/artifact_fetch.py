@@ -10,20 +10,17 @@ server's chunk stays 1 MiB: 4 MiB messages tripled its CPU per byte and pulled s
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import grpc
 
 from proto import meshpipe_pb2 as pb
+from proto.clients import artifact_fetch_raw
 from proto.version import PROTOCOL_VERSION
 from stage.tls import MeshTls, channel
 
 # Past the server's chunk (mesh/routing/artifact_server.py), which may grow without a client change.
 MAX_MESSAGE = 64 << 20
 CHANNEL_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE),)
-
-
-FETCH_METHOD = f"/{pb.DESCRIPTOR.services_by_name['ArtifactTransfer'].full_name}/Fetch"
 
 
 def chunk_data(message: bytes) -> memoryview:
@@ -81,8 +78,7 @@ class ArtifactFetcher:
             self._channel = channel(self.source, self.tls, CHANNEL_OPTIONS)
         request = pb.FetchRequest(protocol_version=PROTOCOL_VERSION, manifest_sha256=self.manifest_sha,
                                   path=path, offset=offset)
-        fetch: Any = self._channel.unary_stream(FETCH_METHOD, request_serializer=pb.FetchRequest.SerializeToString,
-                                           response_deserializer=None)  # raw bytes: see chunk_data
+        fetch = artifact_fetch_raw(self._channel)  # raw bytes: see chunk_data
         async for message in fetch(request, metadata=self.metadata, timeout=3600):
             yield chunk_data(message)
 

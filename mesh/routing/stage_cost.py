@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mesh.reports.hop_timing import WIRE, HopTotals
+from mesh.reports.hop_timing import HopTotals
 from mesh.routing.planner import StageCost
 from stage.calibration import Calibration
 
@@ -54,8 +54,3 @@ def measured(hops: HopTotals, stage: int) -> Measured | None:
     return Measured(spent / frames, seen / frames)
 
 
-def wire_per_frame(hops: HopTotals) -> float | None:
-    """The round trip's part beyond the stages' own times, per decode frame: the links."""
-    frames = decode_frames(hops)
-    wire = sum(hops.seconds.get((kind, *WIRE), 0.0) for kind in DECODE_KINDS)
-    return wire / frames if frames else None
