@@ -1,10 +1,10 @@
 """The stage's side of ArtifactTransfer: one gRPC channel to the coordinator for every file.
 
 A channel per file paid a connection (and a TLS handshake) per layer. Chunks arrive as raw
-messages whose `data` is taken as a view (chunk_data), not copied by a protobuf parse: gRPC
-alone then received 1.36-1.45 GB/s on one core, against 0.77-0.98 with the parse. The
-server's chunk stays 1 MiB: 4 MiB messages tripled its CPU per byte and pulled slower, and a
-64 MiB stream window (`grpc.http2.lookahead_bytes`) made no difference that could be measured.
+messages whose `data` is taken as a view (chunk_data), not copied by a protobuf parse, which
+nearly halved what gRPC received per second on one core. The server's chunk stays 1 MiB:
+4 MiB messages cost more CPU per byte, and a 64 MiB stream window
+(`grpc.http2.lookahead_bytes`) made no measurable difference (BENCHMARKS.md, "Figures behind the code's choices").
 """
 
 from __future__ import annotations

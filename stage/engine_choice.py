@@ -1,8 +1,8 @@
 """Which range engine a stage runs (`--engine auto|llama|mlx`), and opening it.
 
 `auto` is MLX on Apple silicon with `mlx` installed, where it is the fast path, and
-llama.cpp everywhere else: on a Linux CPU MLX decodes SmolLM2 at 7.4 tok/s against
-llama.cpp's 120 (DESIGN.md §3), so there it is for tests and mixed meshes, never a default.
+llama.cpp everywhere else: on a Linux CPU MLX decodes many times slower than llama.cpp
+(BENCHMARKS.md, "Figures behind the code's choices"), so there it is for tests and mixed meshes, never a default.
 Both engines take the same stage GGUF and speak the same wire format, so one mesh may mix them.
 """
 

@@ -11,7 +11,7 @@ load through here. These choices are made once, for all of them:
   `MESHPIPE_EXTRA_BUFTS=on|off` overrides the choice.
 - **Memory-mapping.** With extra buffer types, llama.cpp repacks every Q4_0 matrix into an
   anonymous buffer while the mmapped file it read them from stays resident: a stage held its
-  weights twice (peak RSS 2.19x its share on the 8B shape). So where extra buffer types are
+  weights twice (BENCHMARKS.md, "Figures behind the code's choices"). So where extra buffer types are
   used, models load without mmap (read into their buffers once); elsewhere mmap stays.
   The numbers computed are the same either way. `MESHPIPE_MMAP=on|off` overrides the choice.
 - **Flash attention.** With it on, a verify window of k rows gives logits bit-identical to k

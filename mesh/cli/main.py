@@ -10,8 +10,8 @@ import sys
 
 # llama.cpp's OpenMP workers spin after every decode (libgomp's default: 300,000 spins).
 # Pipeline stages take turns on the same cores, so a long spin steals the CPU that the
-# working stage needs: split-2 decoded SmolLM2 at 57-65 tok/s with the default and at about
-# 106 with 2000, on 2 cores; one process alone is unchanged. libgomp reads this once, when
+# working stage needs (split-2 nearly doubled its decode speed with 2000 on 2 cores; one process
+# alone is unchanged: BENCHMARKS.md, "Figures behind the code's choices"). libgomp reads this once, when
 # it loads, so it must be set before llama_cpp is imported; stage children inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 

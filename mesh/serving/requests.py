@@ -267,8 +267,8 @@ def frames_in_flight(spec: SpecPlan | None, downstream: bool, cpu_lock: Path | N
     """The verify frames a session may keep out: the configured number, else (auto) 1 where
     frames sent ahead cannot overlap anything, with no stage past stage 0; FRAMES_IN_FLIGHT
     where local stages take turns on shared cores (a CPU lock), since their computing cannot
-    overlap but a frame on a link can overlap the next one's (at 20 ms a hop, a nested JSON
-    schema ran 2.0x without a draft with 3 out where 1 out ran 1.4x); elsewhere
+    overlap but a frame on a link can overlap the next one's
+    (BENCHMARKS.md, "Figures behind the code's choices"); elsewhere
     PRICED_FRAMES_IN_FLIGHT for cost-aware windows to price, and FRAMES_IN_FLIGHT for fixed
     and adaptive ones, which keep the bound out."""
     if spec is None:

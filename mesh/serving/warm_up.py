@@ -3,10 +3,9 @@
 The controller learns what a draft step, a plain decode and a verify frame cost on this
 mesh only by timing them, and it is shared by every request (mesh/serving/requests.py). Without a
 warm-up the first users pay for that exploration: a window at the initial size, a plain
-decode, a first verdict, perhaps a wrong one. Measured on SmolLM2 split-2 at 0 ms, the
-first 64-token request with the draft ran at 0.81 of no-draft (40.4 against 49.7 tok/s),
-later ones at 1.0. After
-the warm-up the first request starts from a measured choice, as every later one does.
+decode, a first verdict, perhaps a wrong one: the first request ran slower than no-draft,
+later ones did not (BENCHMARKS.md, "Figures behind the code's choices").
+After the warm-up the first request starts from a measured choice, as every later one does.
 """
 
 from __future__ import annotations

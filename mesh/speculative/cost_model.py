@@ -27,13 +27,11 @@ a rejection:
   one when the cycle starts.
 
 A plain decode (k = 0) runs at 1 / A(0). Two earlier forms of this model were wrong on the
-20 ms split-2 mesh, and the measurements showed how:
-- counting 1 + ΣP_j for d > 1 too priced window 1 with three frames out at 40 tok/s, where
-  it ran at 25-33;
-- pricing every accepted frame at the steady period max(s, A/d) priced the same setting at
-  18.7 tok/s, where it ran at 26-29: a rejection every third frame keeps the pipeline from
-  its steady period, and the frames sent right behind a lone one answer s apart, not A/d
-  (DESIGN.md §6 has the reply gaps).
+20 ms split-2 mesh (BENCHMARKS.md, "Figures behind the code's choices" has the figures):
+- counting 1 + ΣP_j for d > 1 too priced window 1 with three frames out too high;
+- pricing every accepted frame at the steady period max(s, A/d) priced it too low: a
+  rejection every third frame keeps the pipeline from its steady period, and the frames sent
+  right behind a lone one answer s apart, not A/d (DESIGN.md §6 has the reply gaps).
 """
 
 from __future__ import annotations
