@@ -18,6 +18,7 @@ from mesh.speculative.draft import Draft
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import NgramPlan, SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
+from mesh.speculative.speculation import Speculation
 from packages.speculative import WindowPolicy
 from stage.batcher import close_engine
 from stage.engine import EngineConfig, RangeEngine
@@ -28,13 +29,10 @@ FIXED = WindowPolicy(policy="fixed", initial=3, min=1, max=3)
 
 
 @dataclass
-class Host:
-    """What `Requests` reads of the coordinator."""
+class Stage0:
+    """Stage 0's engine, as `Requests` reads it of the route keeper."""
 
-    spec: SpecPlan | None
-    proposer: Proposer | None
     engine: RangeEngine | None
-    ctx_per_session: int = CTX
 
 
 class Healer:
@@ -78,7 +76,9 @@ async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, 
     settings = RouteSettings(token=None, cache_dir=cache_dir, lanes=LANES, ctx_size=CTX, batch=64, threads=1,
                              prefix_cache=prefix_cache)
     # a stand-in for the healer (a `LiveRoute`), which only hands out the one pipeline here
-    requests = Requests(Host(spec, proposer, engine), Healer(pipeline), settings, Recoveries())
+    speculation = Speculation(spec, "off: no draft", print)
+    speculation.proposer = proposer  # the draft is this block's to stop, not the speculation's
+    requests = Requests(speculation, Stage0(engine), Healer(pipeline), settings, Recoveries())
     try:
         yield Served(requests, pipeline, d)
     finally:

@@ -1,8 +1,9 @@
 """`mesh serve --model` serves every proven architecture split in two, with its draft (issue 40).
 
 For each architecture of `packages.architectures.RULES`, a real `mesh serve` process on the
-tiny model (Q4_0, tests/tiny_models.py) with `--local-stages 2` and a Q8_0 draft of the same
-weights answers the real openai client: a chat completion, and a text completion whose
+tiny model (Q4_0, tests/tiny_models.py), split in two with one `mesh stage` daemon that every
+family's coordinator shares (`--peer`), and a Q8_0 draft of the same weights answers the real
+openai client: a chat completion, and a text completion whose
 greedy text equals the unsplit model's through llama-cpp-python, token for token. A
 family whose graph cannot be cut serves on one node, and a split of it is refused with the reason.
 """
@@ -52,27 +53,25 @@ def _unsplit_text(gguf: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """Two `mesh stage` daemons every family's coordinator splits its model across: a stage
-    holds the ranges of many models, and a family's test pays for its coordinator only."""
-    root = tmp_path_factory.mktemp("architecture-stages")
-    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "4") for i in (1, 2)]
+def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The `mesh stage` daemon every family's coordinator splits its model with (the
+    coordinator runs stage 0): it holds the ranges of many models, so a family's test pays for
+    its coordinator only, not for starting a stage."""
+    proc, at = stage_daemon(tmp_path_factory.mktemp("architecture-stage"), TOKEN, "--lanes", "4")
     try:
-        yield [at for _, at in daemons]
+        yield at
     finally:
-        for proc, _ in daemons:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            proc.kill()
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        proc.kill()
 
 
 @pytest.mark.parametrize("arch", sorted(RULES))
-def test_served_split_in_two_with_a_draft(arch: str, stages: list[str], tmp_path: Path) -> None:
+def test_served_split_in_two_with_a_draft(arch: str, stage: str, tmp_path: Path) -> None:
     target, draft = _models(tmp_path, arch)
     expected = _unsplit_text(target)
-    peers = [a for s in stages for a in ("--peer", s)]
-    args = ("--model", str(target), "--draft", str(draft), "--draft-window", "3", *peers, "--advertise",
+    args = ("--model", str(target), "--draft", str(draft), "--draft-window", "3", "--peer", stage, "--advertise",
             "127.0.0.1", "--artifact-listen", "127.0.0.1:0", "--lanes", "2", "--ctx-size", "256")
     (tmp_path / "cache").mkdir()
     with mesh_serve(tmp_path / "cache", *args, env={"MESHPIPE_TOKEN": TOKEN}) as (url, _):

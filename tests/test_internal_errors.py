@@ -51,8 +51,8 @@ class Faulty:
 
 
 def _faulty(served: Served) -> Faulty:
-    assert isinstance(served.requests.host.proposer, Faulty)
-    return served.requests.host.proposer
+    assert isinstance(served.requests.speculation.proposer, Faulty)
+    return served.requests.speculation.proposer
 
 
 async def _run(requests: Requests, rid: str, tokens: int = 6) -> list[int]:

@@ -16,9 +16,9 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from bench.harness.breakdown import measure
 from mesh.cli.main import main
-from mesh.coordinator import STATUS_TTL
 from mesh.model.source import EMBEDDED_ID
 from mesh.reports.health import Health
+from mesh.routing.keeper import STATUS_TTL
 
 pytestmark = pytest.mark.mesh
 

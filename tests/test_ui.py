@@ -34,6 +34,7 @@ from mesh.routing.healing import replacements
 from mesh.routing.planner import LayerWork, StageRange
 from mesh.routing.route import RemoteStage
 from mesh.serving.admission import Admission
+from mesh.speculative.speculation import Speculation
 from proto import meshpipe_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,12 +62,13 @@ def _mesh() -> Any:
     """The coordinator's state a sampler reads, and nothing else: no route is built."""
     pipeline = SimpleNamespace(broken=None, waiters={}, core=SimpleNamespace(
         batcher=SimpleNamespace(busy_s=0.0), lanes=SimpleNamespace(by_session={})))
+    routes = SimpleNamespace(route=_route("127.0.0.1:7001"), pipeline=pipeline, hops=HopTotals(),
+                             model=SimpleNamespace(manifest=SimpleNamespace(layer_count=30)),
+                             topology=SimpleNamespace(spares=("127.0.0.1:7009",)))
     return SimpleNamespace(
-        route=_route("127.0.0.1:7001"),
-        pipeline=pipeline, settings=SimpleNamespace(engine=lambda _: "llama"), hops=HopTotals(),
+        routes=routes, settings=SimpleNamespace(engine=lambda _: "llama"),
         requests=SimpleNamespace(generated=0, admission=Admission(4, 16), choices=lambda: ()), recoveries=Recoveries(),
-        healer=SimpleNamespace(last_error=""), manifest=SimpleNamespace(layer_count=30), model_id="m",
-        topology=SimpleNamespace(spares=("127.0.0.1:7009",)), spec=None, spec_note="off: --no-draft")
+        healer=SimpleNamespace(last_error=""), model_id="m", speculation=Speculation(None, "off: --no-draft", print))
 
 
 def _sampler(mesh: Any, metrics: Metrics | None = None) -> Sampler:
@@ -78,9 +80,9 @@ def test_the_snapshot_shows_the_route_and_its_rates_between_ticks():
     sampler = _sampler(mesh)
     sampler.sample()
     mesh.requests.generated = 50
-    mesh.hops.rows_sent, mesh.hops.rows_voided = 40, 10
-    mesh.pipeline.waiters = {1: None, 2: None}
-    mesh.route.stages[0].ping_s = 0.004  # the watcher's last Status call to stage 1
+    mesh.routes.hops.rows_sent, mesh.routes.hops.rows_voided = 40, 10
+    mesh.routes.pipeline.waiters = {1: None, 2: None}
+    mesh.routes.route.stages[0].ping_s = 0.004  # the watcher's last Status call to stage 1
     snap = sampler.sample()
     before, now = sampler.readings[-2], sampler.readings[-1]
     assert snap.speculation.tok_s == pytest.approx(50 / (now.at - before.at), rel=0.01)
@@ -111,12 +113,12 @@ def test_a_rebuilt_route_shows_rebuilding_then_the_stage_that_replaced_one():
     sampler = _sampler(mesh)
     sampler.sample()
     mesh.recoveries.broke("stage 127.0.0.1:7001 exited (code -9)")
-    mesh.route = mesh.pipeline = None
+    mesh.routes.route = mesh.routes.pipeline = None
     down = sampler.sample()
     assert [s.state for s in down.stages] == ["REBUILDING", "REBUILDING"]
     assert not down.healing.ok
-    mesh.route = _route("127.0.0.1:7009")
-    mesh.pipeline = _mesh().pipeline
+    mesh.routes.route = _route("127.0.0.1:7009")
+    mesh.routes.pipeline = _mesh().routes.pipeline
     mesh.recoveries.healed(replacements(("127.0.0.1:7001",), ("127.0.0.1:7009",)))
     up = sampler.sample()
     assert up.healing.ok
@@ -236,7 +238,7 @@ def test_status_watch_draws_the_snapshot_as_a_table():
     sampler = _sampler(mesh)
     sampler.sample()
     mesh.recoveries.broke("stage 127.0.0.1:7001 exited (code -9)")
-    mesh.route.stages = [_remote("127.0.0.1:7009", 0.0)]
+    mesh.routes.route.stages = [_remote("127.0.0.1:7009", 0.0)]
     mesh.recoveries.healed(replacements(("127.0.0.1:7001",), ("127.0.0.1:7009",)))
     text = format_snapshot(sampler.sample())
     lines = text.splitlines()

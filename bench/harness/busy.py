@@ -17,8 +17,8 @@ import httpx
 
 from bench.harness.harness import Row
 from mesh.cli.bearer import auth_headers
-from mesh.coordinator import STATUS_TTL
 from mesh.reports.health import Health
+from mesh.routing.keeper import STATUS_TTL
 
 T = TypeVar("T")
 

@@ -19,13 +19,14 @@ from mesh.api.server import bind, kill_children, serve
 from mesh.cli.access_args import access_of, add_access_arguments, open_warning
 from mesh.cli.bench_args import add_bench_arguments
 from mesh.cli.tls_args import add_tls_arguments, tls_of
-from mesh.coordinator import Coordinator, Topology
+from mesh.coordinator import Coordinator, ServedModel, Topology
 from mesh.model.source import resolve_model
 from mesh.observe.metrics import Metrics
 from mesh.observe.sampler import Sampler
 from mesh.routing.peer_probe import discovered_peers
 from mesh.routing.route import RouteSettings
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, resolve_plan
+from mesh.speculative.speculation import Speculation
 from proto import meshpipe_pb2 as pb
 from stage.control import MAX_WIRE_DELAY_MS, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
@@ -180,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
         _say(warning)
     coordinator = _coordinator(args, config, sock.getsockname()[1])
     metrics = Metrics()
-    metrics.watch_hops(coordinator.hops)
+    metrics.watch_hops(coordinator.routes.hops)
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
     metrics.watch_windows(coordinator.requests.choices)
@@ -277,8 +278,8 @@ def _coordinator(args: argparse.Namespace, config: Config, api_port: int) -> Coo
     if remote and topology.advertise.startswith("127."):
         _say(f"WARNING: stages will reach this coordinator at {topology.advertise}, a loopback "
              "address; pass --advertise with an address they can dial")
-    return Coordinator(package_dir, manifest, sha, settings, topology, model_id, say=_say,
-                       spec=spec, spec_note=note, coordinator_id=coordinator_id(topology.advertise, api_port))
+    return Coordinator(ServedModel(package_dir, manifest, sha, model_id), settings, topology,
+                       Speculation(spec, note, _say), coordinator_id(topology.advertise, api_port), say=_say)
 
 
 def coordinator_id(advertise: str, api_port: int) -> str:

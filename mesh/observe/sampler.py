@@ -16,11 +16,12 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator
 
-from mesh.coordinator import Coordinator, stage_rows
+from mesh.coordinator import Coordinator
 from mesh.observe.metrics import Metrics
 from mesh.observe.readings import Readings, per_s, read
 from mesh.reports.health import StageHealth
 from mesh.reports.snapshot import Healing, Link, Point, Proposer, Requests, Snapshot, Speculation, Stage
+from mesh.routing.route_rows import stage_rows
 
 log = logging.getLogger("meshpipe.sampler")
 
@@ -91,8 +92,9 @@ class Sampler:
 
     def build(self) -> Snapshot:
         m = self.mesh
-        rows = stage_rows(m.route, m.pipeline, m.settings)
-        now = read(m.hops, self.metrics, m.requests.generated)
+        r = m.routes
+        rows = stage_rows(r.route, r.pipeline, m.settings.engine(0))
+        now = read(r.hops, self.metrics, m.requests.generated)
         before = self.readings[-1] if self.readings else None
         oldest = self.readings[0] if self.readings else None
         self.readings.append(now)
@@ -100,11 +102,11 @@ class Sampler:
         self.history.append(Point(t=time.time(), tok_s=spec.tok_s, in_flight=spec.frames_in_flight,
                                   accept=_accept(now, before)))
         stages = self._stages(rows, now, before)
-        layers = m.manifest.layer_count
+        layers = r.model.manifest.layer_count
         return Snapshot(at=time.time(), model=m.model_id, layers=layers, stages=stages,
                         links=tuple(Link(to=s.stage, bytes_per_s=_link_rate(now, before) if rows else None,
                                          round_trip_ms=_ping_ms(rows, s.stage)) for s in stages[1:]),
-                        spares=m.topology.spares, speculation=spec, requests=self._requests(now),
+                        spares=r.topology.spares, speculation=spec, requests=self._requests(now),
                         healing=self._healing(), history=tuple(self.history))
 
     def _stages(self, rows: tuple[StageHealth, ...], now: Readings, before: Readings | None) -> tuple[Stage, ...]:
@@ -129,7 +131,7 @@ class Sampler:
         return busy_fraction(was[0], was[1])
 
     def _speculation(self, now: Readings, before: Readings | None, oldest: Readings | None) -> Speculation:
-        m, p = self.mesh, self.mesh.pipeline
+        m, p = self.mesh, self.mesh.routes.pipeline
         chose = {name: choice.why for name, choice in m.requests.choices()}
         proposers = tuple(Proposer(name=name, accept_rate=t.accepted / t.proposed, proposed=int(t.proposed),
                                    mean_window=t.proposed / t.windows if t.windows else 0.0, choice=chose.get(name))
@@ -139,7 +141,7 @@ class Sampler:
         wire = now.wire_s - before.wire_s if before else 0.0
         ttft = oldest is not None and now.ttft_count > oldest.ttft_count
         return Speculation(
-            plan=m.spec.describe() if m.spec else m.spec_note, tok_s=round(per_s(now, before, "generated"), 2),
+            plan=m.speculation.describe(), tok_s=round(per_s(now, before, "generated"), 2),
             ttft_s=(now.ttft_sum - oldest.ttft_sum) / (now.ttft_count - oldest.ttft_count)
             if ttft and oldest else None,
             frames_in_flight=len(p.waiters) if p is not None else 0,
@@ -148,14 +150,14 @@ class Sampler:
             wire_ms=wire * 1e3 / frames if frames else None, proposers=proposers)
 
     def _requests(self, now: Readings) -> Requests:
-        admission, pipeline = self.mesh.requests.admission, self.mesh.pipeline
+        admission, pipeline = self.mesh.requests.admission, self.mesh.routes.pipeline
         lanes = pipeline.core.lanes if pipeline is not None else None
         return Requests(generating=admission.inside - admission.waiting, queued=admission.waiting,
                         lanes=admission.lanes, lanes_used=len(lanes.by_session) if lanes is not None else 0,
                         prefix_hit=now.prompt_cached / now.prompt_tokens if now.prompt_tokens else 0.0)
 
     def _healing(self) -> Healing:
-        r, p = self.mesh.recoveries, self.mesh.pipeline
+        r, p = self.mesh.recoveries, self.mesh.routes.pipeline
         broken = (p.broken if p is not None else None) or (self.mesh.healer.last_error or None)
         if p is None and broken is None:
             broken = "route is being rebuilt"

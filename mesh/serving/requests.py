@@ -49,7 +49,7 @@ from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.draft import DRAFT
 from mesh.speculative.ngram import NGRAM
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, SpecPlan
-from mesh.speculative.proposer import Proposer
+from mesh.speculative.speculation import Speculation
 from mesh.speculative.window import Controller, controller_for
 from stage.engine import RangeEngine
 
@@ -58,14 +58,11 @@ END_S = 10.0  # freeing a lane on every stage: an END frame and the trim behind 
 T = TypeVar("T")
 
 
-class Host(Protocol):
-    """What requests read of the coordinator: what it proposes with, and stage 0's engine.
-    The plan may change once at start (the draft could not be loaded)."""
+class Stage0(Protocol):
+    """Stage 0's engine on the current route (mesh/routing/keeper.py's), which a request's
+    sampling is checked against before it is admitted."""
 
-    spec: SpecPlan | None
-    proposer: Proposer | None
     engine: RangeEngine | None
-    ctx_per_session: int
 
 
 class LiveRoute(Protocol):
@@ -87,6 +84,8 @@ class Settings(Protocol):
     @property
     def lanes(self) -> int: ...
     @property
+    def ctx_size(self) -> int: ...
+    @property
     def max_queue(self) -> int | None: ...
     @property
     def request_timeout_s(self) -> float | None: ...
@@ -103,8 +102,11 @@ class Settings(Protocol):
 class Requests:
     """Every request's generation, admitted up to the lanes and resumed across breaks."""
 
-    def __init__(self, host: Host, healer: LiveRoute, settings: Settings, recoveries: Recoveries) -> None:
-        self.host, self.healer, self.settings, self.recoveries = host, healer, settings, recoveries
+    def __init__(self, speculation: Speculation, stage0: Stage0, healer: LiveRoute, settings: Settings,
+                 recoveries: Recoveries) -> None:
+        # speculation: what it proposes with; the plan may change once, at start (mesh/speculative/speculation.py)
+        self.speculation, self.stage0 = speculation, stage0
+        self.healer, self.settings, self.recoveries = healer, settings, recoveries
         self.admission = Admission(settings.lanes, settings.max_queue)
         self.ids = itertools.count(1)  # session ids, one per request
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
@@ -113,7 +115,7 @@ class Requests:
 
     def generate(self, req: GenerationRequest) -> Generation:
         """`Backend.generate`: the HTTP API calls this one directly (the coordinator binds it)."""
-        live = Live(RequestState(req, speculative=self.host.spec is not None or self._forced(req)))
+        live = Live(RequestState(req, speculative=self.speculation.spec is not None or self._forced(req)))
         return Generation(self._guarded(live), lambda: self._account(live))
 
     def _account(self, live: Live) -> Account:
@@ -131,11 +133,11 @@ class Requests:
     def _refusal(self, req: GenerationRequest) -> str | None:
         if len(req.prompt) == 0:
             return "the prompt is empty"
-        if len(req.prompt) + req.max_tokens > self.host.ctx_per_session:
+        if len(req.prompt) + req.max_tokens > self.settings.ctx_size:
             return (f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) exceeds the context of "
-                    f"{self.host.ctx_per_session} tokens")
+                    f"{self.settings.ctx_size} tokens")
         # the final stage checks these too, but a refusal there could only be a 503
-        return req.sampling.problem(self.host.engine.n_vocab) if self.host.engine is not None else None
+        return req.sampling.problem(self.stage0.engine.n_vocab) if self.stage0.engine is not None else None
 
     async def _guarded(self, live: Live) -> AsyncGenerator[GenerationEvent, None]:
         """One request, resumed on a rebuilt route as often as the route breaks under it. An
@@ -189,9 +191,9 @@ class Requests:
                 self._ended(session, live.state)
 
     def _ended(self, session: SessionId, state: RequestState) -> None:
-        if self.host.proposer is not None and self.host.spec is not None and state.lane is not None:
+        if self.speculation.proposer is not None and self.speculation.spec is not None and state.lane is not None:
             if not self.settings.prefix_cache:  # with it, the draft's KV serves the lane's next request too
-                self.host.proposer.forget(state.lane)
+                self.speculation.proposer.forget(state.lane)
             log.info("session %d: %s", session, _outcome(state.account()))
 
     async def _attempt(self, pipeline: Pipeline, session: SessionId, live: Live
@@ -204,10 +206,10 @@ class Requests:
         lease = pipeline.lease(session, () if live.state.scoring else live.state.tokens, live.state.lane)
         failed = False
         try:
-            in_flight = frames_in_flight(self.host.spec, pipeline.link is not None, self.settings.cpu_lock)
+            in_flight = frames_in_flight(self.speculation.spec, pipeline.link is not None, self.settings.cpu_lock)
             in_flight = min(in_flight, pipeline.most_in_flight or in_flight)
-            draft = self.host.proposer if self.host.spec is not None else None
-            async for sampled in generate(pipeline, lease, live, self.host.ctx_per_session, draft, self._window(),
+            draft = self.speculation.proposer if self.speculation.spec is not None else None
+            async for sampled in generate(pipeline, lease, live, self.settings.ctx_size, draft, self._window(),
                                           in_flight, forced=self._forced(live.state.req)):
                 yield sampled
         except StageFailedError as exc:
@@ -222,8 +224,8 @@ class Requests:
             held = live.state.tokens[: live.state.computed] if live.state.req.keep and not failed else ()
             with anyio.move_on_after(END_S, shield=True), contextlib.suppress(Exception):
                 await pipeline.end(lease.session, held)
-            if failed and self.host.proposer is not None:
-                self.host.proposer.forget(lease.lane)
+            if failed and self.speculation.proposer is not None:
+                self.speculation.proposer.forget(lease.lane)
 
     def _forced(self, req: GenerationRequest) -> bool:
         """A constrained request's forced tokens are drafts, a proposer of their own (usage counts them)."""
@@ -233,11 +235,11 @@ class Requests:
         """Window controllers for a new session, one per proposer. Cost-aware is shared by
         every session: step and verify costs are the machine's, and short requests cannot
         learn them alone; the others follow the session's own acceptance."""
-        if self.host.spec is None:
+        if self.speculation.spec is None:
             return None
-        policies = {NGRAM: self.host.spec.ngram.window} if self.host.spec.ngram else {}
-        if self.host.spec.draft_model is not None:
-            policies[DRAFT] = self.host.spec.window
+        policies = {NGRAM: self.speculation.spec.ngram.window} if self.speculation.spec.ngram else {}
+        if self.speculation.spec.draft_model is not None:
+            policies[DRAFT] = self.speculation.spec.window
         windows = {}
         for name, policy in policies.items():
             if policy.policy != "cost-aware":
