@@ -24,6 +24,7 @@ from mesh.routing.keeper import RouteKeeper, ServedModel, Topology
 from mesh.routing.route import RouteSettings
 from mesh.routing.route_rows import describe, stage_rows
 from mesh.serving.requests import Requests
+from mesh.serving.settings import ServingSettings
 from mesh.serving.warm_up import chooses, warm_up
 from mesh.speculative.speculation import DraftRoom, Speculation
 from packages.architectures import keeps_state, package_verdict
@@ -34,18 +35,19 @@ __all__ = ["Coordinator", "ServedModel", "Topology"]
 
 
 class Coordinator:
-    def __init__(self, model: ServedModel, settings: RouteSettings, topology: Topology, speculation: Speculation,
-                 coordinator_id: str | None = None, say: Callable[[str], None] = print) -> None:
-        self.model_id, self.settings, self.say = model.model_id, settings, say
-        self.ctx_per_session = settings.ctx_size
+    def __init__(self, model: ServedModel, settings: RouteSettings, serving: ServingSettings, topology: Topology,
+                 speculation: Speculation, coordinator_id: str | None = None,
+                 say: Callable[[str], None] = print) -> None:
+        self.model_id, self.settings, self.serving, self.say = model.model_id, settings, serving, say
+        self.ctx_per_session = serving.ctx_size
         self.speculation = speculation
         # its claims' name on every stage, route after route (mesh.cli.serve.coordinator_id)
         self.routes = RouteKeeper(model, settings, topology, coordinator_id or uuid.uuid4().hex[:12], say)
         self.routes.other_busy_s = lambda: speculation.draft_busy_s
         self.recoveries = Recoveries()
-        self.healer = Healer(self.routes, settings.resume_s, topology.spares, self.recoveries, say)
+        self.healer = Healer(self.routes, serving.resume_s, topology.spares, self.recoveries, say)
         self.routes.on_break = self.healer.route_broken
-        self.requests = Requests(speculation, self.routes, self.healer, settings, self.recoveries)
+        self.requests = Requests(speculation, self.routes, self.healer, serving, self.recoveries)
         # `Backend.generate` is the request path's own, bound here rather than wrapped
         self.generate: Callable[[GenerationRequest], Generation] = self.requests.generate
 
@@ -63,7 +65,7 @@ class Coordinator:
                         DraftRoom(s.lanes, s.ctx_size, s.own_threads, s.cpu_lock))
         if spec.proposer is not None:
             self.say(f"numerics: {numerics_promise(s.own_threads, s.engines)}")
-        if s.warm_up and chooses(spec.spec, spec.proposer):
+        if self.serving.warm_up and chooses(spec.spec, spec.proposer):
             await warm_up(self.requests, self.tok(), self.say)
         self.healer.watch()
 

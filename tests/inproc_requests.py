@@ -11,9 +11,9 @@ from pathlib import Path
 
 from mesh.backend import MeshUnavailableError
 from mesh.reports.recovery import Recoveries
-from mesh.routing.route import RouteSettings
-from mesh.serving.pipeline import Pipeline
+from mesh.serving.pipeline import Pipeline, PipelineOptions
 from mesh.serving.requests import Requests
+from mesh.serving.settings import ServingSettings
 from mesh.speculative.draft import Draft
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import NgramPlan, SpecPlan
@@ -63,7 +63,7 @@ async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, 
     after prompt lookup with `lookup`; `wrap(proposer)` stands between the loop and the proposers;
     `in_flight` verify frames a session may keep out (default: 1, as with no stage downstream)."""
     engine = LlamaRangeEngine(gguf, EngineConfig(first=True, final=True, lanes=LANES, ctx_per_lane=CTX))
-    pipeline = Pipeline(engine, None, prefix_cache=prefix_cache)
+    pipeline = Pipeline(engine, None, options=PipelineOptions(prefix_cache=prefix_cache))
     pipeline.start()
     d = Draft(draft_gguf or gguf, LANES, CTX, threads=1) if draft else None
     proposer: Proposer | None = d
@@ -73,8 +73,7 @@ async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, 
         proposer = wrap(proposer) if wrap is not None else proposer
     ngram = NgramPlan(1, 3, window, "test") if lookup else None
     spec = SpecPlan("tiny", window, "test", None, ngram=ngram, in_flight=in_flight) if d is not None else None
-    settings = RouteSettings(token=None, cache_dir=cache_dir, lanes=LANES, ctx_size=CTX, batch=64, threads=1,
-                             prefix_cache=prefix_cache)
+    settings = ServingSettings(lanes=LANES, ctx_size=CTX, prefix_cache=prefix_cache)
     # a stand-in for the healer (a `LiveRoute`), which only hands out the one pipeline here
     speculation = Speculation(spec, "off: no draft", print)
     speculation.proposer = proposer  # the draft is this block's to stop, not the speculation's

@@ -23,7 +23,7 @@ from mesh.constraints.compile import Constraint, build
 from mesh.constraints.errors import ConstraintError
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Lease, Pending
-from mesh.serving.request_state import Live, RequestState
+from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, WindowPolicy
 from stage.sampling import sample_rows
@@ -46,10 +46,9 @@ class MaskingPipeline:
         return np.stack([np.random.default_rng([start + i, tokens[i]]).standard_normal(self.vocab).astype(np.float32)
                          for i in rows])
 
-    async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: SamplingParams,
-                   all_logits: bool = False, kind: int = 0, history: Any = (), epoch: int = 0,
-                   masks: Any = (), proposed: Any = ()) -> Pending:
-        rows = range(len(tokens)) if all_logits else range(len(tokens) - 1, len(tokens))
+    async def send(self, session: int, lane: int, out: Outgoing) -> Pending:
+        start, tokens, sampling, masks, epoch = out.start, out.tokens, out.sampling, out.masks, out.epoch
+        rows = range(len(tokens)) if out.all_logits else range(len(tokens) - 1, len(tokens))
         assert len(masks) == len(rows)  # a constrained frame masks every row it samples
         self.masked_rows += len(masks)
         picks = sample_rows(self._logits(start, tokens, rows), sampling, start, len(tokens), masks=masks)

@@ -26,7 +26,8 @@ from toy_engine import ToyEngine, until
 from common.ids import FrameId, SessionId
 from common.sampling import SamplingParams
 from mesh.backend import MeshUnavailableError
-from mesh.serving.pipeline import Pending, Pipeline, round_trip
+from mesh.serving.pipeline import Pending, Pipeline, PipelineOptions, round_trip
+from mesh.serving.request_state import Outgoing
 from packages.writer import write_package
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
@@ -77,7 +78,8 @@ async def three_stages(direct: bool = True, wire: WireEmulation = NO_EMULATION,
     link = await connect("127.0.0.1", middle_server.sockets[0].getsockname()[1], token="t",
                          emulation=wire, name="0->1")
     replies = await connect("127.0.0.1", final_port, token="t", role=REPLIES_ROLE) if direct else None
-    pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, replies=replies)
+    pipeline = Pipeline(ToyEngine(first=True, final=False), link, replies=replies,
+                        options=PipelineOptions(wire_dtype=pb.F16))
     pipeline.start()
     if direct:
         await until(lambda: final.replies is not None)
@@ -94,9 +96,10 @@ async def three_stages(direct: bool = True, wire: WireEmulation = NO_EMULATION,
 
 async def _decode(pipeline: Pipeline, session: int, n: int) -> list[int]:
     lane = pipeline.open(SessionId(session))
-    out = [t.token for t in await round_trip(pipeline, SessionId(session), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)]
+    out = [t.token for t in await round_trip(pipeline, SessionId(session), lane, Outgoing(0, [1, 2, 3], GREEDY))]
     for i in range(n - 1):
-        out += [t.token for t in await round_trip(pipeline, SessionId(session), lane, 3 + i, [out[-1]], GREEDY)]
+        frame = Outgoing(3 + i, [out[-1]], GREEDY)
+        out += [t.token for t in await round_trip(pipeline, SessionId(session), lane, frame)]
     return out
 
 
@@ -118,8 +121,9 @@ def test_errors_still_reach_stage_zero_from_the_final_stage_and_the_route_serves
             lane = chain.pipeline.open(SessionId(1))
             bad = SamplingParams(temperature=float("nan"))
             with pytest.raises(Exception, match=r"stage 2: .*finite"):
-                await round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2], bad)
-            assert [t.token for t in await round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2], GREEDY)] == [3]
+                await round_trip(chain.pipeline, SessionId(1), lane, Outgoing(0, [1, 2], bad))
+            again = await round_trip(chain.pipeline, SessionId(1), lane, Outgoing(0, [1, 2], GREEDY))
+            assert [t.token for t in again] == [3]
             assert chain.pipeline.broken is None
 
     asyncio.run(scenario())
@@ -146,7 +150,8 @@ def test_losing_the_reply_path_mid_request_fails_it_at_once(cut: str):
         engine = GatedEngine()
         async with three_stages(final_engine=engine) as chain:
             lane = chain.pipeline.open(SessionId(1))
-            request = asyncio.ensure_future(round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2, 3], GREEDY))
+            frame = Outgoing(0, [1, 2, 3], GREEDY)
+            request = asyncio.ensure_future(round_trip(chain.pipeline, SessionId(1), lane, frame))
             await asyncio.to_thread(engine.entered.wait, 5)  # the frame is at the final stage
             started = time.monotonic()
             if cut == "reply link":
@@ -162,7 +167,7 @@ def test_losing_the_reply_path_mid_request_fails_it_at_once(cut: str):
             assert chain.pipeline.broken is not None
             engine.gate.set()  # the late result goes nowhere: no reply, no stale token
             with pytest.raises(MeshUnavailableError):
-                await round_trip(chain.pipeline, SessionId(1), lane, 3, [4], GREEDY)
+                await round_trip(chain.pipeline, SessionId(1), lane, Outgoing(3, [4], GREEDY))
 
     asyncio.run(scenario())
 
@@ -174,9 +179,9 @@ def test_every_hop_is_delayed_both_ways(direct: bool, links: int):
     async def scenario() -> float:
         async with three_stages(direct=direct, wire=WireEmulation(delay_ms)) as chain:
             lane = chain.pipeline.open(SessionId(1))
-            await round_trip(chain.pipeline, SessionId(1), lane, 0, [1, 2], GREEDY)
+            await round_trip(chain.pipeline, SessionId(1), lane, Outgoing(0, [1, 2], GREEDY))
             start = time.perf_counter()
-            await round_trip(chain.pipeline, SessionId(1), lane, 2, [3], GREEDY)
+            await round_trip(chain.pipeline, SessionId(1), lane, Outgoing(2, [3], GREEDY))
             return time.perf_counter() - start
 
     elapsed = asyncio.run(scenario())

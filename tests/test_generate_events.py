@@ -21,7 +21,7 @@ from mesh.backend import Acceptance, Account, GenerationRequest, MeshUnavailable
 from mesh.observe.metrics import Metrics
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Lease, Pending
-from mesh.serving.request_state import Live, RequestState
+from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, Observation, WindowPolicy
 
@@ -47,14 +47,13 @@ class ScriptedPipeline:
         rows = range(len(tokens)) if all_logits else [len(tokens) - 1]
         return [Sampled(self.target[start + i + 1 - len(PROMPT)]) for i in rows]
 
-    async def send(self, session: int, lane: int, start: int, tokens: list[int], sampling: Any,
-                   all_logits: bool = False, kind: int = 0, history: Any = (), epoch: int = 0,
-                   masks: Any = (), proposed: Any = ()) -> Pending:
+    async def send(self, session: int, lane: int, out: Outgoing) -> Pending:
+        start, epoch = out.start, out.epoch
         self.out.add(start)
         self.most = max(self.most, len(self.out))
         self.epochs.append(epoch)
-        self.histories.append(tuple(history))
-        picks = await self.run(session, lane, start, tokens, sampling, all_logits, kind, history)
+        self.histories.append(tuple(out.history))
+        picks = await self.run(session, lane, start, out.tokens, out.sampling, out.all_logits, out.kind, out.history)
         # the frame id is its start here
         return Pending(SessionId(session), FrameId(start), epoch, 0.0, None, picks, 0.001)
 

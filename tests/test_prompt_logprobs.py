@@ -27,8 +27,8 @@ from mesh.api.app import build_app
 from mesh.backend import Generation, GenerationEvent, GenerationRequest, PromptLogprobs
 from mesh.observe.metrics import Metrics
 from mesh.serving.generate import generate
-from mesh.serving.pipeline import Pipeline, StageFailedError
-from mesh.serving.request_state import Live, RequestState
+from mesh.serving.pipeline import Pipeline, PipelineOptions, StageFailedError
+from mesh.serving.request_state import Live, Outgoing, RequestState
 from stage.frames import FrameSampling
 
 COMPLETIONS = "/v1/completions"
@@ -44,7 +44,7 @@ def _expected(prompt: list[int]) -> list[float]:
 
 @contextlib.asynccontextmanager
 async def _one_stage() -> AsyncIterator[tuple[Pipeline, None]]:
-    pipeline = Pipeline(ToyEngine(first=True, final=True), None, chunk=4)
+    pipeline = Pipeline(ToyEngine(first=True, final=True), None, options=PipelineOptions(chunk=4))
     pipeline.start()
     try:
         yield pipeline, None
@@ -114,7 +114,7 @@ def test_a_reply_whose_scored_rows_are_not_the_prompt_fails_the_request(monkeypa
     async def scenario() -> None:
         async with two_stages(chunk=4) as (pipeline, _):
             lane = pipeline.open(SessionId(1))
-            pending = await pipeline.score(SessionId(1), LaneId(lane), PROMPT, SamplingParams(logprobs=0))
+            pending = await pipeline.score(SessionId(1), LaneId(lane), Outgoing(0, PROMPT, SamplingParams(logprobs=0)))
             assert pending.scored == len(PROMPT) - 1
             assert len(pending.earlier) == 2  # chunks of 4, 4 and 1: each answered
             with pytest.raises(StageFailedError, match="scored rows"):

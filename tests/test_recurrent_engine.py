@@ -23,7 +23,7 @@ from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest
 from mesh.routing.planner import StageRange
 from mesh.routing.stage_fit import StageNeed, footprint, misfits, package_sizes
-from mesh.serving.pipeline import Pipeline
+from mesh.serving.pipeline import Pipeline, PipelineOptions
 from mesh.speculative.draft import Draft
 from packages.manifest import load_manifest
 from packages.requantize import requantize
@@ -112,7 +112,7 @@ def test_single_rows_take_a_checkpoint_only_every_depth_rows(engine: LlamaRangeE
 
 def test_the_pipeline_keeps_frames_in_flight_within_the_checkpoints(engine: LlamaRangeEngine) -> None:
     assert Pipeline(engine, None).most_in_flight == DEPTH - 1
-    assert Pipeline(engine, None, recurrent=False).most_in_flight is None
+    assert Pipeline(engine, None, options=PipelineOptions(recurrent=False)).most_in_flight is None
     assert Pipeline(engine, None).cache.exact  # type: ignore[union-attr]
 
 

@@ -19,8 +19,9 @@ from mesh.backend import MeshUnavailableError
 from mesh.observe.metrics import Metrics
 from mesh.routing.healing import worked
 from mesh.routing.route import RemoteStage, Route
-from mesh.serving.pipeline import Pipeline
+from mesh.serving.pipeline import Pipeline, PipelineOptions
 from mesh.serving.reply_deadline import ReplyDeadline
+from mesh.serving.request_state import Outgoing
 from proto import meshpipe_pb2 as pb
 from stage.frames import reply_frame
 from stage.sampling import SamplingParams
@@ -49,7 +50,8 @@ async def _one_frame(reply_s: float, progress_every_s: float | None) -> tuple[li
     server = await serve("127.0.0.1", 0, replies_after(reply_s), token="t")
     link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
     broke: list[str] = []
-    pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, on_break=broke.append)
+    pipeline = Pipeline(ToyEngine(first=True, final=False), link, on_break=broke.append,
+                        options=PipelineOptions(wire_dtype=pb.F16))
     pipeline.watch.deadline = ReplyDeadline(floor_s=DEADLINE_S, first_s=DEADLINE_S)
     pipeline.start()
 
@@ -61,7 +63,7 @@ async def _one_frame(reply_s: float, progress_every_s: float | None) -> tuple[li
     healer = asyncio.ensure_future(pings())
     try:
         session = SessionId(1)
-        pending = await pipeline.send(session, pipeline.open(session), 0, [3, 4], SamplingParams())
+        pending = await pipeline.send(session, pipeline.open(session), Outgoing(0, [3, 4], SamplingParams()))
         with contextlib.suppress(MeshUnavailableError):
             await pipeline.wait(pending)
         return broke, pipeline
@@ -88,7 +90,8 @@ def test_progress_stopping_mid_wait_breaks_it_one_deadline_later():
         server = await serve("127.0.0.1", 0, replies_after(60.0), token="t")
         link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
         broke: list[str] = []
-        pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, on_break=broke.append)
+        pipeline = Pipeline(ToyEngine(first=True, final=False), link, on_break=broke.append,
+                            options=PipelineOptions(wire_dtype=pb.F16))
         pipeline.watch.deadline = ReplyDeadline(floor_s=DEADLINE_S, first_s=DEADLINE_S)
         pipeline.start()
         loop = asyncio.get_running_loop()
@@ -96,7 +99,7 @@ def test_progress_stopping_mid_wait_breaks_it_one_deadline_later():
             loop.call_later(at, pipeline.watch.progressed)
         started = loop.time()
         try:
-            pending = await pipeline.send(SessionId(1), pipeline.open(SessionId(1)), 0, [3], SamplingParams())
+            pending = await pipeline.send(SessionId(1), pipeline.open(SessionId(1)), Outgoing(0, [3], SamplingParams()))
             with pytest.raises(MeshUnavailableError):
                 await pipeline.wait(pending)
             return broke, loop.time() - started
@@ -113,11 +116,13 @@ def test_a_frame_deadline_counts_the_rows_queued_ahead_of_it():
     async def scenario() -> list[int]:
         server = await serve("127.0.0.1", 0, replies_after(60.0), token="t")
         link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
-        pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, on_break=lambda _: None)
+        pipeline = Pipeline(ToyEngine(first=True, final=False), link, on_break=lambda _: None,
+                            options=PipelineOptions(wire_dtype=pb.F16))
         pipeline.start()
         try:
-            first = await pipeline.send(SessionId(1), pipeline.open(SessionId(1)), 0, [3] * 40, SamplingParams())
-            second = await pipeline.send(SessionId(2), pipeline.open(SessionId(2)), 0, [3], SamplingParams())
+            long = Outgoing(0, [3] * 40, SamplingParams())
+            first = await pipeline.send(SessionId(1), pipeline.open(SessionId(1)), long)
+            second = await pipeline.send(SessionId(2), pipeline.open(SessionId(2)), Outgoing(0, [3], SamplingParams()))
             return [first.ahead, second.ahead]
         finally:
             await pipeline.stop()

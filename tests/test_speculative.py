@@ -23,7 +23,7 @@ from common.tokens import common_prefix
 from mesh.backend import Acceptance, Account, GenerationRequest
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pipeline, StageFailedError, round_trip
-from mesh.serving.request_state import Live, RequestState
+from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.draft import Draft
 from mesh.speculative.ngram import NGRAM, NgramProposer
 from mesh.speculative.proposer import Combined
@@ -33,7 +33,6 @@ from packages.materialize import materialize_stage
 from packages.requantize import requantize
 from packages.speculative import WindowPolicy, ngram_window
 from packages.writer import write_package
-from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.batcher import Batcher, _Job, close_engine
 from stage.engine import Step
@@ -198,14 +197,14 @@ def test_tokens_sampled_inside_verify_windows_follow_the_target_distribution(tin
         async with two_stages(tiny_package, stage_cache, tiny_gguf, cut=2, lanes=16) as (pipeline, draft, _):
             sessions = [SessionId(s) for s in range(1, 17)]
             lanes = {s: pipeline.open(s) for s in sessions}
-            await asyncio.gather(*(round_trip(pipeline, s, lanes[s], 0, context, GREEDY, kind=pb.PREFILL)
+            await asyncio.gather(*(round_trip(pipeline, s, lanes[s], Outgoing(0, context, GREEDY))
                                    for s in sessions))
             samples: list[list[int]] = []
             for first in range(0, 2000, 16):
                 replies = await asyncio.gather(*(
-                    round_trip(pipeline, s, lanes[s], len(context), window,
-                               SamplingParams(temperature=1.0, seed=first + s),
-                                 all_logits=True, kind=pb.VERIFY) for s in sessions))
+                    round_trip(pipeline, s, lanes[s], Outgoing(len(context), window,
+                                                               SamplingParams(temperature=1.0, seed=first + s),
+                                                               drafts=len(window) - 1)) for s in sessions))
                 samples += [[r.token for r in reply] for reply in replies]
             for s in sessions:
                 await pipeline.end(s)
@@ -292,11 +291,12 @@ def test_final_stage_refuses_sampling_it_cannot_use_with_an_error_frame(tiny_pac
     async def scenario() -> None:
         async with two_stages(tiny_package, stage_cache, None, cut=2) as (pipeline, _, _):
             lane = pipeline.open(SessionId(1))
-            await round_trip(pipeline, SessionId(1), lane, 0, [1, 5, 9], GREEDY, kind=pb.PREFILL)
+            await round_trip(pipeline, SessionId(1), lane, Outgoing(0, [1, 5, 9], GREEDY))
             for params, history, words in bad:
                 with pytest.raises(StageFailedError, match=words):
-                    await round_trip(pipeline, SessionId(1), lane, 3, [7], params, history=history)
-            ok = await round_trip(pipeline, SessionId(1), lane, 3, [7], SamplingParams(logprobs=2), history=[7])
+                    await round_trip(pipeline, SessionId(1), lane, Outgoing(3, [7], params, history=tuple(history)))
+            top2 = Outgoing(3, [7], SamplingParams(logprobs=2), history=(7,))
+            ok = await round_trip(pipeline, SessionId(1), lane, top2)
             assert len(ok) == 1
             assert len(ok[0].top) == 2
 

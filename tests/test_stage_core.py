@@ -20,8 +20,8 @@ from common.sampling import Sampled, SamplingParams
 from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.constraints.compile import Constraint
 from mesh.serving.generate import generate
-from mesh.serving.pipeline import Pending, Pipeline, StageFailedError, round_trip
-from mesh.serving.request_state import Live, RequestState
+from mesh.serving.pipeline import Pending, Pipeline, PipelineOptions, StageFailedError, round_trip
+from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed
 from packages.speculative import WindowPolicy
@@ -46,8 +46,8 @@ async def two_stages(chunk: int = 128, final_engine: ToyEngine | None = None, fi
     final.start()
     server = await serve("127.0.0.1", 0, final.handle_upstream, token="t")
     link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
-    pipeline = Pipeline(first_engine or ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, chunk=chunk,
-                        micro_batches=micro_batches)
+    pipeline = Pipeline(first_engine or ToyEngine(first=True, final=False), link,
+                        options=PipelineOptions(wire_dtype=pb.F16, chunk=chunk, micro_batches=micro_batches))
     pipeline.start()
     try:
         yield pipeline, final
@@ -71,15 +71,14 @@ def test_stage_zero_alone_samples_in_process_and_frees_its_lane_at_end():
         try:
             lane = pipeline.open(SessionId(7))
             assert pipeline.open(SessionId(7)) == lane  # one lane per session however often asked
-            assert _tokens(await round_trip(pipeline, SessionId(7), lane, 0, [1, 2, 3], GREEDY, kind=pb.PREFILL)) == [4]
-            verify = await round_trip(pipeline, SessionId(7), lane, 3, [4, 5, 9], GREEDY, all_logits=True,
-                                      kind=pb.VERIFY)
+            assert _tokens(await round_trip(pipeline, SessionId(7), lane, Outgoing(0, [1, 2, 3], GREEDY))) == [4]
+            verify = await round_trip(pipeline, SessionId(7), lane, Outgoing(3, [4, 5, 9], GREEDY, drafts=2))
             assert _tokens(verify) == [5, 6, 10]
             assert engine.position(lane) == 6
             assert pipeline.hops.frames == {"prefill": 1, "verify": 1}
             assert pipeline.hops.batch_rows[("verify", "0")] == 3
             with pytest.raises(StageFailedError, match="stage 0: cannot sample"):
-                await round_trip(pipeline, SessionId(7), lane, 6, [10], OVERFLOW)
+                await round_trip(pipeline, SessionId(7), lane, Outgoing(6, [10], OVERFLOW))
             await pipeline.end(SessionId(7))
             assert len(pipeline.core.lanes) == 0
             assert engine.position(lane) == 0
@@ -96,11 +95,11 @@ def test_two_stages_chunk_encode_sample_and_use_stage_0s_lane_everywhere():
             pipeline.open(SessionId(5))  # stage 0's lanes: 5 -> 0, 9 -> 1
             lane = pipeline.open(SessionId(9))
             # five tokens in chunks of two: three frames, one reply
-            prefill = await round_trip(pipeline, SessionId(9), lane, 0, [1, 2, 3, 4, 5], GREEDY, kind=pb.PREFILL)
+            prefill = await round_trip(pipeline, SessionId(9), lane, Outgoing(0, [1, 2, 3, 4, 5], GREEDY))
             assert _tokens(prefill) == [6]
             # every frame names stage 0's lane: a free lane may hold a cached prefix, so all agree
             assert final.core.lanes.by_session == {9: lane} == {9: 1}
-            verify = await round_trip(pipeline, SessionId(9), lane, 5, [6, 20], GREEDY, all_logits=True, kind=pb.VERIFY)
+            verify = await round_trip(pipeline, SessionId(9), lane, Outgoing(5, [6, 20], GREEDY, drafts=1))
             assert _tokens(verify) == [7, 21]
             assert first.position(lane) == final.core.engine.position(lane) == 7
             hops = pipeline.hops
@@ -132,7 +131,7 @@ def test_micro_batches_split_stage_zeros_decodes_and_keep_every_token(groups: in
         lane = pipeline.open(SessionId(session))
         out = [first]
         for pos in range(4):
-            out += _tokens(await round_trip(pipeline, SessionId(session), lane, pos, [out[-1]], GREEDY))
+            out += _tokens(await round_trip(pipeline, SessionId(session), lane, Outgoing(pos, [out[-1]], GREEDY)))
         return out
 
     async def scenario() -> None:
@@ -152,12 +151,13 @@ def test_the_final_stage_refuses_or_fails_one_request_and_serves_on():
     async def scenario() -> None:
         async with two_stages() as (pipeline, _):
             lane = pipeline.open(SessionId(1))
-            await round_trip(pipeline, SessionId(1), lane, 0, [1, 2], GREEDY, kind=pb.PREFILL)
+            await round_trip(pipeline, SessionId(1), lane, Outgoing(0, [1, 2], GREEDY))
             with pytest.raises(StageFailedError, match="stage 1: cannot sample"):
-                await round_trip(pipeline, SessionId(1), lane, 2, [3], OVERFLOW)
+                await round_trip(pipeline, SessionId(1), lane, Outgoing(2, [3], OVERFLOW))
+            nan = SamplingParams(temperature=float("nan"))
             with pytest.raises(StageFailedError, match=r"stage 1: .*finite"):
-                await round_trip(pipeline, SessionId(1), lane, 2, [3], SamplingParams(temperature=float("nan")))
-            assert _tokens(await round_trip(pipeline, SessionId(1), lane, 2, [3], GREEDY)) == [4]
+                await round_trip(pipeline, SessionId(1), lane, Outgoing(2, [3], nan))
+            assert _tokens(await round_trip(pipeline, SessionId(1), lane, Outgoing(2, [3], GREEDY))) == [4]
             assert pipeline.broken is None
 
     asyncio.run(scenario())

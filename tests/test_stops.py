@@ -21,7 +21,8 @@ from mesh.reports.recovery import Recoveries
 from mesh.routing import healing
 from mesh.routing.healing import Healer
 from mesh.routing.route import Route
-from mesh.serving.pipeline import Pending, Pipeline
+from mesh.serving.pipeline import Pending, Pipeline, PipelineOptions
+from mesh.serving.request_state import Outgoing
 from proto import meshpipe_pb2 as pb
 from stage.sampling import SamplingParams
 from stage.transport import Link, LinkClosedError, connect, serve
@@ -43,7 +44,8 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
         server = await serve("127.0.0.1", 0, never_replies, token="t")
         link = await connect("127.0.0.1", server.sockets[0].getsockname()[1], token="t")
         broke: list[str] = []
-        pipeline = Pipeline(ToyEngine(first=True, final=False), link, wire_dtype=pb.F16, on_break=broke.append)
+        pipeline = Pipeline(ToyEngine(first=True, final=False), link, on_break=broke.append,
+                            options=PipelineOptions(wire_dtype=pb.F16))
         await asyncio.sleep(0.1)  # the server has taken the link: its tasks are not the pipeline's
         before = asyncio.all_tasks()
         pipeline.start()
@@ -51,8 +53,8 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
             sent: list[Pending] = []
             for session in (SessionId(1), SessionId(2)):
                 lane = pipeline.open(session)
-                sent.append(await pipeline.send(session, lane, 0, [3, 4], SamplingParams()))
-                sent.append(await pipeline.send(session, lane, 2, [5], SamplingParams()))
+                sent.append(await pipeline.send(session, lane, Outgoing(0, [3, 4], SamplingParams())))
+                sent.append(await pipeline.send(session, lane, Outgoing(2, [5], SamplingParams())))
             await asyncio.sleep(0.05)
             assert len(pipeline.waiters) == 4
             assert _new_tasks(before), "the reply reader runs"
@@ -65,7 +67,7 @@ def test_stopping_a_route_fails_every_frame_in_flight_and_leaves_no_task_of_it()
             assert pipeline.waiters == {}
             assert broke == []  # stopping is not breaking: nobody is asked to heal it
             with pytest.raises(MeshUnavailableError, match="stopped"):
-                await pipeline.send(SessionId(1), LaneId(0), 3, [6], SamplingParams())
+                await pipeline.send(SessionId(1), LaneId(0), Outgoing(3, [6], SamplingParams()))
         finally:
             server.close()
 

@@ -131,13 +131,27 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
         proc.wait()
 
 
-def serve(setup: Setup, tmp: Path, stages: int, draft: bool = False, delay_ms: float = 0.0,
-          lanes: int = 8, relay: bool = False, in_flight: int | None = None, strategy: str | None = None,
-          prefix_cache: bool = True, engines: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `serve` runs `mesh serve`, besides the setup and the stage count."""
+
+    draft: bool = False  # speculate with the package's draft
+    delay_ms: float = 0.0  # --wire-delay-ms
+    lanes: int = 8
+    relay: bool = False  # --relay-replies
+    in_flight: int | None = None  # --frames-in-flight
+    strategy: str | None = None  # --strategy
+    prefix_cache: bool = True
+    engines: tuple[str, ...] = ()  # --engine, one for all stages or one per stage (default: mesh serve's)
+    extra: tuple[str, ...] = ()  # a scenario's own flags
+
+
+def serve(setup: Setup, tmp: Path, stages: int, opts: ServeOptions = ServeOptions()
           ) -> contextlib.AbstractContextManager[LocalServer]:
     """`mesh serve --local-stages N`; without speculation unless a draft or a `--strategy` is asked
-    for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it.
-    `engines`: `--engine`, one for all stages or one per stage (default: mesh serve's)."""
+    for. With --machines each stage is pinned to its set and runs one engine thread per CPU of it."""
+    draft, delay_ms, lanes, relay, in_flight = opts.draft, opts.delay_ms, opts.lanes, opts.relay, opts.in_flight
+    strategy, prefix_cache, engines, extra = opts.strategy, opts.prefix_cache, opts.engines, opts.extra
     args = ["--local-stages", str(stages), "--lanes", str(lanes),
             "--ctx-size", str(setup.ctx), "--cache-dir", str(setup.cache), "--wire-delay-ms", str(delay_ms)]
     if setup.machines:
@@ -165,7 +179,7 @@ def split2_per_delay(setup: Setup, prefix: str, delays: list[float], modes: dict
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         for d in delays:
             with contextlib.ExitStack() as stack:
-                yield d, {mode: stack.enter_context(serve(setup, Path(tmp), 2, delay_ms=d, **kw)).url
+                yield d, {mode: stack.enter_context(serve(setup, Path(tmp), 2, ServeOptions(delay_ms=d, **kw))).url
                           for mode, kw in modes.items()}
 
 

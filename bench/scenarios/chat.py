@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness.client import stream_messages
-from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from mesh.model.tokenizer import Tokenizer
 
 TURNS = 4
@@ -88,7 +88,7 @@ def chat_rows(setup: Setup, repeats: int) -> list[Row]:
     document = weather_log(lambda text: len(tokenizer.tokenize(text, False)))
     record = ChatRecord()
     with tempfile.TemporaryDirectory(prefix="mesh-bench-chat-") as tmp, contextlib.ExitStack() as stack:
-        urls = {mode: stack.enter_context(serve(setup, Path(tmp), 2, prefix_cache=on)).url
+        urls = {mode: stack.enter_context(serve(setup, Path(tmp), 2, ServeOptions(prefix_cache=on))).url
                 for mode, on in MODES.items()}
         for rep in range(repeats):
             _converse(setup, tokenizer, urls, rep, document, record)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness.client import stream_chat
-from bench.harness.harness import Asked, Baseline, Outcome, Row, Setup, baseline_worker, serve
+from bench.harness.harness import Asked, Baseline, Outcome, Row, ServeOptions, Setup, baseline_worker, serve
 from stage.engine_choice import MLX_INSTALL, mlx_installed
 
 # name -> the engine of each stage, stage 0 first
@@ -86,8 +86,8 @@ def engine_rows(setup: Setup, prompts: list[str], repeats: int) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="mesh-bench-engines-") as tmp, contextlib.ExitStack() as stack:
         base = stack.enter_context(baseline_worker(setup))
         # one lane: one stream at a time; no prefix cache: every TTFT prefills the whole prompt
-        urls = {name: stack.enter_context(serve(setup, Path(tmp), len(engines), lanes=1, prefix_cache=False,
-                                                engines=engines)).url
+        urls = {name: stack.enter_context(serve(setup, Path(tmp), len(engines),
+                                                    ServeOptions(lanes=1, prefix_cache=False, engines=engines))).url
                 for name, engines in configs.items()}
         record = _measure(setup, base, urls, prompts, repeats)
         chat = [base.tokenizer.render_chat([{"role": "user", "content": p}]) for p in prompts]

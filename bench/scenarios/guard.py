@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.harness.breakdown import Counters, compute_per_row, scrape
 from bench.harness.client import stream_chat, stream_messages
-from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from bench.harness.workloads import COPY_PROMPT, RECIPE, RECIPE_PROMPT
 
 FIGURES = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
@@ -120,7 +120,7 @@ def _per_row(url: str, before: Counters, kind: str) -> float:
 def _servers(setup: Setup, tmp: Path, stack: contextlib.ExitStack) -> dict[str, str]:
     """Every server the checks ask, each cut on parameters so the cuts are the same every run."""
     def up(stages: int, *flags: str, **kw: Any) -> str:
-        return stack.enter_context(serve(setup, tmp, stages, extra=(*PARAMETER_CUT, *flags), **kw)).url
+        return stack.enter_context(serve(setup, tmp, stages, ServeOptions(extra=(*PARAMETER_CUT, *flags), **kw))).url
 
     return {"split-1": up(1), "split-2": up(2), "ngram": up(2, strategy="ngram"),
             "none 20 ms": up(2, "--no-forced-drafts", delay_ms=20.0), "spec 20 ms": up(2, draft=True, delay_ms=20.0),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 
 from bench.harness.client import stream_chat
-from bench.harness.harness import Baseline, Row, Setup, Shared, serve, weight_share
+from bench.harness.harness import Baseline, Row, ServeOptions, Setup, Shared, serve, weight_share
 from bench.harness.local_server import LocalServer, stage_pids
 from bench.harness.prompts import long_prompt
 from mesh.cli.bearer import auth_headers
@@ -21,7 +21,8 @@ from mesh.reports.proc_memory import peak_rss
 def rows(shared: Shared) -> list[Row]:
     setup = shared.asked.setup
     out = _memory_rows(setup, shared.base, shared.servers, lanes=8)
-    single = {n: shared.stack.enter_context(serve(setup, shared.tmp, n, lanes=1)) for n in shared.servers if n > 1}
+    one_lane = ServeOptions(lanes=1)
+    single = {n: shared.stack.enter_context(serve(setup, shared.tmp, n, one_lane)) for n in shared.servers if n > 1}
     long = long_prompt(shared.base.tokenizer)
     for server in single.values():
         stream_chat(server.url, setup.model_id, long, setup.tokens)

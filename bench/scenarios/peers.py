@@ -28,12 +28,12 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.harness import llama_cpp
 from bench.harness.client import StreamTiming, mesh_cuts, stream_chat
-from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from bench.harness.llama_cpp import Binaries, RpcSplit, ServerSpec
 from bench.harness.machines import Machines
 from bench.harness.pairs import Pair, cost_realistic_pair, package_draft, same_cost_pair
@@ -129,20 +129,32 @@ class Record:
             self.notes.setdefault(n, []).append(text)
 
 
-def peer_rows(setup: Setup, pairs: list[Pair], bins: Binaries | None, prompts: list[str], delays: list[float],
-              repeats: int, tmp: Path, stages: tuple[int, ...] = (1, 2)) -> tuple[list[Row], str]:
+@dataclass(frozen=True)
+class PeerRun:
+    """What one peers run measures, besides its pairs: the llama.cpp binaries (None: meshpipe
+    alone), the prompts, delays and repeats, where servers write, and the stage counts."""
+
+    bins: Binaries | None
+    prompts: list[str]
+    delays: list[float]
+    repeats: int
+    tmp: Path
+    stages: tuple[int, ...] = (1, 2)
+
+
+def peer_rows(pairs: list[Pair], run: PeerRun) -> tuple[list[Row], str]:
     """The rows for the results table and JSON, and the side-by-side tables issues 26 and 42 show."""
-    if skip := skipped_message(bins, stages):
+    if skip := skipped_message(run.bins, run.stages):
         print(f"bench: {skip}", file=sys.stderr)
-    runnable = None if skip else bins
-    records = [_measure_pair(pair, runnable, prompts, delays, repeats, tmp, stages) for pair in pairs]
-    rows = [row for r in records for row in rows_of(r, delays)]
+        run = replace(run, bins=None)
+    records = [_measure_pair(pair, run) for pair in pairs]
+    rows = [row for r in records for row in rows_of(r, run.delays)]
     rows += [Row("peers", skip, 0.0)] if skip else []
-    return rows, "\n\n".join([tables(r, delays) for r in records] + ([skip] if skip else []))
+    return rows, "\n\n".join([tables(r, run.delays) for r in records] + ([skip] if skip else []))
 
 
-def _measure_pair(pair: Pair, bins: Binaries | None, prompts: list[str], delays: list[float], repeats: int,
-                  tmp: Path, stages: tuple[int, ...]) -> Record:
+def _measure_pair(pair: Pair, run: PeerRun) -> Record:
+    bins, prompts, delays, repeats, tmp, stages = run.bins, run.prompts, run.delays, run.repeats, run.tmp, run.stages
     record = Record(pair.label, pair.costly, stages)
     setup = pair.setup
     assert setup.machines is not None  # the peers scenario always emulates machines
@@ -156,7 +168,8 @@ def _measure_pair(pair: Pair, bins: Binaries | None, prompts: list[str], delays:
             one_node[LLAMA_ONE] = stack.enter_context(llama_cpp.llama_server(bins, spec, tmp)).url
         for d in delays:
             with contextlib.ExitStack() as at_delay:
-                split_units = [at_delay.enter_context(_split_units(pair, bins, d, s, tmp, record)) for s in splits]
+                split_units = [at_delay.enter_context(_split_units(pair, bins, At(d, s, tmp), record))
+                               for s in splits]
                 _interleave(setup, {**one_node, **{k: v for u in split_units for k, v in u.items()}}, prompts,
                             repeats, d, record)
     return record
@@ -175,27 +188,36 @@ def sharing_note(machines: Machines, n: int) -> str:
         "one thread each, taking turns on the core)" for cpus, group in machines.shared(n))
 
 
+@dataclass(frozen=True)
+class At:
+    """A split-n at one delay, its servers writing under `tmp`."""
+
+    delay: float
+    split: Split
+    tmp: Path
+
+
 @contextlib.contextmanager
-def _split_units(pair: Pair, bins: Binaries | None, delay: float, split: Split, tmp: Path,
-                 record: Record) -> Iterator[dict[str, str]]:
+def _split_units(pair: Pair, bins: Binaries | None, at: At, record: Record) -> Iterator[dict[str, str]]:
     """A split-n's servers at one delay; llama.cpp's get the cuts meshpipe's no-draft split chose."""
-    setup = pair.setup
+    setup, delay, split, tmp = pair.setup, at.delay, at.split, at.tmp
     with contextlib.ExitStack() as stack:
-        units = {split.plain: stack.enter_context(serve(setup, tmp, split.n, delay_ms=delay)).url,
-                 split.default: stack.enter_context(serve(setup, tmp, split.n, draft=True, delay_ms=delay)).url}
+        units = {split.plain: stack.enter_context(serve(setup, tmp, split.n, ServeOptions(delay_ms=delay))).url,
+                 split.default: stack.enter_context(serve(setup, tmp, split.n,
+                                                          ServeOptions(draft=True, delay_ms=delay))).url}
         cuts = mesh_cuts(units[split.plain])
         record.note(split.n, cuts_note(delay, cuts, mesh_cuts(units[split.default])))
         if bins:
-            units |= _rpc_units(stack, pair, bins, delay, split, cuts, tmp, record)
+            units |= _rpc_units(stack, pair, bins, at, cuts, record)
         yield units
 
 
-def _rpc_units(stack: contextlib.ExitStack, pair: Pair, bins: Binaries, delay: float, split: Split,
-               cuts: tuple[int, ...], tmp: Path, record: Record) -> dict[str, str]:
+def _rpc_units(stack: contextlib.ExitStack, pair: Pair, bins: Binaries, at: At, cuts: tuple[int, ...],
+               record: Record) -> dict[str, str]:
     """llama-server on stage 0's CPUs with one ggml-rpc-server, behind its own delay proxy,
     on each later stage's; without and with its speculation. It raises unless its log shows
     each RPC device holding its stage's layers."""
-    setup = pair.setup
+    setup, delay, split, tmp = pair.setup, at.delay, at.split, at.tmp
     assert setup.machines is not None
     first, *rest = setup.machines.for_stages(split.n)
     units, said = {}, ""
@@ -318,6 +340,6 @@ def run(asked: Asked) -> Outcome:
     say: Callable[[str], None] = lambda m: print(f"bench: {m}", file=sys.stderr)  # noqa: E731
     pairs = [same_cost_pair(setup, draft), cost_realistic_pair(setup, draft, say)]
     with tempfile.TemporaryDirectory(prefix="mesh-bench-peers-") as tmp:
-        rows, table = peer_rows(setup, pairs, asked.bins, asked.prompts, asked.delays, asked.args.repeats, Path(tmp),
-                                stages)
+        rows, table = peer_rows(pairs, PeerRun(asked.bins, asked.prompts, asked.delays, asked.args.repeats,
+                                               Path(tmp), stages))
     return Outcome(rows, [table])

@@ -7,12 +7,13 @@ from __future__ import annotations
 import statistics
 
 from bench.harness.client import stream_chat
-from bench.harness.harness import Row, Shared, serve
+from bench.harness.harness import Row, ServeOptions, Shared, serve
 
 
 def rows(shared: Shared) -> list[Row]:
     setup, delays, prompts = shared.asked.setup, shared.asked.delays, shared.asked.prompts
-    servers = {(d, relay): shared.stack.enter_context(serve(setup, shared.tmp, 3, delay_ms=d, relay=relay))
+    servers = {(d, relay): shared.stack.enter_context(serve(setup, shared.tmp, 3,
+                                                            ServeOptions(delay_ms=d, relay=relay)))
                for d in delays for relay in (False, True)}
     tps: dict[tuple[float, bool], list[float]] = {key: [] for key in servers}
     for _ in range(shared.asked.args.repeats):

@@ -43,7 +43,7 @@ import psutil
 
 from bench.harness import llama_cpp
 from bench.harness.client import mesh_cuts, stream_chat
-from bench.harness.harness import Outcome, Row, Setup, serve, weight_share
+from bench.harness.harness import Outcome, Row, ServeOptions, Setup, serve, weight_share
 from bench.harness.hybrid_model import QWEN35_MOE_35B_8, HybridShape
 from bench.harness.llama_cpp import Binaries, RpcSplit, ServerSpec
 from bench.harness.local_server import LocalServer, stage_pids, stop
@@ -251,7 +251,7 @@ def _decode_rows(setup: Setup, plan: Plan, root: Path) -> list[Row]:
     rows: list[Row] = []
     for d in plan.delays:
         with contextlib.ExitStack() as stack:
-            mesh = stack.enter_context(serve(setup, logs, 2, delay_ms=d, lanes=1))
+            mesh = stack.enter_context(serve(setup, logs, 2, ServeOptions(delay_ms=d, lanes=1)))
             urls = {"meshpipe split-2": mesh.url}
             (cut,) = mesh_cuts(mesh.url)
             if plan.bins and not skip:

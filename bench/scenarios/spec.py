@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.harness.breakdown import measure
 from bench.harness.busy import busy_during, busy_rows
 from bench.harness.client import stream_chat
-from bench.harness.harness import Row, Setup, Shared, serve
+from bench.harness.harness import Row, ServeOptions, Setup, Shared, serve
 from bench.harness.local_server import LocalServer
 from bench.harness.streams import run_batches
 from mesh.api.responses import SpeculativeUsage
@@ -37,7 +37,8 @@ def _spec_rows(setup: Setup, tmp: Path, prompts: list[str], stages: list[int], d
     for n in stages:
         for d in delays:
             with contextlib.ExitStack() as stack:
-                servers = {mode: stack.enter_context(serve(setup, tmp, n, draft=draft, delay_ms=d, in_flight=depth))
+                servers = {mode: stack.enter_context(serve(setup, tmp, n,
+                                                           ServeOptions(draft=draft, delay_ms=d, in_flight=depth)))
                            for mode, (draft, depth) in SPEC_MODES.items()}
                 out += _spec_group(setup, f"spec split-{n} {d:g} ms", servers, prompts, repeats, d)
                 if breakdown:  # verify frames next to plain decode frames, on the server with the draft

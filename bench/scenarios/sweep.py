@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from bench.harness.client import stream_chat
-from bench.harness.harness import Asked, Outcome, Row, Setup, serve
+from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from bench.harness.pairs import cost_realistic_pair, package_draft
 
 WINDOWS = (1, 2, 3, 4)
@@ -42,12 +42,12 @@ def sweep_rows(setup: Setup, prompts: list[str], delays: list[float], repeats: i
 
 def _measure(setup: Setup, prompts: list[str], delay: float, repeats: int, tmp: Path) -> dict[str, list[float]]:
     with contextlib.ExitStack() as stack:
-        urls = {PLAIN: stack.enter_context(serve(setup, tmp, 2, delay_ms=delay)).url,
-                DEFAULT: stack.enter_context(serve(setup, tmp, 2, draft=True, delay_ms=delay)).url}
+        urls = {PLAIN: stack.enter_context(serve(setup, tmp, 2, ServeOptions(delay_ms=delay))).url,
+                DEFAULT: stack.enter_context(serve(setup, tmp, 2, ServeOptions(draft=True, delay_ms=delay))).url}
         for k in WINDOWS:
             for d in DEPTHS:
-                server = serve(setup, tmp, 2, draft=True, delay_ms=delay, in_flight=d,
-                               extra=("--draft-window", str(k)))
+                server = serve(setup, tmp, 2, ServeOptions(draft=True, delay_ms=delay, in_flight=d,
+                                                           extra=("--draft-window", str(k))))
                 urls[fixed(k, d)] = stack.enter_context(server).url
         for url in urls.values():  # a first request pays for lazy loading and warms caches
             stream_chat(url, setup.model_id, prompts[0], 2)

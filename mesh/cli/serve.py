@@ -24,7 +24,8 @@ from mesh.model.source import resolve_model
 from mesh.observe.metrics import Metrics
 from mesh.observe.sampler import Sampler
 from mesh.routing.peer_probe import discovered_peers
-from mesh.routing.route import RouteSettings
+from mesh.routing.route import BenchKnobs, RouteSettings
+from mesh.serving.settings import ServingSettings
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, resolve_plan
 from mesh.speculative.speculation import Speculation
 from proto import meshpipe_pb2 as pb
@@ -257,18 +258,8 @@ def _coordinator(args: argparse.Namespace, config: Config, api_port: int) -> Coo
         args.peer += discovered_peers(args.discover_seconds, [*args.peer, *args.spare], token, tls_of(args), _say)
     if token is None and not args.peer and args.local_stages > 1:
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
-    settings = RouteSettings(token=token, cache_dir=cache, lanes=args.lanes,
-                             ctx_size=args.ctx_size, batch=args.batch, threads=_threads(args),
-                             wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args),
-                             cpu_lock=_cpu_lock(args, cache),
-                             wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
-                             direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()),
-                             micro_batches=args.micro_batches, resume_s=args.resume_timeout,
-                             prefix_cache=not args.no_prefix_cache, engines=_engines(args),
-                             cut_on_measured=args.cut_on == "measured",
-                             max_queue=4 * args.lanes if args.max_queue is None else args.max_queue,
-                             request_timeout_s=args.request_timeout, forced_drafts=not args.no_forced_drafts,
-                             warm_up=not args.no_warm_up)
+    cpu_lock = _cpu_lock(args, cache)
+    settings, serving = _route_settings(args, cache, token, cpu_lock), _serving_settings(args, cpu_lock)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),
@@ -278,8 +269,25 @@ def _coordinator(args: argparse.Namespace, config: Config, api_port: int) -> Coo
     if remote and topology.advertise.startswith("127."):
         _say(f"WARNING: stages will reach this coordinator at {topology.advertise}, a loopback "
              "address; pass --advertise with an address they can dial")
-    return Coordinator(ServedModel(package_dir, manifest, sha, model_id), settings, topology,
+    return Coordinator(ServedModel(package_dir, manifest, sha, model_id), settings, serving, topology,
                        Speculation(spec, note, _say), coordinator_id(topology.advertise, api_port), say=_say)
+
+
+def _route_settings(args: argparse.Namespace, cache: Path, token: str | None, cpu_lock: Path | None) -> RouteSettings:
+    bench = BenchKnobs(wire=WireEmulation(args.wire_delay_ms, args.wire_jitter_ms),
+                       direct_return=not args.relay_replies, stage_cpus=tuple(args.stage_cpus or ()))
+    return RouteSettings(token=token, cache_dir=cache, lanes=args.lanes, ctx_size=args.ctx_size, batch=args.batch,
+                         threads=_threads(args), wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args),
+                         cpu_lock=cpu_lock, micro_batches=args.micro_batches, prefix_cache=not args.no_prefix_cache,
+                         engines=_engines(args), cut_on_measured=args.cut_on == "measured", bench=bench)
+
+
+def _serving_settings(args: argparse.Namespace, cpu_lock: Path | None) -> ServingSettings:
+    return ServingSettings(lanes=args.lanes, ctx_size=args.ctx_size,
+                           max_queue=4 * args.lanes if args.max_queue is None else args.max_queue,
+                           request_timeout_s=args.request_timeout, resume_s=args.resume_timeout,
+                           prefix_cache=not args.no_prefix_cache, forced_drafts=not args.no_forced_drafts,
+                           warm_up=not args.no_warm_up, cpu_lock=cpu_lock)
 
 
 def coordinator_id(advertise: str, api_port: int) -> str:

@@ -23,7 +23,7 @@ from mesh.routing.planner import StageCost, plan_measured, predicted_times, wort
 from mesh.routing.route import RemoteStage, Route, RouteSettings, build, refresh_status, spawn_local_stage, teardown
 from mesh.routing.route_rows import describe
 from mesh.routing.stage_cost import cost_at, decode_frames
-from mesh.serving.pipeline import Pipeline
+from mesh.serving.pipeline import Pipeline, PipelineOptions
 from packages.architectures import keeps_state
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
@@ -163,9 +163,9 @@ class RouteKeeper:
         assert route.work is not None
         route.calibration0 = await on_engine_thread(calibrate, self.engine, route.work.of(route.stage0), s.wire_dtype)
         link, replies = await _links(s, route)
-        self.pipeline = Pipeline(self.engine, link, wire_dtype=s.wire_dtype, hops=self.hops, replies=replies,
-                                 micro_batches=s.groups(1 + len(route.stages)), on_break=self.on_break,
-                                 prefix_cache=s.prefix_cache, recurrent=keeps_state(m.manifest.architecture))
+        options = PipelineOptions(wire_dtype=s.wire_dtype, micro_batches=s.groups(1 + len(route.stages)),
+                                  prefix_cache=s.prefix_cache, recurrent=keeps_state(m.manifest.architecture))
+        self.pipeline = Pipeline(self.engine, link, replies, self.hops, self.on_break, options)
         self.pipeline.start()
 
     async def drop_route(self, quick: bool = False) -> None:
@@ -207,7 +207,7 @@ async def _links(s: RouteSettings, route: Route) -> tuple[Link | None, Link | No
     if not route.stages:
         return None, None
     link = await _link(s, route.stages[0], "coordinator", "stage0->downstream")
-    if len(route.stages) == 1 or not s.direct_return:  # else its upstream is us
+    if len(route.stages) == 1 or not s.bench.direct_return:  # else its upstream is us
         return link, None
     try:
         return link, await _link(s, route.stages[-1], REPLIES_ROLE, "stage0->replies")
@@ -219,4 +219,4 @@ async def _links(s: RouteSettings, route: Route) -> tuple[Link | None, Link | No
 async def _link(s: RouteSettings, stage: RemoteStage, role: str, name: str) -> Link:
     host, port = split_endpoint(stage.activation)
     return await connect(host, port, token=s.token, role=role, ssl_context=client_ssl(s.tls),
-                         emulation=s.wire, name=name)
+                         emulation=s.bench.wire, name=name)

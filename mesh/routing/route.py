@@ -74,7 +74,19 @@ class RemoteStage:
 
 
 @dataclass(frozen=True)
+class BenchKnobs:
+    """Benchmark-only settings (`mesh serve`'s hidden flags, mesh/cli/bench_args.py)."""
+
+    wire: WireEmulation = NO_EMULATION  # a delay on every hop, both ways
+    direct_return: bool = True  # the final stage answers stage 0 itself; False relays
+    stage_cpus: tuple[str, ...] = ()  # a CPU list per local stage, stage 0 first
+
+
+@dataclass(frozen=True)
 class RouteSettings:
+    """What routing reads of `mesh serve`'s settings: the stages' engines, lanes and context,
+    how the wire and the plan run. Serving's are mesh/serving/settings.py's."""
+
     token: str | None
     cache_dir: Path
     lanes: int
@@ -84,18 +96,11 @@ class RouteSettings:
     wire_dtype: pb.WireDType = pb.F32
     tls: MeshTls | None = None
     cpu_lock: Path | None = None  # shared with local stages, which run on the same cores
-    wire: WireEmulation = NO_EMULATION  # benchmark-only delay on every hop, both ways
-    direct_return: bool = True  # the final stage answers stage 0 itself; False relays (benchmarks)
-    stage_cpus: tuple[str, ...] = ()  # benchmark only: a CPU list per local stage, stage 0 first
     micro_batches: int | None = None  # session groups in flight (DESIGN.md §3); None: one per stage
-    resume_s: float = 60.0  # how long a generation waits for a new route after a break (0: it fails)
-    prefix_cache: bool = True  # a finished request's tokens stay in its lane for the next (DESIGN.md §2)
+    prefix_cache: bool = True  # stage 0's pipeline keeps a finished request's tokens (DESIGN.md §2)
     cut_on_measured: bool = True  # re-cut the first route and cut rebuilds on measured time (DESIGN.md §3)
     engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
-    max_queue: int | None = None  # requests that may wait for a lane; beyond them, 429 (None: any number)
-    request_timeout_s: float | None = None  # a request's whole life, waits included (None: no limit)
-    forced_drafts: bool = True  # a grammar's forced tokens are proposed as drafts (mesh/speculative/forced.py)
-    warm_up: bool = True  # a first generation at start when a cost-aware window chooses (mesh/serving/warm_up.py)
+    bench: BenchKnobs = BenchKnobs()
 
     def engine(self, index: int) -> Engine:
         """The engine local stage `index` runs (0: this process)."""
@@ -150,8 +155,8 @@ def spawn_local_stage(s: RouteSettings, index: int) -> RemoteStage:
            "--cache-dir", str(s.cache_dir)]
     if s.threads:  # else the stage runs one engine thread per CPU it may use
         cmd += ["--threads", str(s.threads)]
-    if index < len(s.stage_cpus):
-        cmd += ["--cpus", s.stage_cpus[index]]
+    if index < len(s.bench.stage_cpus):
+        cmd += ["--cpus", s.bench.stage_cpus[index]]
     if s.tls:
         cmd += ["--tls-cert", str(s.tls.cert), "--tls-key", str(s.tls.key), "--tls-ca", str(s.tls.ca)]
     if s.cpu_lock:
@@ -396,8 +401,8 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
         protocol_version=V, term=route.term, coordinator_id=route.coordinator_id, layer_start=stage.range.start,
         layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
-        downstream=downstream, stage_index=index, wire_delay_ms=s.wire.delay_ms,
-        wire_jitter_ms=s.wire.jitter_ms, work_layers=work_layers))
+        downstream=downstream, stage_index=index, wire_delay_ms=s.bench.wire.delay_ms,
+        wire_jitter_ms=s.bench.wire.jitter_ms, work_layers=work_layers))
     if not reply.ready:
         raise RouteError(f"stage {stage.endpoint} failed to load: {reply.message}")
     stage.activation = reply.endpoint

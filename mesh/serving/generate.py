@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from common.sampling import Sampled
 from mesh.backend import MeshUnavailableError, PromptLogprobs
@@ -28,7 +29,6 @@ from mesh.serving.pipeline import Lease, Pending, Pipeline
 from mesh.serving.proposals import NOTHING, Proposals, Windows
 from mesh.serving.request_state import Live
 from mesh.speculative.proposer import Proposer
-from proto import meshpipe_pb2 as pb
 
 
 async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft: Proposer | None = None,
@@ -79,16 +79,10 @@ async def _send(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending
         live.state, frame = s.send(proposal.tokens, proposal.by, proposal.seconds)
         masks = () if by.guide is None else frame_masks(by.guide, live.state.sequence, len(s.req.prompt),
                                                         frame.start, frame.tokens, frame.drafts)
-        kind = pb.VERIFY if frame.drafts else pb.DECODE if len(frame.tokens) == 1 else pb.PREFILL
-        proposed = proposal.proposed() if s.req.sampling.rejects else ()
-        if s.scoring:  # leased with nothing cached (RequestState.leased): the prompt from 0, no drafts
-            assert frame.start == 0, "a prompt to score is fed whole"
-            out.append(await pipeline.score(lease.session, lease.lane, frame.tokens, s.req.sampling,
-                                            live.state.epoch, masks))
-        else:
-            out.append(await pipeline.send(lease.session, lease.lane, frame.start, frame.tokens, s.req.sampling,
-                                           all_logits=bool(frame.drafts), kind=kind, history=frame.history,
-                                           epoch=live.state.epoch, masks=masks, proposed=proposed))
+        frame = replace(frame, masks=tuple(masks), proposed=proposal.proposed() if s.req.sampling.rejects else ())
+        # leased with nothing cached (RequestState.leased), a prompt to score is fed from 0, no drafts
+        send = pipeline.score if s.scoring else pipeline.send
+        out.append(await send(lease.session, lease.lane, frame))
         if before is not None and frame.drafts:
             out[-1].pace = out[-1].left_at - before.left_at
         before = out[-1]

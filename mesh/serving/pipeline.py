@@ -28,13 +28,14 @@ import numpy as np
 
 from common.errors import EngineError
 from common.ids import FrameId, LaneId, SessionId
-from common.sampling import Proposed, Sampled, SamplingParams
+from common.sampling import Sampled
 from common.task_scope import TaskScope
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.reports.hop_timing import HopTotals
 from mesh.serving.prefix_cache import PrefixCache
 from mesh.serving.reply_deadline import ReplyWatch, StalledError
+from mesh.serving.request_state import Outgoing
 from proto import meshpipe_pb2 as pb
 from stage.checkpoints import DEPTH
 from stage.core import StageCore, Work
@@ -113,22 +114,36 @@ def _tokens_of(reply: pb.FrameHeader) -> list[Sampled]:
         raise StageFailedError(str(exc)) from None
 
 
+@dataclass(frozen=True)
+class PipelineOptions:
+    """How stage 0's pipeline runs (the route keeper's settings, mesh/routing/keeper.py)."""
+
+    wire_dtype: int = pb.F32  # hidden states on the wire
+    chunk: int = 128  # rows a frame feeds at most; a longer input goes in several
+    micro_batches: int = 1  # session groups stage 0 computes apart (DESIGN.md §3)
+    prefix_cache: bool = True  # a finished request's tokens stay in its lane (DESIGN.md §2)
+    # Some stage's layers keep recurrent state (None: stage 0's do), which rolls back only to a
+    # checkpoint (stage/checkpoints.py): the prefix cache is then exact, and a session keeps at
+    # most `most_in_flight` frames out, within the checkpoints kept.
+    recurrent: bool | None = None
+
+
 class Pipeline:
-    def __init__(self, engine: RangeEngine, link: Link | None, wire_dtype: int = pb.F32,
-                 chunk: int = 128, hops: HopTotals | None = None, replies: Link | None = None,
-                 micro_batches: int = 1, on_break: Callable[[str], None] | None = None,
-                 prefix_cache: bool = True, recurrent: bool | None = None) -> None:
-        """`recurrent`: some stage's layers keep recurrent state (default: stage 0's do), which
-        rolls back only to a checkpoint (stage/checkpoints.py): the prefix cache is then exact,
-        and a session keeps at most `most_in_flight` frames out, within the checkpoints kept."""
-        self.core = StageCore(engine, 0, wire_dtype, micro_batches)
+    def __init__(self, engine: RangeEngine, link: Link | None, replies: Link | None = None,
+                 hops: HopTotals | None = None, on_break: Callable[[str], None] | None = None,
+                 options: PipelineOptions = PipelineOptions()) -> None:
+        """`link` goes to stage 1 (None: stage 0 is the whole model); `replies` comes back from
+        the final stage, past the middle ones (direct return); `on_break` is told once, when
+        the route breaks."""
+        self.core = StageCore(engine, 0, options.wire_dtype, options.micro_batches)
+        recurrent = options.recurrent
         if recurrent is None:
             recurrent = getattr(engine, "recurrent", None) is not None
-        self.cache = PrefixCache(exact=recurrent) if prefix_cache else None
+        self.cache = PrefixCache(exact=recurrent) if options.prefix_cache else None
         self.most_in_flight = DEPTH - 1 if recurrent else None
         self.link = link
         self.reply_link = replies  # to the final stage, past the middle ones (direct return)
-        self.chunk = chunk
+        self.chunk = options.chunk
         self.hops = hops or HopTotals()
         self.watch = ReplyWatch(self.hops)  # how long each reply is waited for
         self.on_break = on_break  # told once, when the route breaks: the coordinator heals it
@@ -176,48 +191,47 @@ class Pipeline:
         self.cache.take(lane)
         return Lease(session, lane, cached)
 
-    async def send(self, session: SessionId, lane: LaneId, start: int, tokens: list[int], sampling: SamplingParams,
-                   all_logits: bool = False, kind: int = pb.DECODE, history: Sequence[int] = (),
-                   epoch: int = 0, masks: Sequence[bytes] = (), proposed: Sequence[Proposed] = ()) -> Pending:
-        """Feed `tokens` at `start` up to the point where the frame has left stage 0; `wait` gives its tokens, so
-        several frames of a session can be in flight (DESIGN.md §6). `epoch` tags the frame:
-        a stage skips a session's queued frames of an older epoch than the newest it saw. `masks`:
-        a grammar's allowed tokens per sampled row (stage/masks.py). `proposed`: under rejection
-        sampling, the drafts fed (the last of `tokens`) with their q."""
+    async def send(self, session: SessionId, lane: LaneId, out: Outgoing) -> Pending:
+        """Feed the frame's tokens up to the point where it has left stage 0; `wait` gives its
+        tokens, so several frames of a session can be in flight (DESIGN.md §6). Its epoch tags
+        it: a stage skips a session's queued frames of an older epoch than the newest it saw."""
         sent_at = time.perf_counter()
         if self.broken:
             raise MeshUnavailableError(self.broken)
+        tokens, all_logits, epoch = out.tokens, out.all_logits, out.epoch
         if all_logits and len(tokens) > self.chunk:  # rows are sampled from the last chunk only
             raise ValueError(f"a frame of {len(tokens)} rows exceeds the chunk of {self.chunk}")
         pieces = [tokens[i : i + self.chunk] for i in range(0, len(tokens), self.chunk)]
-        pos = start
+        pos = out.start
         for piece in pieces[:-1]:  # a long input's earlier chunks go on unanswered
             work, hidden = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32)))
             if self.link is not None:
                 await self._forward(compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch), work, hidden)
             pos += len(piece)
         last = pieces[-1]
-        work, out = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
-                                             all_logits=all_logits))
-        frame = FrameSampling.for_rows(sampling, history, tokens, len(last) if all_logits else 1, masks, proposed)
-        header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, kind, frame, all_logits)
-        pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=kind,
+        work, rows = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
+                                              all_logits=all_logits))
+        frame = FrameSampling.for_rows(out.sampling, out.history, tokens, len(last) if all_logits else 1, out.masks,
+                                       out.proposed)
+        header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, out.kind, frame, all_logits)
+        pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=out.kind,
                           ahead=_rows_out(self.waiters))
         self.hops.rows_sent += len(tokens)
         if self.link is None:
-            return self._answer_here(pending, header, work, out, frame, len(last))
-        await self._forward(header, work, out, pending)
+            return self._answer_here(pending, header, work, rows, frame, len(last))
+        await self._forward(header, work, rows, pending)
         return pending
 
-    async def score(self, session: SessionId, lane: LaneId, tokens: list[int], sampling: SamplingParams,
-                    epoch: int = 0, masks: Sequence[bytes] = ()) -> Pending:
-        """Feed a whole prompt at position 0 as `send` would, every row's logits computed: each
-        row reports the logprob of the prompt's next token (a scored row), and the last row
-        samples the first token. Each chunk asks for its own reply, since the final stage
-        keeps nothing between frames; `wait` gives every chunk's scored rows, then the token."""
+    async def score(self, session: SessionId, lane: LaneId, out: Outgoing) -> Pending:
+        """Feed a whole prompt (the frame, at position 0) as `send` would, every row's logits
+        computed: each row reports the logprob of the prompt's next token (a scored row), and
+        the last row samples the first token. Each chunk asks for its own reply, since the final
+        stage keeps nothing between frames; `wait` gives every chunk's scored rows, then the token."""
         sent_at = time.perf_counter()
         if self.broken:
             raise MeshUnavailableError(self.broken)
+        assert out.start == 0, "a prompt to score is fed whole"
+        tokens, sampling, epoch, masks = out.tokens, out.sampling, out.epoch, out.masks
         chunks: list[Pending] = []
         for pos in range(0, len(tokens), self.chunk):
             piece = tokens[pos : pos + self.chunk]
@@ -225,16 +239,16 @@ class Pipeline:
             # each row's next prompt token; the prompt's last row has none: it is sampled
             frame = FrameSampling(sampling, masks=tuple(masks) if last else (),
                                   targets=tuple(tokens[pos + 1 : pos + len(piece) + 1]))
-            work, out = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
+            work, rows = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
                                                  all_logits=True))
             header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, pb.PREFILL, frame, True)
             # its own rows: the reply deadline learns a frame's time by its rows, and a void counts them
             chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(piece),
                             kind=pb.PREFILL, targets=frame.targets, ahead=_rows_out(self.waiters))
             if self.link is None:
-                self._answer_here(chunk, header, work, out, frame, len(piece))
+                self._answer_here(chunk, header, work, rows, frame, len(piece))
             else:
-                await self._forward(header, work, out, chunk)
+                await self._forward(header, work, rows, chunk)
             chunks.append(chunk)
         self.hops.rows_sent += len(tokens)
         chunks[-1].earlier = tuple(chunks[:-1])
@@ -382,11 +396,9 @@ def _rows_out(waiters: dict[tuple[SessionId, FrameId], Pending]) -> int:
     return sum(p.rows for p in waiters.values())
 
 
-async def round_trip(pipeline: Pipeline, session: SessionId, lane: LaneId, start: int, tokens: list[int],
-                     sampling: SamplingParams, all_logits: bool = False, kind: int = pb.DECODE,
-                     history: Sequence[int] = ()) -> list[Sampled]:
-    """One frame there and back: feed `tokens` at `start`; the sampled next token, or one per
-    row if all_logits. `lane` is the one `open(session)` gave. `history` is the completion the
-    penalties count at the first sampled row, that row's token included; the later rows extend
-    it with the tokens fed before them. A prompt has none: only the completion is penalised."""
-    return await pipeline.wait(await pipeline.send(session, lane, start, tokens, sampling, all_logits, kind, history))
+async def round_trip(pipeline: Pipeline, session: SessionId, lane: LaneId, out: Outgoing) -> list[Sampled]:
+    """One frame there and back: the sampled next token, or one per row of a window. `lane` is
+    the one `open(session)` gave. The frame's `history` is the completion the penalties count
+    at the first sampled row, that row's token included; the later rows extend it with the
+    tokens fed before them. A prompt has none: only the completion is penalised."""
+    return await pipeline.wait(await pipeline.send(session, lane, out))

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from common.ids import LaneId
-from common.sampling import EXACT, REJECTION, Sampled
+from common.sampling import EXACT, REJECTION, Proposed, Sampled, SamplingParams
 from common.tokens import common_prefix
 from mesh.backend import Acceptance, Account, GenerationRequest
+from proto import meshpipe_pb2 as pb
 
 FinishReason = Literal["stop", "length"]
 
@@ -46,13 +47,30 @@ class Frame:
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """What the next frame feeds: `tokens` at `start`, and the penalty history of its first
-    sampled row (the completion up to and including that row's token)."""
+    """The next frame, the one value the record hands the pipeline (mesh/serving/pipeline.py
+    `send`): `tokens` at `start`, the last `drafts` of them drafts, sampled as `sampling`
+    says, with the penalty history of its first sampled row (the completion up to and
+    including that row's token), in the session's `epoch`. The generate loop adds what the
+    record does not hold: a grammar's `masks`, one per sampled row (stage/masks.py), and under
+    rejection sampling the drafts' q (`proposed`)."""
 
     start: int
     tokens: list[int]
-    drafts: int
-    history: tuple[int, ...]
+    sampling: SamplingParams
+    drafts: int = 0
+    history: tuple[int, ...] = ()
+    epoch: int = 0
+    masks: tuple[bytes, ...] = ()
+    proposed: tuple[Proposed, ...] = ()
+
+    @property
+    def all_logits(self) -> bool:
+        """A window's every row is sampled: the drafts are checked against them."""
+        return self.drafts > 0
+
+    @property
+    def kind(self) -> int:
+        return pb.VERIFY if self.drafts else pb.DECODE if len(self.tokens) == 1 else pb.PREFILL
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +161,7 @@ class RequestState:
         history = seq[len(self.req.prompt) : first_row + 1] if self.req.sampling.penalised else ()
         frame = Frame(start, rows, len(drafts), by, seconds)
         state = replace(self, drafts=(*self.drafts, *drafts), frames=(*self.frames, frame))
-        return state, Outgoing(start, list(seq[start:]), len(drafts), tuple(history))
+        return state, Outgoing(start, list(seq[start:]), self.req.sampling, len(drafts), tuple(history), self.epoch)
 
     def prompt_scored(self) -> RequestState:
         return replace(self, scored=True)

@@ -46,6 +46,7 @@ from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pipeline, StageFailedError
 from mesh.serving.proposals import Windows
 from mesh.serving.request_state import Live, RequestState
+from mesh.serving.settings import ServingSettings
 from mesh.speculative.draft import DRAFT
 from mesh.speculative.ngram import NGRAM
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, SpecPlan
@@ -78,31 +79,10 @@ class LiveRoute(Protocol):
         ...
 
 
-class Settings(Protocol):
-    """What requests read of `mesh serve`'s settings (mesh/routing/route.py's RouteSettings)."""
-
-    @property
-    def lanes(self) -> int: ...
-    @property
-    def ctx_size(self) -> int: ...
-    @property
-    def max_queue(self) -> int | None: ...
-    @property
-    def request_timeout_s(self) -> float | None: ...
-    @property
-    def resume_s(self) -> float: ...
-    @property
-    def prefix_cache(self) -> bool: ...
-    @property
-    def cpu_lock(self) -> Path | None: ...
-    @property
-    def forced_drafts(self) -> bool: ...
-
-
 class Requests:
     """Every request's generation, admitted up to the lanes and resumed across breaks."""
 
-    def __init__(self, speculation: Speculation, stage0: Stage0, healer: LiveRoute, settings: Settings,
+    def __init__(self, speculation: Speculation, stage0: Stage0, healer: LiveRoute, settings: ServingSettings,
                  recoveries: Recoveries) -> None:
         # speculation: what it proposes with; the plan may change once, at start (mesh/speculative/speculation.py)
         self.speculation, self.stage0 = speculation, stage0
