@@ -123,15 +123,26 @@ def input_rows(h: pb.FrameHeader) -> int:
     return int(h.shape[0]) if len(h.shape) else len(h.tokens)
 
 
+@dataclass(frozen=True)
+class Asks:
+    """What a frame that wants a reply asks for: its kind, how its rows are sampled, and
+    whether every row's logits are (a verify window's, a scored prompt's)."""
+
+    kind: int
+    sampling: FrameSampling
+    all_logits: bool = False
+
+
 def compute_frame(session: SessionId, frame: FrameId, lane: LaneId, start: int, epoch: int,
-                  kind: int = pb.PREFILL, sampling: FrameSampling | None = None,
-                  all_logits: bool = False) -> pb.FrameHeader:
-    """The header of a compute frame as stage 0 sends it. Only a frame with `sampling` asks
-    for a reply: the earlier chunks of a long input go on as PREFILL, unanswered."""
-    asks = sampling is not None
-    return pb.FrameHeader(session_id=session, frame_id=frame, kind=kind,  # type: ignore[arg-type]
-                          start_pos=start, epoch=epoch, lane=lane, want_reply=asks, all_logits=all_logits and asks,
-                          sampling=sampling.to_wire() if sampling is not None else None)
+                  asks: Asks | None = None) -> pb.FrameHeader:
+    """The header of a compute frame as stage 0 sends it. Only a frame that `asks` wants a
+    reply: the earlier chunks of a long input go on as PREFILL, unanswered."""
+    if asks is None:
+        return pb.FrameHeader(session_id=session, frame_id=frame, kind=pb.PREFILL, start_pos=start, epoch=epoch,
+                              lane=lane)
+    return pb.FrameHeader(session_id=session, frame_id=frame, kind=asks.kind,  # type: ignore[arg-type]
+                          start_pos=start, epoch=epoch, lane=lane, want_reply=True, all_logits=asks.all_logits,
+                          sampling=asks.sampling.to_wire())
 
 
 def reply_frame(h: pb.FrameHeader, picks: list[Sampled], hop: pb.Hop) -> pb.FrameHeader:

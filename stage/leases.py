@@ -19,7 +19,7 @@ from pathlib import Path
 from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.hosted import Hosted
-from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
+from stage.prepare import Fetcher, PreparedStage, Progress, Wanted, prepare_stage
 
 log = logging.getLogger("meshpipe.stage")
 
@@ -61,9 +61,9 @@ class Lease:
         """Start preparing the request's range in the background (Inventory reports it)."""
         self.progress, self.prepared = Progress(), None
         self.range = (request.layer_start, request.layer_end)
+        wanted = Wanted(request.package_ref, request.manifest_sha256, request.layer_start, request.layer_end)
         self.prepare_task = asyncio.get_running_loop().create_task(prepare_stage(
-            request.package_ref, request.manifest_sha256, request.layer_start, request.layer_end,
-            cache_dir, fetch, self.progress, placeholders=placeholders))
+            wanted, cache_dir, fetch, self.progress, placeholders=placeholders))
         self.prepare_task.add_done_callback(self._prepared)
 
     def _prepared(self, task: asyncio.Task[PreparedStage]) -> None:

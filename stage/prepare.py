@@ -45,30 +45,32 @@ class PreparedStage:
     end: int
 
 
-async def prepare_stage(
-    package_ref: str,
-    manifest_sha: str,
-    start: int,
-    end: int,
-    cache_dir: Path,
-    fetch: Fetcher | None,
-    progress: Progress,
-    placeholders: bool = True,
-) -> PreparedStage:
+@dataclass(frozen=True)
+class Wanted:
+    """The range a stage is asked to prepare: layers [start, end) of a package (a directory or
+    an hf:// ref) pinned by its manifest's sha256."""
+
+    package_ref: str
+    manifest_sha: str
+    start: int
+    end: int
+
+
+async def prepare_stage(wanted: Wanted, cache_dir: Path, fetch: Fetcher | None, progress: Progress,
+                        placeholders: bool = True) -> PreparedStage:
     """`placeholders`: whether the stage GGUF may hold zeros for what the range never reads
     (packages/materialize.py): not for an MLX engine."""
     try:
-        return await _prepare(package_ref, manifest_sha, start, end, cache_dir, fetch, progress, placeholders)
+        return await _prepare(wanted, cache_dir, fetch, progress, placeholders)
     finally:
         close = getattr(fetch, "aclose", None)  # an ArtifactFetcher's channel (stage/artifact_fetch.py)
         if close is not None:
             await close()
 
 
-async def _prepare(
-    package_ref: str, manifest_sha: str, start: int, end: int, cache_dir: Path, fetch: Fetcher | None,
-    progress: Progress, placeholders: bool,
-) -> PreparedStage:
+async def _prepare(wanted: Wanted, cache_dir: Path, fetch: Fetcher | None, progress: Progress,
+                   placeholders: bool) -> PreparedStage:
+    package_ref, manifest_sha, start, end = wanted.package_ref, wanted.manifest_sha, wanted.start, wanted.end
     hub_ref = parse_hub_ref(package_ref) if is_hub_ref(package_ref) else None
     package_dir, fetch = await _package_dir(package_ref, manifest_sha, cache_dir, fetch, hub_ref, start, end)
     manifest, sha = load_manifest(package_dir)

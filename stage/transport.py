@@ -260,18 +260,21 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+HANDSHAKE_S = 10.0  # a peer that has not answered the handshake by then is not a meshpipe stage, or is hung
+
+
 async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.SSLContext | None = None,
-                  role: str = "coordinator", limits: Limits = Limits(),
-                  emulation: WireEmulation = NO_EMULATION, name: str = "",
-                  handshake_s: float = 10.0) -> Link:
+                  role: str = "coordinator", emulation: WireEmulation = NO_EMULATION, name: str = "") -> Link:
+    """A link to the stage at host:port, past its handshake; the frames it reads are held to
+    the default Limits (what a coordinator or a stage reads back is a stage's reply)."""
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(host, port, ssl=ssl_context,
-                                server_hostname=MESH_NAME if ssl_context else None), handshake_s)
+                                server_hostname=MESH_NAME if ssl_context else None), HANDSHAKE_S)
     _nodelay(writer)
     _write_message(writer, pb.Handshake(protocol_version=PROTOCOL_VERSION, token=token or "", role=role))
     await writer.drain()
     try:
-        reply = await asyncio.wait_for(_read_message(reader, pb.HandshakeReply), handshake_s)
+        reply = await asyncio.wait_for(_read_message(reader, pb.HandshakeReply), HANDSHAKE_S)
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         writer.close()
         raise TransportRefusedError(f"{host}:{port} closed the connection during the handshake") from exc
@@ -281,7 +284,7 @@ async def connect(host: str, port: int, *, token: str | None, ssl_context: ssl.S
     if not reply.ok:
         writer.close()
         raise TransportRefusedError(f"{host}:{port} refused the link: {reply.message}")
-    return Link(reader, writer, limits, emulation, name or f"{role}->{host}:{port}")
+    return Link(reader, writer, Limits(), emulation, name or f"{role}->{host}:{port}")
 
 
 async def serve(host: str, port: int, handler: Callable[[Link], Awaitable[None]], *,

@@ -17,7 +17,7 @@ from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage import prepare as prepare_module
 from stage.artifact_fetch import ArtifactFetcher, chunk_data
-from stage.prepare import Progress, prepare_stage
+from stage.prepare import Progress, Wanted, prepare_stage
 
 
 @pytest.mark.parametrize(("data", "offset"), [(b"", 0), (b"x", 0), (os.urandom(300), 7), (os.urandom(1 << 20), 2**63)])
@@ -40,7 +40,7 @@ async def _pull(package: Path, cache: Path, start: int, end: int) -> tuple[Path,
     await server.start()
     try:
         fetch, progress = ArtifactFetcher(f"127.0.0.1:{port}", sha, None), Progress()
-        prepared = await prepare_stage(str(cache / "absent"), sha, start, end, cache, fetch, progress)
+        prepared = await prepare_stage(Wanted(str(cache / "absent"), sha, start, end), cache, fetch, progress)
         return prepared.gguf, progress, fetch
     finally:
         await server.stop(None)
@@ -69,6 +69,6 @@ def test_corrupt_bytes_are_refused_before_the_rename(tiny_package, tmp_path):
         yield data if path == MANIFEST_NAME else data[:-1] + bytes([data[-1] ^ 1])
 
     with pytest.raises(PackageError, match="failed verification"):
-        asyncio.run(prepare_stage(str(tmp_path / "absent"), sha, 0, 1, tmp_path, fetch, Progress()))
+        asyncio.run(prepare_stage(Wanted(str(tmp_path / "absent"), sha, 0, 1), tmp_path, fetch, Progress()))
     installed = [p for p in (tmp_path / "packages" / sha).rglob("*") if p.is_file()]
     assert all(p.name == MANIFEST_NAME for p in installed)  # no artifact was renamed into place

@@ -23,6 +23,7 @@ from mesh.constraints.compile import Constraint, build
 from mesh.constraints.errors import ConstraintError
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Lease, Pending
+from mesh.serving.proposals import Proposing
 from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, WindowPolicy
@@ -95,7 +96,8 @@ async def _run(live: Live, vocab: int, forced: bool, draft: Guesser | None, in_f
     pipeline: Any = MaskingPipeline(vocab)
     window = Fixed(WindowPolicy(policy="fixed", initial=3, min=1, max=3)) if draft is not None else None
     out = []
-    gen: Any = generate(pipeline, Lease(SessionId(1), LaneId(0)), live, 512, draft, window, in_flight, forced=forced)
+    proposing = Proposing(draft, window, in_flight, forced=forced)
+    gen: Any = generate(pipeline, Lease(SessionId(1), LaneId(0)), live, 512, proposing)
     async for sampled in gen:
         out.append(sampled.token)
         if stop_after is not None and len(out) == stop_after:

@@ -19,6 +19,7 @@ from common.sampling import Sampled
 from mesh.backend import GenerationRequest
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Lease, Pending
+from mesh.serving.proposals import Proposing
 from mesh.serving.request_state import Live, RequestState
 from mesh.speculative.cost_model import Costs, Option, gap, options
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT
@@ -338,7 +339,7 @@ def test_the_loop_keeps_no_more_frames_out_than_the_controller_asks():
     window = TwoDeep(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
 
     async def go() -> list[int]:
-        loop = generate(pipeline, Lease(1, 0), Live(RequestState(req)), 64, ScriptedDraft(LONG), window, 4)  # type: ignore[arg-type]
+        loop = generate(pipeline, Lease(1, 0), Live(RequestState(req)), 64, Proposing(ScriptedDraft(LONG), window, 4))  # type: ignore[arg-type]
         return [e.token async for e in loop if isinstance(e, Sampled)]
 
     assert asyncio.run(go()) == LONG[:20]
@@ -377,8 +378,8 @@ def _heard(depth: int, misses: frozenset[int] = frozenset()) -> list[Observation
     req = GenerationRequest(PROMPT, 24)
 
     async def go() -> None:
-        loop = generate(Clocked(LONG), Lease(1, 0), Live(RequestState(req)), 64,  # type: ignore[arg-type]
-                        ScriptedDraft(LONG, misses=misses), window, 4)
+        proposing = Proposing(ScriptedDraft(LONG, misses=misses), window, 4)
+        loop = generate(Clocked(LONG), Lease(1, 0), Live(RequestState(req)), 64, proposing)  # type: ignore[arg-type]
         async for _ in loop:
             pass
 

@@ -21,6 +21,7 @@ from mesh.backend import Acceptance, Account, GenerationRequest, MeshUnavailable
 from mesh.observe.metrics import Metrics
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Lease, Pending
+from mesh.serving.proposals import Proposing
 from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, Observation, WindowPolicy
@@ -113,7 +114,7 @@ def _events(max_tokens: int, target: list[int] = TARGET, draft: ScriptedDraft | 
 
     async def go() -> None:
         # on purpose: scripted stand-ins for the concrete Pipeline and Draft classes, duck-typed
-        loop = generate(scripted, Lease(1, 0), live, 64, draft, window, in_flight)  # type: ignore[arg-type]
+        loop = generate(scripted, Lease(1, 0), live, 64, Proposing(draft, window, in_flight))  # type: ignore[arg-type]
         async for sampled in loop:
             assert isinstance(sampled, Sampled)  # no prompt logprobs were asked
             run.append(sampled)
@@ -224,8 +225,9 @@ def test_controllers_hear_of_every_frame_plain_decodes_included():
     live = Live(RequestState(req, speculative=True))
 
     async def go() -> list[Sampled]:
-        return [e async for e in generate(ScriptedPipeline(LONG), Lease(1, 0), live, 64, ScriptedDraft(LONG),  # type: ignore[arg-type]
-                                          recorder, 3) if isinstance(e, Sampled)]
+        proposing = Proposing(ScriptedDraft(LONG), recorder, 3)
+        return [e async for e in generate(ScriptedPipeline(LONG), Lease(1, 0), live, 64, proposing)  # type: ignore[arg-type]
+                if isinstance(e, Sampled)]
 
     events = asyncio.run(go())
     assert [e.token for e in events] == LONG[:20]
@@ -342,8 +344,8 @@ def test_a_route_that_breaks_while_sending_still_hands_on_every_committed_token(
 
     async def go() -> None:
         window = Fixed(WindowPolicy(policy="fixed", initial=2, min=1, max=2))
-        async for sampled in generate(pipeline, Lease(SessionId(1), LaneId(0)), live, 64,  # type: ignore[arg-type]
-                                      ScriptedDraft(LONG), window):
+        proposing = Proposing(ScriptedDraft(LONG), window)
+        async for sampled in generate(pipeline, Lease(SessionId(1), LaneId(0)), live, 64, proposing):  # type: ignore[arg-type]
             assert isinstance(sampled, Sampled)
             got.append(sampled.token)
 

@@ -26,7 +26,7 @@ from packages.manifest import MANIFEST_NAME, load_manifest
 from packages.refs import HubRef, parse_hub_ref
 from packages.speculative import DraftStrategy, declared, verify_draft
 from packages.writer import write_package
-from stage.prepare import Fetcher, PreparedStage, Progress, prepare_stage
+from stage.prepare import Fetcher, PreparedStage, Progress, Wanted, prepare_stage
 
 pytestmark = pytest.mark.mesh
 
@@ -145,7 +145,7 @@ def test_the_coordinator_also_fetches_a_bundled_draft(hf_offline, tiny_gguf, tmp
 
 
 def _prepare(ref: str, sha: str, start: int, end: int, cache: Path, fetch: Fetcher | None = None) -> PreparedStage:
-    return asyncio.run(prepare_stage(ref, sha, start, end, cache, fetch, Progress()))
+    return asyncio.run(prepare_stage(Wanted(ref, sha, start, end), cache, fetch, Progress()))
 
 
 def _coordinator(package_dir: Path, calls: list[str], broken: bool = False) -> Fetcher:

@@ -18,7 +18,7 @@ from packages.manifest import load_manifest
 from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION as V
 from stage.control import StageControl, StageOptions, split_endpoint
-from stage.frames import FrameSampling, compute_frame
+from stage.frames import Asks, FrameSampling, compute_frame
 from stage.transport import Link, connect, encode_tensor
 
 pytestmark = pytest.mark.mesh  # real model ranges
@@ -61,7 +61,8 @@ async def _link(reply: pb.LoadReply) -> Link:
 
 async def _ask(link: Link, session: int, lane: int, start: int, hidden: np.ndarray) -> pb.FrameHeader:
     """Feed `hidden` to the session's lane at `start`; the final stage's REPLY or ERROR."""
-    header = compute_frame(SessionId(session), FrameId(start + 1), LaneId(lane), start, 0, pb.PREFILL, GREEDY)
+    header = compute_frame(SessionId(session), FrameId(start + 1), LaneId(lane), start, 0,
+                           Asks(pb.PREFILL, GREEDY))
     shape, data = encode_tensor(hidden, pb.F32)
     header.dtype, header.payload_bytes = pb.F32, len(data)
     header.shape.extend(shape)

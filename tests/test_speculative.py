@@ -23,6 +23,7 @@ from common.tokens import common_prefix
 from mesh.backend import Acceptance, Account, GenerationRequest
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pipeline, StageFailedError, round_trip
+from mesh.serving.proposals import Proposing
 from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.draft import Draft
 from mesh.speculative.ngram import NGRAM, NgramProposer
@@ -77,7 +78,8 @@ async def two_stages(package: Path, cache: Path, draft: Path | None, cut: int = 
 async def _generated(pipeline, lease, req, draft, window, in_flight=1) -> tuple[list[Sampled], Account]:
     """A whole generation on `lease`: its tokens and its record's account at the end."""
     live = Live(RequestState(req, speculative=draft is not None))
-    out = [s async for s in generate(pipeline, lease, live, 512, draft, window, in_flight) if isinstance(s, Sampled)]
+    proposing = Proposing(draft, window, in_flight)
+    out = [s async for s in generate(pipeline, lease, live, 512, proposing) if isinstance(s, Sampled)]
     return out, live.state.account()
 
 
@@ -130,7 +132,7 @@ def test_every_stage_kv_equals_accepted_position_after_rejection(smollm2_package
                 lease = pipeline.lease(SessionId(1))
                 fixed = WindowPolicy(policy="fixed", initial=4, min=1, max=4)
                 live = Live(RequestState(req, speculative=True))
-                events = generate(pipeline, lease, live, 512, draft, controller_for(fixed))
+                events = generate(pipeline, lease, live, 512, Proposing(draft, controller_for(fixed)))
                 out: list[int] = []
                 while len(out) < 6:  # 1 from prefill, then 5 windows
                     event = await anext(events)  # ignore_eos: nothing finishes this early

@@ -21,6 +21,7 @@ from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.constraints.compile import Constraint
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pending, Pipeline, PipelineOptions, StageFailedError, round_trip
+from mesh.serving.proposals import Proposing
 from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed
@@ -29,7 +30,7 @@ from proto import meshpipe_pb2 as pb
 from stage.activations import ActivationStage
 from stage.core import StageCore
 from stage.engine import Step
-from stage.frames import FrameSampling, compute_frame, sampling_of
+from stage.frames import Asks, FrameSampling, compute_frame, sampling_of
 from stage.transport import connect, serve
 
 GREEDY = SamplingParams()
@@ -181,7 +182,7 @@ def test_a_frame_names_its_lane_itself_lane_0_included_and_one_naming_none_takes
         await core.submit_frame(pb.FrameHeader.FromString(header.SerializeToString()), b"").output  # over the wire
 
     def named(session: int, lane: int) -> pb.FrameHeader:
-        return compute_frame(SessionId(session), FrameId(1), LaneId(lane), 0, 0, pb.DECODE, FrameSampling(GREEDY))
+        return compute_frame(SessionId(session), FrameId(1), LaneId(lane), 0, 0, Asks(pb.DECODE, FrameSampling(GREEDY)))
 
     async def scenario() -> None:
         core = StageCore(ToyEngine(first=True, final=True), 1)
@@ -304,9 +305,9 @@ def test_frames_in_flight_over_a_link_equal_plain_decoding_and_skip_void_frames(
 
             pipeline.send = counted  # type: ignore[method-assign]
             draft = ToyDraft(misses=frozenset({5, 6, 12, 19}))
-            spec = [e.token async for e in generate(pipeline, pipeline.lease(SessionId(2)), Live(RequestState(req)),
-                                                    64, draft,
-                                                    Fixed(TWO), in_flight=4) if isinstance(e, Sampled)]
+            proposing = Proposing(draft, Fixed(TWO), in_flight=4)
+            spec = [e.token async for e in generate(pipeline, pipeline.lease(SessionId(2)), Live(RequestState(req)), 64,
+                                                    proposing) if isinstance(e, Sampled)]
             assert spec == plain == [(2 + i) % ToyEngine.n_vocab for i in range(24)]
             assert 2 < most <= 4  # several frames out, never past the cap (a loaded machine may not fill it)
             assert final.core.skipped + final.withheld > 0  # frames past a miss were dropped there
@@ -342,7 +343,8 @@ def test_a_reply_path_lost_mid_window_fails_the_request_at_once_with_no_stale_to
             # from W, the grammar turns the toy model's Z + 1 into A within the first six tokens
             req = GenerationRequest([23], 40, ignore_eos=True, constraint=_capitals() if constrained else None)
             live = Live(RequestState(req))
-            events = generate(pipeline, pipeline.lease(SessionId(1)), live, 64, ToyDraft(), Fixed(TWO), in_flight=3)
+            proposing = Proposing(ToyDraft(), Fixed(TWO), in_flight=3)
+            events = generate(pipeline, pipeline.lease(SessionId(1)), live, 64, proposing)
             out: list[int] = []
 
             async def consume() -> None:

@@ -81,13 +81,13 @@ def pull(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _pull(source: str, sha: str, start: int, end: int, cache: Path) -> dict[str, Any]:
-    from stage.prepare import Progress, prepare_stage
+    from stage.prepare import Progress, Wanted, prepare_stage
 
     last = [0.0]
     fetch = _grpc_fetcher(source, sha, last)
     progress = Progress()
     begin = time.perf_counter()
-    prepared = await prepare_stage(str(cache / "absent"), sha, start, end, cache, fetch, progress)
+    prepared = await prepare_stage(Wanted(str(cache / "absent"), sha, start, end), cache, fetch, progress)
     return {"bytes": progress.bytes_total, "transfer_seconds": last[0] - begin,
             "prepare_seconds": time.perf_counter() - begin, "gguf": str(prepared.gguf)}
 

@@ -26,21 +26,18 @@ from common.sampling import Sampled
 from mesh.backend import MeshUnavailableError, PromptLogprobs
 from mesh.constraints.guide import Guide, frame_masks
 from mesh.serving.pipeline import Lease, Pending, Pipeline
-from mesh.serving.proposals import NOTHING, Proposals, Windows
+from mesh.serving.proposals import NO_PROPOSER, NOTHING, Proposals, Proposing
 from mesh.serving.request_state import Live
-from mesh.speculative.proposer import Proposer
 
 
-async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, draft: Proposer | None = None,
-                   window: Windows | None = None, in_flight: int = 1, forced: bool = True
+async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, with_: Proposing = NO_PROPOSER
                    ) -> AsyncIterator[Sampled | PromptLogprobs]:
     """The tokens of one generation on one route, as `Backend.generate` documents them (the
-    prompt's logprobs first, when asked); the record in `live` moves with every frame.
-    `in_flight` bounds the frames out at once; `forced`: a constrained request's forced tokens
-    are proposed."""
+    prompt's logprobs first, when asked); the record in `live` moves with every frame."""
     live.state = live.state.leased(lease.lane, lease.cached)
     constraint = live.state.req.constraint
-    by = Proposals(draft, window, Guide(constraint) if constraint is not None else None, forced, in_flight)
+    guide = Guide(constraint) if constraint is not None else None
+    by = Proposals(with_.draft, with_.window, guide, with_.forced, with_.in_flight)
     out: deque[Pending] = deque()  # the frames in flight, as `live.state.frames` counts them
     ready: tuple[Sampled | PromptLogprobs, ...] = ()
     try:

@@ -40,7 +40,7 @@ from proto import meshpipe_pb2 as pb
 from stage.checkpoints import DEPTH
 from stage.core import StageCore, Work
 from stage.engine import RangeEngine, Step
-from stage.frames import FrameSampling, compute_frame, sampled_of
+from stage.frames import Asks, FrameSampling, compute_frame, sampled_of
 from stage.transport import FrameError, Link, LinkClosedError
 
 log = logging.getLogger("meshpipe.pipeline")
@@ -213,7 +213,7 @@ class Pipeline:
                                               all_logits=all_logits))
         frame = FrameSampling.for_rows(out.sampling, out.history, tokens, len(last) if all_logits else 1, out.masks,
                                        out.proposed)
-        header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, out.kind, frame, all_logits)
+        header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, Asks(out.kind, frame, all_logits))
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=out.kind,
                           ahead=_rows_out(self.waiters))
         self.hops.rows_sent += len(tokens)
@@ -241,7 +241,7 @@ class Pipeline:
                                   targets=tuple(tokens[pos + 1 : pos + len(piece) + 1]))
             work, rows = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
                                                  all_logits=True))
-            header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, pb.PREFILL, frame, True)
+            header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, Asks(pb.PREFILL, frame, True))
             # its own rows: the reply deadline learns a frame's time by its rows, and a void counts them
             chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(piece),
                             kind=pb.PREFILL, targets=frame.targets, ahead=_rows_out(self.waiters))

@@ -36,6 +36,21 @@ class _Last:
     kind: str = ""
 
 
+@dataclass(frozen=True)
+class Proposing:
+    """What a session proposes with: its proposer and window controllers (None: no
+    speculation), the most frames it may keep out, and whether a constrained request's
+    forced tokens are proposed."""
+
+    draft: Proposer | None = None
+    window: Windows | None = None
+    in_flight: int = 1
+    forced: bool = True
+
+
+NO_PROPOSER = Proposing()
+
+
 @dataclass
 class Proposals:
     """One session's proposers and window controllers; `guide`: a constrained request's

@@ -44,7 +44,7 @@ from mesh.reports.recovery import Recoveries
 from mesh.serving.admission import Admission
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pipeline, StageFailedError
-from mesh.serving.proposals import Windows
+from mesh.serving.proposals import Proposing, Windows
 from mesh.serving.request_state import Live, RequestState
 from mesh.serving.settings import ServingSettings
 from mesh.speculative.draft import DRAFT
@@ -189,8 +189,8 @@ class Requests:
             in_flight = frames_in_flight(self.speculation.spec, pipeline.link is not None, self.settings.cpu_lock)
             in_flight = min(in_flight, pipeline.most_in_flight or in_flight)
             draft = self.speculation.proposer if self.speculation.spec is not None else None
-            async for sampled in generate(pipeline, lease, live, self.settings.ctx_size, draft, self._window(),
-                                          in_flight, forced=self._forced(live.state.req)):
+            proposing = Proposing(draft, self._window(), in_flight, self._forced(live.state.req))
+            async for sampled in generate(pipeline, lease, live, self.settings.ctx_size, proposing):
                 yield sampled
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
