@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mesh.backend import MeshUnavailableError
+from common.sampling import Sampled
+from mesh.backend import GenerationRequest, MeshUnavailableError
 from mesh.reports.recovery import Recoveries
 from mesh.serving.pipeline import Pipeline, PipelineOptions
 from mesh.serving.requests import Requests
@@ -85,3 +86,16 @@ async def serving(gguf: Path, cache_dir: Path, draft: bool, prefix_cache: bool, 
             await d.stop()
         await pipeline.stop()
         await close_engine(engine)
+
+
+async def served_tokens(target: Path, draft: Path | None, cache: Path, requests: list[GenerationRequest]
+                        ) -> list[list[int]]:
+    """Each request's tokens, in turn, through `Requests` on `target` (with `draft` drafting,
+    three frames in flight, where given): what speculation must not change."""
+    async with serving(target, cache, draft=draft is not None, prefix_cache=True, draft_gguf=draft,
+                       in_flight=3) as served:
+        out = []
+        for req in requests:
+            async with contextlib.aclosing(served.requests.generate(req)) as events:
+                out.append([event.token async for event in events if isinstance(event, Sampled)])
+        return out

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from chain import build_chain, close, greedy, greedy_scored, reference_greedy
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from inproc_requests import serving
+from inproc_requests import served_tokens
 from tiny_models import WRITERS, write_tiny
 
 from common.errors import EngineError
-from common.sampling import Sampled, SamplingParams
+from common.sampling import SamplingParams
 from mesh.backend import GenerationRequest
 from packages import architectures, stage_metadata
 from packages.architecture_kinds import KINDS
@@ -201,24 +201,9 @@ def test_speculation_is_lossless(arch: str, quantized: dict[str, tuple[Path, Pat
     target, draft = quantized[arch]
     # the draft parts from the target within the answer, so some of its windows are rejected
     assert reference_greedy(draft, PROMPT, N) != reference_greedy(target, PROMPT, N)
-    plain = asyncio.run(_served_tokens(target, None, tmp_path))
-    drafted = asyncio.run(_served_tokens(target, draft, tmp_path))
+    plain = asyncio.run(served_tokens(target, None, tmp_path, REQUESTS))
+    drafted = asyncio.run(served_tokens(target, draft, tmp_path, REQUESTS))
     assert drafted == plain
-
-
-async def _served_tokens(target: Path, draft: Path | None, cache: Path) -> list[list[int]]:
-    async with serving(target, cache, draft=draft is not None, prefix_cache=True, draft_gguf=draft,
-                       in_flight=3) as served:
-        out = []
-        for req in REQUESTS:
-            tokens = []
-            async with contextlib.aclosing(served.requests.generate(req)) as events:
-                async for event in events:
-                    if isinstance(event, Sampled):
-                        tokens.append(event.token)
-            out.append(tokens)
-        return out
-
 
 
 def test_the_table_names_every_architecture_once_with_what_is_done_with_it() -> None:

@@ -11,15 +11,14 @@ from the model, which is why they are not split.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import pytest
 from chain import build_chain, close, greedy, reference_greedy
-from inproc_requests import serving
+from inproc_requests import served_tokens
 from tiny_models import ONE_NODE_RECURRENT, write_tiny
 
-from common.sampling import Sampled, SamplingParams
+from common.sampling import SamplingParams
 from mesh.backend import GenerationRequest
 from packages import architectures
 from packages.architectures import RULES, CutRule
@@ -55,9 +54,9 @@ def test_speculation_on_one_node_is_lossless(arch: str, tmp_path: Path) -> None:
     draft = requantize(gguf, tmp_path / "q8_0.gguf", "Q8_0")
     # the draft parts from the target within the answer, so some of its windows are rejected
     assert reference_greedy(draft, PROMPT, N) != reference_greedy(target, PROMPT, N)
-    plain = asyncio.run(_served_tokens(target, None, tmp_path))
+    plain = asyncio.run(served_tokens(target, None, tmp_path, REQUESTS))
     assert plain[0] == reference_greedy(target, PROMPT, N)
-    assert asyncio.run(_served_tokens(target, draft, tmp_path)) == plain
+    assert asyncio.run(served_tokens(target, draft, tmp_path, REQUESTS)) == plain
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -80,15 +79,3 @@ def _package(gguf: Path, out: Path) -> Path:
     return out
 
 
-async def _served_tokens(target: Path, draft: Path | None, cache: Path) -> list[list[int]]:
-    async with serving(target, cache, draft=draft is not None, prefix_cache=True, draft_gguf=draft,
-                       in_flight=3) as served:
-        out = []
-        for req in REQUESTS:
-            tokens = []
-            async with contextlib.aclosing(served.requests.generate(req)) as events:
-                async for event in events:
-                    if isinstance(event, Sampled):
-                        tokens.append(event.token)
-            out.append(tokens)
-        return out
