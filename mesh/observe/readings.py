@@ -15,10 +15,9 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from mesh.observe.metrics import Metrics
 from mesh.reports.hop_timing import WIRE, HopTotals
-from mesh.speculative.draft import DRAFT
-from mesh.speculative.ngram import NGRAM
+from mesh.speculative.proposers import counted
 
-PROPOSERS = (DRAFT, NGRAM)
+PROPOSERS = counted()  # mesh/speculative/proposers.py: every proposer a window controller sizes
 PROPOSED = "meshpipe_speculative_proposer_proposed_tokens_total"
 ACCEPTED = "meshpipe_speculative_proposer_accepted_tokens_total"
 WINDOWS = "meshpipe_speculative_proposer_windows_total"

@@ -18,8 +18,9 @@ from mesh.constraints.guide import Guide
 from mesh.reports.hop_timing import hop_parts
 from mesh.serving.pipeline import Pending
 from mesh.serving.request_state import Frame, RequestState
-from mesh.speculative.forced import FORCED, forced_proposal
+from mesh.speculative.forced import forced_proposal
 from mesh.speculative.proposer import DraftSampling, Proposal, Proposer, ask
+from mesh.speculative.proposers import windowed
 from mesh.speculative.window import Controller, Observation, Since
 
 # One window controller for every proposer, or one per proposer name: prompt lookup and the
@@ -112,7 +113,7 @@ class Proposals:
 def _kind(frame: Frame) -> str:
     """A verify frame, a plain decode, or neither (a prefill, forced tokens): a reply's time
     since the one before is a decode's cost when both answered decodes (`Since`)."""
-    if frame.by == FORCED:
+    if frame.by and not windowed(frame.by):  # forced tokens: no controller priced them
         return ""
     return "verify" if frame.drafts else "plain" if frame.rows == 1 else ""
 

@@ -47,9 +47,8 @@ from mesh.serving.pipeline import Pipeline, StageFailedError
 from mesh.serving.proposals import Proposing, Windows
 from mesh.serving.request_state import Live, RequestState
 from mesh.serving.settings import ServingSettings
-from mesh.speculative.draft import DRAFT
-from mesh.speculative.ngram import NGRAM
 from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT, SpecPlan
+from mesh.speculative.proposers import windows as proposer_windows
 from mesh.speculative.speculation import Speculation
 from mesh.speculative.window import Controller, controller_for
 from stage.engine import RangeEngine
@@ -217,11 +216,8 @@ class Requests:
         learn them alone; the others follow the session's own acceptance."""
         if self.speculation.spec is None:
             return None
-        policies = {NGRAM: self.speculation.spec.ngram.window} if self.speculation.spec.ngram else {}
-        if self.speculation.spec.draft_model is not None:
-            policies[DRAFT] = self.speculation.spec.window
         windows = {}
-        for name, policy in policies.items():
+        for name, policy in proposer_windows(self.speculation.spec).items():
             if policy.policy != "cost-aware":
                 windows[name] = controller_for(policy)
             else:
