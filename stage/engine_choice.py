@@ -21,8 +21,6 @@ from stage.engine import EngineConfig, RangeEngine
 from stage.mlx_tensors import MLX_GGUF_TYPES
 
 Engine = Literal["llama", "mlx"]  # an engine's name; what it is, is its EngineKind
-ENGINE_CHOICES = ("auto", "llama", "mlx")
-MLX_INSTALL = "pip install 'meshpipe[mlx]'"
 
 
 @dataclass(frozen=True)
@@ -58,6 +56,10 @@ class EngineKind:
         """The first (tensor, GGUF type) it cannot read, if any."""
         return next(((name, t) for name, t in tensors if self.reads and t not in self.reads), None)
 
+    def install(self) -> str:
+        """How to add what it needs (`needs`) to meshpipe's install."""
+        return f"pip install 'meshpipe[{self.needs}]'"
+
     def open(self, gguf: Path, cfg: EngineConfig) -> RangeEngine:
         engine: RangeEngine = getattr(importlib.import_module(self.module), self.factory)(gguf, cfg)
         return engine
@@ -70,6 +72,8 @@ MLX = EngineKind("mlx", "MLX", kv_bytes=4, overhead=64 << 20, placeholders=False
                           "positions; Metal not measured)", module="stage.mlx_engine", factory="MlxRangeEngine",
                  needs="mlx")
 ENGINES: dict[str, EngineKind] = {k.name: k for k in (LLAMA, MLX)}
+ENGINE_CHOICES = ("auto", *ENGINES)
+MLX_INSTALL = MLX.install()
 
 
 def engine_kind(name: str | None) -> EngineKind:
@@ -108,8 +112,7 @@ def resolve(choice: str) -> Engine:
         raise EngineChoiceError(f"unknown engine {choice!r}: choose one of {', '.join(ENGINE_CHOICES)}")
     kind = ENGINES[choice]
     if kind.needs and not package_installed(kind.needs):
-        raise EngineChoiceError(f"--engine {choice} needs the {kind.needs} package: "
-                                f"pip install 'meshpipe[{kind.needs}]'")
+        raise EngineChoiceError(f"--engine {choice} needs the {kind.needs} package: {kind.install()}")
     return kind.name
 
 
