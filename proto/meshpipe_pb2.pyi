@@ -92,7 +92,7 @@ class ClaimReply(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ..., current_term: _Optional[int] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("protocol_version", "term", "package_ref", "manifest_sha256", "layer_start", "layer_end", "artifact_source", "coordinator_id")
+    __slots__ = ("protocol_version", "term", "package_ref", "manifest_sha256", "layer_start", "layer_end", "artifact_source", "coordinator_id", "mtp")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PACKAGE_REF_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class PrepareRequest(_message.Message):
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_SOURCE_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    MTP_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
     package_ref: str
@@ -109,7 +110,8 @@ class PrepareRequest(_message.Message):
     layer_end: int
     artifact_source: str
     coordinator_id: str
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., package_ref: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., artifact_source: _Optional[str] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    mtp: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., package_ref: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., artifact_source: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., mtp: _Optional[bool] = ...) -> None: ...
 
 class PrepareReply(_message.Message):
     __slots__ = ("accepted", "message")
@@ -148,7 +150,7 @@ class InventoryReply(_message.Message):
     def __init__(self, state: _Optional[_Union[PrepareState, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms", "work_layers", "coordinator_id")
+    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms", "work_layers", "coordinator_id", "mtp")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +168,7 @@ class LoadRequest(_message.Message):
     WIRE_JITTER_MS_FIELD_NUMBER: _ClassVar[int]
     WORK_LAYERS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    MTP_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
     layer_start: int
@@ -183,7 +186,8 @@ class LoadRequest(_message.Message):
     wire_jitter_ms: float
     work_layers: float
     coordinator_id: str
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ..., work_layers: _Optional[float] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    mtp: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ..., work_layers: _Optional[float] = ..., coordinator_id: _Optional[str] = ..., mtp: _Optional[bool] = ...) -> None: ...
 
 class Calibration(_message.Message):
     __slots__ = ("single_us", "batch_us", "batch_rows", "fixed_us", "per_layer_us")
@@ -200,16 +204,18 @@ class Calibration(_message.Message):
     def __init__(self, single_us: _Optional[float] = ..., batch_us: _Optional[float] = ..., batch_rows: _Optional[int] = ..., fixed_us: _Optional[float] = ..., per_layer_us: _Optional[float] = ...) -> None: ...
 
 class LoadReply(_message.Message):
-    __slots__ = ("ready", "endpoint", "message", "calibration")
+    __slots__ = ("ready", "endpoint", "message", "calibration", "mtp_layers")
     READY_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    MTP_LAYERS_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     endpoint: str
     message: str
     calibration: Calibration
-    def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ..., calibration: _Optional[_Union[Calibration, _Mapping]] = ...) -> None: ...
+    mtp_layers: int
+    def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ..., calibration: _Optional[_Union[Calibration, _Mapping]] = ..., mtp_layers: _Optional[int] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("protocol_version", "term", "coordinator_id")
@@ -406,7 +412,7 @@ class HopTimings(_message.Message):
     def __init__(self, hops: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("session_id", "frame_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch", "lane", "keep")
+    __slots__ = ("session_id", "frame_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch", "lane", "keep", "fed", "propose", "proposals", "proposed_at", "propose_us")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FRAME_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -425,6 +431,11 @@ class FrameHeader(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
+    FED_FIELD_NUMBER: _ClassVar[int]
+    PROPOSE_FIELD_NUMBER: _ClassVar[int]
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_AT_FIELD_NUMBER: _ClassVar[int]
+    PROPOSE_US_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     frame_id: int
     kind: FrameKind
@@ -443,4 +454,9 @@ class FrameHeader(_message.Message):
     epoch: int
     lane: int
     keep: int
-    def __init__(self, session_id: _Optional[int] = ..., frame_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ..., lane: _Optional[int] = ..., keep: _Optional[int] = ...) -> None: ...
+    fed: _containers.RepeatedScalarFieldContainer[int]
+    propose: int
+    proposals: _containers.RepeatedCompositeFieldContainer[Proposed]
+    proposed_at: int
+    propose_us: int
+    def __init__(self, session_id: _Optional[int] = ..., frame_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ..., lane: _Optional[int] = ..., keep: _Optional[int] = ..., fed: _Optional[_Iterable[int]] = ..., propose: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., proposed_at: _Optional[int] = ..., propose_us: _Optional[int] = ...) -> None: ...

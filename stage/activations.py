@@ -24,6 +24,7 @@ from stage.core import StageCore, Work
 from stage.engine import RangeEngine
 from stage.frames import FrameSampling, error_frame, input_rows, sampling_of
 from stage.lanes import LanesExhaustedError
+from stage.mtp_drafts import with_drafts
 from stage.transport import NO_EMULATION, REPLIES_ROLE, FrameError, Link, LinkClosedError, WireEmulation
 
 log = logging.getLogger("meshpipe.stage")
@@ -170,7 +171,8 @@ class ActivationStage:
         assert result is not None
         if self.downstream is None:
             if item.sampling is not None:
-                await link.send(self.core.answer(h, item.work, result, item.sampling, input_rows(h)))
+                reply = self.core.answer(h, item.work, result, item.sampling, input_rows(h))
+                await link.send(await with_drafts(self.core, h, reply, item.sampling, h.fed))
             return
         out = pb.FrameHeader()
         out.CopyFrom(h)

@@ -152,7 +152,8 @@ class StageCore:
             step = Step(lane, header.start_pos, tokens=tokens, all_logits=header.all_logits)
         else:
             hidden = decode_tensor(header, payload)
-            step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits)
+            fed = np.asarray(header.fed, dtype=np.int32) if header.fed else None  # the MTP layer's tokens
+            step = Step(lane, header.start_pos, hidden=hidden, all_logits=header.all_logits, fed=fed)
         codec_s = time.perf_counter() - clock.queued
         return Work(self.batcher.submit(step, clock), clock, codec_s)
 

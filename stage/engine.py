@@ -34,6 +34,7 @@ class EngineConfig:
     # reaches back at most the frames a session keeps in flight.
     checkpoints: int = DEPTH
     checkpoint_every_row: bool = False  # a draft's lanes (stage.checkpoints.DRAFT_DEPTH)
+    mtp: bool = False  # a final stage drafts with the model's MTP layers (stage/mtp_head.py)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Step:
     tokens: np.ndarray | None = None  # int32 [n]          (first stage)
     hidden: np.ndarray | None = None  # float32 [n, width] (later stages)
     all_logits: bool = False  # final stage: logits for every row, not just the last
+    fed: np.ndarray | None = None  # int32 [n]: a later stage's rows' tokens, which an MTP layer reads
 
     @property
     def n(self) -> int:

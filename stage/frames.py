@@ -170,6 +170,25 @@ def add_sampled(reply: pb.FrameHeader, picks: list[Sampled]) -> None:
                          for p in picks)
 
 
+@dataclass(frozen=True)
+class Offered:
+    """Drafts a final stage proposed with its reply (its MTP layer's, stage/mtp_drafts.py): the
+    first for position `at`, each with its q under rejection sampling, and what drafting them
+    took that stage."""
+
+    at: int
+    drafts: tuple[Proposed, ...]
+    seconds: float
+
+
+def offered_of(reply: pb.FrameHeader) -> Offered | None:
+    """The drafts a reply carries, if any."""
+    if not reply.proposals:
+        return None
+    drafts = tuple(Proposed(d.token, tuple(d.ids), tuple(d.weights)) for d in reply.proposals)
+    return Offered(reply.proposed_at, drafts, reply.propose_us / 1e6)
+
+
 def sampled_of(reply: pb.FrameHeader) -> list[Sampled]:
     """The reply's tokens with their logprobs, when the frame asked for them."""
     if not reply.logprobs:

@@ -9,14 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import llama_cpp.llama_cpp_ext as ext
 import numpy as np
 from llama_cpp import llama_cpp as L
 
 from common.errors import EngineError
+from common.sampling import Proposed
 from packages.architectures import hidden_input_scale, tap_name
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
 from stage.llama_model import INVARIANT_ROWS, KV_TYPES, architecture, flash_attn_type, kv_cache_for, load_model
+from stage.mtp_head import Choose, MtpHead
 from stage.native_tap import open_tap
 from stage.recurrent_lanes import RecurrentLanes
 
@@ -45,7 +48,7 @@ class LlamaRangeEngine:
         _init_backend(quiet)
         self.first, self.final = cfg.first, cfg.final
         self.lanes, self.ctx_per_lane, self.cfg = cfg.lanes, cfg.ctx_per_lane, cfg
-        self.model = load_model(gguf)
+        self.model = load_model(gguf, mtp=cfg.final and cfg.mtp)
         if not self.model:
             raise EngineError(f"llama.cpp could not load {gguf}")
         self.width = L.llama_model_n_embd(self.model)
@@ -60,6 +63,7 @@ class LlamaRangeEngine:
                                                            self.width, cfg.batch)
         self.ctx = self._new_context(self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
         self.mem = L.llama_get_memory(self.ctx)
+        self.mtp = self._mtp_head() if cfg.final and cfg.mtp else None
         # An M-RoPE model reads 4 positions a row of embedding input, section-major (llama_batch
         # to llama_batch_ext in llama-batch.cpp); its token input is widened by llama.cpp itself.
         self.pos_sections = 1 if cfg.first else _pos_per_embd(self.model)
@@ -72,6 +76,23 @@ class LlamaRangeEngine:
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
     def _new_context(self, eval_callback: Any, user: ctypes.c_void_p | None) -> ctypes.c_void_p:
+        p = self._context_params()
+        if eval_callback is not None:
+            p.cb_eval = eval_callback
+            p.cb_eval_user_data = user
+        ctx = L.llama_init_from_model(self.model, p)
+        if not ctx:
+            raise EngineError("llama.cpp could not create a context")
+        return ctx
+
+    def _mtp_head(self) -> MtpHead:
+        """The MTP context, and the target's hidden rows kept for it: every row's, not only
+        those with logits (llama.cpp's unmasked nextn embeddings)."""
+        head = MtpHead(self.model, self._context_params(), self.width, self.n_vocab)
+        ext.llama_set_embeddings_nextn(self.ctx, True, False)
+        return head
+
+    def _context_params(self) -> L.llama_context_params:
         cfg = self.cfg
         p = L.llama_context_default_params()
         p.n_ctx = cfg.ctx_per_lane * cfg.lanes
@@ -86,13 +107,7 @@ class LlamaRangeEngine:
         # and a cache type whose attention gives every row one kernel at any thread count
         p.type_k, p.type_v = (KV_TYPES[t] for t in self.kv_cache)
         p.n_threads = p.n_threads_batch = cfg.threads
-        if eval_callback is not None:
-            p.cb_eval = eval_callback
-            p.cb_eval_user_data = user
-        ctx = L.llama_init_from_model(self.model, p)
-        if not ctx:
-            raise EngineError("llama.cpp could not create a context")
-        return ctx
+        return p
 
     def position(self, lane: int) -> int:
         return self._pos[self._check_lane(lane)]
@@ -105,6 +120,8 @@ class LlamaRangeEngine:
         elif position < self._pos[lane]:
             L.llama_memory_seq_rm(self.mem, lane, position, -1)
             self._pos[lane] = position
+        if self.mtp is not None:
+            self.mtp.trim(lane, position)
 
     def reachable(self, lane: int, position: int) -> bool:
         """Whether the lane can roll back to `position`: always, unless recurrent state has
@@ -114,6 +131,7 @@ class LlamaRangeEngine:
     def step(self, steps: list[Step]) -> list[np.ndarray]:
         """One decode per row count: a verify window of k drafts is one pass of k+1 rows."""
         outputs: list[list[np.ndarray]] = [[] for _ in steps]
+        nextn: list[list[np.ndarray]] | None = [[] for _ in steps] if self.mtp is not None else None
         try:
             for s in steps:
                 check_step(self, s, self._pos[self._check_lane(s.lane)])
@@ -122,12 +140,31 @@ class LlamaRangeEngine:
                 self._replay(steps, self.recurrent)
                 self.recurrent.checkpoint(steps)
             for call in _pack(steps, self.cfg.batch):
-                self._decode(steps, call, outputs)
+                self._decode(steps, call, outputs, nextn)
+            if nextn is not None:
+                with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
+                    self._feed_mtp(steps, nextn)
         except BaseException:
             self._settle(steps, ok=False)
             raise
         self._settle(steps, ok=True)
         return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
+
+    def _feed_mtp(self, steps: list[Step], nextn: list[list[np.ndarray]]) -> None:
+        """The MTP layer sees every step whose tokens it knows (stage 0's own, or a later
+        stage's `fed`), at the same positions, with the hidden rows the target just made."""
+        assert self.mtp is not None
+        for s, rows in zip(steps, nextn, strict=True):
+            tokens = s.tokens if self.first else s.fed
+            if tokens is not None and len(tokens) == s.n:
+                self.mtp.feed(s.lane, s.start, tokens, rows[0] if len(rows) == 1 else np.concatenate(rows))
+
+    def mtp_draft(self, lane: int, position: int, token: int, k: int, choose: Choose) -> list[Proposed]:
+        """Up to `k` drafts from the MTP layer after `token` at `position` (none without one)."""
+        if self.mtp is None:
+            return []
+        with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
+            return self.mtp.draft(self._check_lane(lane), position, token, k, choose)
 
     def _replay(self, steps: list[Step], recurrent: RecurrentLanes) -> None:
         """Decode the rows a restore left pending on the steps' lanes, their outputs dropped,
@@ -146,7 +183,8 @@ class LlamaRangeEngine:
                 if 0 <= s.lane < self.lanes:
                     self._pos[s.lane] = self.recurrent.position(s.lane)
 
-    def _decode(self, steps: Sequence[Step], call: list[_Segment], outputs: list[list[np.ndarray]]) -> None:
+    def _decode(self, steps: Sequence[Step], call: list[_Segment], outputs: list[list[np.ndarray]],
+                nextn: list[list[np.ndarray]] | None = None) -> None:
         b = self.batch
         row = 0
         logit_rows: list[tuple[int, int, int]] = []  # (step index, first output, outputs)
@@ -188,6 +226,10 @@ class LlamaRangeEngine:
         for seg in call:
             self._pos[steps[seg.step].lane] += seg.count
         self._collect(call, logit_rows, n_out, outputs)
+        if nextn is not None:  # the rows an MTP layer pairs with the next positions' tokens
+            kept = np.ctypeslib.as_array(ext.llama_get_embeddings_nextn(self.ctx), shape=(row, self.width)).copy()
+            for seg, at in zip(call, np.cumsum([0, *(seg.count for seg in call)]), strict=False):
+                nextn[seg.step].append(kept[at : at + seg.count])
 
     def _collect(self, call: list[_Segment], logit_rows: list[tuple[int, int, int]], n_out: int,
                  outputs: list[list[np.ndarray]]) -> None:
@@ -216,6 +258,8 @@ class LlamaRangeEngine:
         return lane
 
     def close(self) -> None:
+        if self.mtp is not None:
+            self.mtp.close()
         if self.ctx:
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)

@@ -165,9 +165,12 @@ def flash_attn_type() -> int:
     return L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn() else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
-def load_model(gguf: Path) -> ctypes.c_void_p | None:
-    """A llama_model* for the low-level API (the range engine and the draft)."""
-    return L.llama_model_load_from_file(str(gguf).encode(), model_params())
+def load_model(gguf: Path, mtp: bool = False) -> ctypes.c_void_p | None:
+    """A llama_model* for the low-level API (the range engine and the draft); with `mtp`, its
+    multi-token-prediction layers too (llama.cpp skips them otherwise)."""
+    params = model_params()
+    params.load_mtp = mtp
+    return L.llama_model_load_from_file(str(gguf).encode(), params)
 
 
 _patching = threading.Lock()

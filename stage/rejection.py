@@ -14,13 +14,13 @@ repeatable, though no longer the same on every topology (that is the exact rule'
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from common.sampling import Proposed, Sampled
-from stage.distribution import probabilities
+from common.sampling import Proposed, Sampled, SamplingParams
+from stage.distribution import probabilities, truncated
 from stage.sampling import processed_rows, with_logprobs
 
 if TYPE_CHECKING:
@@ -49,6 +49,15 @@ class Draws:
 
     def pick(self, probs: np.ndarray) -> int:
         return int(self.rng.choice(len(probs), p=probs))
+
+
+def drawn(row: np.ndarray, params: SamplingParams, position: int) -> Proposed:
+    """A draft for `position` drawn from its proposer's processed logits `row` (processed as the
+    target's row is), cut to its TOP tokens: that cut distribution is the q it travels with."""
+    ids, probs = truncated(probabilities(row, params))
+    q = Proposed(-1, tuple(ids.tolist()), tuple(probs.astype(np.float32).tolist()))
+    pick = Draws(params.seed, position, DRAFT_STREAM).pick(np.asarray(q.probs()))
+    return replace(q, token=q.ids[pick])
 
 
 def chance(p: np.ndarray, d: Proposed) -> float:

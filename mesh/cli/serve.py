@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from common import event_loop
@@ -122,9 +123,11 @@ def _speculation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
     p.add_argument("--strategy", default=None, metavar="NAME",
-                   help="speculative strategy: auto (the package's default), disabled, ngram (prompt lookup, "
-                   "no draft model), ngram+draft (prompt lookup first, the draft where it finds no match), or "
-                   "a strategy the package declares (overrides config; --no-draft still turns all off)")
+                   help="speculative strategy: auto (the package's default; the model's MTP layers where it "
+                   "declares no draft and carries them), disabled, ngram (prompt lookup, no draft model), "
+                   "ngram+draft (prompt lookup first, the draft where it finds no match), mtp (the model's own "
+                   "MTP layers draft at the final stage), ngram+mtp, or a strategy the package declares "
+                   "(overrides config; --no-draft still turns all off)")
     p.add_argument("--micro-batches", type=int, default=None, metavar="N",
                    help="groups of sessions kept in flight at once, so every stage has work while the "
                    "others compute (default: one per stage; 1 when local stages share cores through the "
@@ -260,6 +263,7 @@ def _coordinator(args: argparse.Namespace, config: Config, api_port: int) -> Coo
         token = secrets.token_hex(16)  # loopback stages still get a token nobody else knows
     cpu_lock = _cpu_lock(args, cache)
     settings, serving = _route_settings(args, cache, token, cpu_lock), _serving_settings(args, cpu_lock)
+    settings = replace(settings, mtp=spec is not None and spec.mtp is not None)
     remote = bool(args.peer)
     topology = Topology(
         peers=tuple(args.peer), local_stages=args.local_stages, spares=tuple(args.spare),
@@ -329,7 +333,8 @@ def _cli_speculative(args: argparse.Namespace) -> Speculative:
     if args.frames_in_flight is not None and not 1 <= args.frames_in_flight <= 16:
         raise UsageError("--frames-in-flight must be between 1 and 16")
     if args.strategy is not None and not args.strategy:
-        raise UsageError("--strategy wants a name: auto, disabled, ngram, ngram+draft or a package strategy")
+        raise UsageError("--strategy wants a name: auto, disabled, ngram, ngram+draft, mtp, ngram+mtp or a package "
+                         "strategy")
     if args.draft and args.strategy in ("ngram", "disabled"):
         raise UsageError(f"--draft with --strategy {args.strategy} loads no draft: use --strategy ngram+draft")
     window = args.draft_window

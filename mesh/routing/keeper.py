@@ -6,6 +6,7 @@ requests (mesh/serving/requests.py) read stage 0's engine from it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,21 +153,33 @@ class RouteKeeper:
     async def _start_stage0(self, route: Route) -> None:
         assert route.stage0 is not None
         s, m = self.settings, self.model
-        gguf = await asyncio.to_thread(materialize_stage, m.package_dir, m.manifest, m.manifest_sha,
-                                       route.stage0.start, route.stage0.end, s.cache_dir,
-                                       engine_kind(s.engine(0)).placeholders)
+        final = not route.stages
+        gguf = await asyncio.to_thread(functools.partial(
+            materialize_stage, m.package_dir, m.manifest, m.manifest_sha, route.stage0.start, route.stage0.end,
+            s.cache_dir, engine_kind(s.engine(0)).placeholders, mtp=s.mtp and final))
         if self.tokenizer is None:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, m.model_id)
-        cfg = EngineConfig(first=True, final=not route.stages, lanes=s.lanes,
-                           ctx_per_lane=s.ctx_size, batch=s.batch, threads=s.own_threads, cpu_lock=s.cpu_lock)
+        cfg = EngineConfig(first=True, final=final, lanes=s.lanes, ctx_per_lane=s.ctx_size, batch=s.batch,
+                           threads=s.own_threads, cpu_lock=s.cpu_lock, mtp=s.mtp and final)
         self.engine = await on_engine_thread(open_engine, s.engine(0), gguf, cfg)
         assert route.work is not None
         route.calibration0 = await on_engine_thread(calibrate, self.engine, route.work.of(route.stage0), s.wire_dtype)
         link, replies = await _links(s, route)
+        mtp = self._mtp_layers(route)
         options = PipelineOptions(wire_dtype=s.wire_dtype, micro_batches=s.groups(1 + len(route.stages)),
-                                  prefix_cache=s.prefix_cache, recurrent=keeps_state(m.manifest.architecture))
+                                  prefix_cache=s.prefix_cache, recurrent=keeps_state(m.manifest.architecture),
+                                  mtp=mtp > 0)
         self.pipeline = Pipeline(self.engine, link, replies, self.hops, self.on_break, options)
         self.pipeline.start()
+
+    def _mtp_layers(self, route: Route) -> int:
+        """The MTP layers the route's final stage drafts with; said loudly when the plan wanted
+        them and that stage has none (an engine without them, or an older peer)."""
+        head = getattr(self.engine, "mtp", None) if not route.stages else None
+        layers = head.layers if head is not None else route.stages[-1].mtp_layers if route.stages else 0
+        if self.settings.mtp and not layers:
+            self.say("WARNING: the final stage did not load the package's MTP layers; serving without MTP drafts")
+        return layers
 
     async def drop_route(self, quick: bool = False) -> None:
         if self.work_mark is not None:  # what the route's life says of stage 0's own work

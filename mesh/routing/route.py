@@ -66,6 +66,7 @@ class RemoteStage:
     status_at: float = 0.0  # wall time of the last Status reply
     ping_s: float | None = None  # the round trip of the last Status call that answered: the link's
     calibration: Calibration | None = None  # what the stage timed at Load, for the planner
+    mtp_layers: int = 0  # a final stage's MTP layers, loaded to draft with (its LoadReply)
 
     @property
     def control(self) -> StageControlClient:
@@ -101,6 +102,7 @@ class RouteSettings:
     cut_on_measured: bool = True  # re-cut the first route and cut rebuilds on measured time (DESIGN.md §3)
     engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
     bench: BenchKnobs = BenchKnobs()
+    mtp: bool = False  # the final stage drafts with the package's MTP layers (the speculation plan's)
 
     def engine(self, index: int) -> Engine:
         """The engine local stage `index` runs (0: this process)."""
@@ -367,7 +369,7 @@ async def _prepare(route: Route, stage: RemoteStage, artifact_source: str) -> No
         protocol_version=V, term=route.term, coordinator_id=route.coordinator_id,
         package_ref=hub.package_ref(route.package_dir),
         manifest_sha256=route.manifest_sha, layer_start=stage.range.start,
-        layer_end=stage.range.end, artifact_source=artifact_source))
+        layer_end=stage.range.end, artifact_source=artifact_source, mtp=_mtp(route, stage)))
     if not reply.accepted:
         raise RouteError(f"stage {stage.endpoint} refused Prepare: {reply.message}")
 
@@ -402,11 +404,16 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
         layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
         downstream=downstream, stage_index=index, wire_delay_ms=s.bench.wire.delay_ms,
-        wire_jitter_ms=s.bench.wire.jitter_ms, work_layers=work_layers))
+        wire_jitter_ms=s.bench.wire.jitter_ms, work_layers=work_layers, mtp=_mtp(route, stage)))
     if not reply.ready:
         raise RouteError(f"stage {stage.endpoint} failed to load: {reply.message}")
-    stage.activation = reply.endpoint
+    stage.activation, stage.mtp_layers = reply.endpoint, reply.mtp_layers
     stage.calibration = calibration_of(reply.calibration, work_layers)
+
+
+def _mtp(route: Route, stage: RemoteStage) -> bool:
+    """Whether `stage` is asked to draft with the package's MTP layers: the final one, when the plan drafts so."""
+    return route.settings.mtp and stage.range is not None and stage.range.end == route.manifest.layer_count
 
 
 async def teardown(route: Route, stop_s: float = STOP_TIMEOUT, exit_s: float = EXIT_TIMEOUT) -> None:

@@ -76,7 +76,8 @@ async def _send(pipeline: Pipeline, lease: Lease, live: Live, out: deque[Pending
         live.state, frame = s.send(proposal.tokens, proposal.by, proposal.seconds)
         masks = () if by.guide is None else frame_masks(by.guide, live.state.sequence, len(s.req.prompt),
                                                         frame.start, frame.tokens, frame.drafts)
-        frame = replace(frame, masks=tuple(masks), proposed=proposal.proposed() if s.req.sampling.rejects else ())
+        frame = replace(frame, masks=tuple(masks), proposed=proposal.proposed() if s.req.sampling.rejects else (),
+                        propose=by.asks(live.state, ctx))
         # leased with nothing cached (RequestState.leased), a prompt to score is fed from 0, no drafts
         send = pipeline.score if s.scoring else pipeline.send
         out.append(await send(lease.session, lease.lane, frame))
@@ -98,6 +99,7 @@ async def _apply(pipeline: Pipeline, live: Live, out: deque[Pending], by: Propos
         live.state = live.state.prompt_scored()
     if reply.settled:
         by.settled(reply.settled, out, len(reply.committed))
+    by.offered(live.state.lane, out[0])
     out.popleft()
     if live.state.epoch != before.epoch or live.state.finish is not None:
         while out:  # all sent beyond is void

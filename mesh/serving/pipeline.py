@@ -40,7 +40,8 @@ from proto import meshpipe_pb2 as pb
 from stage.checkpoints import DEPTH
 from stage.core import StageCore, Work
 from stage.engine import RangeEngine, Step
-from stage.frames import Asks, FrameSampling, compute_frame, sampled_of
+from stage.frames import Asks, FrameSampling, Offered, compute_frame, offered_of, sampled_of
+from stage.mtp_drafts import with_drafts
 from stage.transport import FrameError, Link, LinkClosedError
 
 log = logging.getLogger("meshpipe.pipeline")
@@ -90,6 +91,7 @@ class Pending:
     pace: float | None = None  # set by the loop: seconds after the frame before it left, both in one burst
     targets: tuple[int, ...] = ()  # a scored prompt's: the tokens whose logprobs this frame's rows report
     earlier: tuple[Pending, ...] = ()  # a scored prompt's earlier chunks, each answered on its own
+    offered: Offered | None = None  # drafts the final stage proposed with its reply
 
     @property
     def scored(self) -> int:
@@ -126,6 +128,9 @@ class PipelineOptions:
     # checkpoint (stage/checkpoints.py): the prefix cache is then exact, and a session keeps at
     # most `most_in_flight` frames out, within the checkpoints kept.
     recurrent: bool | None = None
+    # The final stage drafts with the model's MTP layers: every frame carries its tokens, which
+    # those layers read (stage/mtp_head.py).
+    mtp: bool = False
 
 
 class Pipeline:
@@ -151,6 +156,7 @@ class Pipeline:
         self.waiters: dict[tuple[SessionId, FrameId], Pending] = {}  # frames sent, their replies awaited
         self.broken: str | None = None
         self.tasks = TaskScope("pipeline")  # the route's own: its reply readers
+        self.mtp = options.mtp
 
     def start(self) -> None:
         """Start the stage core, and a reply reader per link in the route's task scope."""
@@ -206,7 +212,8 @@ class Pipeline:
         for piece in pieces[:-1]:  # a long input's earlier chunks go on unanswered
             work, hidden = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32)))
             if self.link is not None:
-                await self._forward(compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch), work, hidden)
+                header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch)
+                await self._forward(self._fed(header, piece), work, hidden)
             pos += len(piece)
         last = pieces[-1]
         work, rows = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
@@ -214,11 +221,13 @@ class Pipeline:
         frame = FrameSampling.for_rows(out.sampling, out.history, tokens, len(last) if all_logits else 1, out.masks,
                                        out.proposed)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, Asks(out.kind, frame, all_logits))
+        header.propose = out.propose if self.mtp else 0
+        self._fed(header, last)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=out.kind,
                           ahead=_rows_out(self.waiters))
         self.hops.rows_sent += len(tokens)
         if self.link is None:
-            return self._answer_here(pending, header, work, rows, frame, len(last))
+            return await self._answer_here(pending, header, work, rows, frame, len(last))
         await self._forward(header, work, rows, pending)
         return pending
 
@@ -246,9 +255,9 @@ class Pipeline:
             chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(piece),
                             kind=pb.PREFILL, targets=frame.targets, ahead=_rows_out(self.waiters))
             if self.link is None:
-                self._answer_here(chunk, header, work, rows, frame, len(piece))
+                await self._answer_here(chunk, header, work, rows, frame, len(piece))
             else:
-                await self._forward(header, work, rows, chunk)
+                await self._forward(self._fed(header, piece), work, rows, chunk)
             chunks.append(chunk)
         self.hops.rows_sent += len(tokens)
         chunks[-1].earlier = tuple(chunks[:-1])
@@ -295,11 +304,19 @@ class Pipeline:
                 raise MeshUnavailableError(self.broken) from None
             raise
 
-    def _answer_here(self, pending: Pending, header: pb.FrameHeader, work: Work, logits: np.ndarray,
-                     frame: FrameSampling, rows: int) -> Pending:
+    def _fed(self, header: pb.FrameHeader, tokens: Sequence[int]) -> pb.FrameHeader:
+        """`header`, with the tokens it feeds where the final stage's MTP layers read them."""
+        if self.mtp:
+            header.fed.extend(tokens)
+        return header
+
+    async def _answer_here(self, pending: Pending, header: pb.FrameHeader, work: Work, logits: np.ndarray,
+                           frame: FrameSampling, rows: int) -> Pending:
         """Stage 0 holds the final layer: it answers its own frame as a remote final stage would."""
-        reply = self.core.answer(header, work, logits, frame, rows)
+        reply = await with_drafts(self.core, header, self.core.answer(header, work, logits, frame, rows), frame,
+                                  header.fed)
         pending.local = _tokens_of(reply)  # an ERROR fails the request, not the route
+        pending.offered = offered_of(reply)
         self.hops.record(pending.kind, reply.timings.hops[-1])
         pending.answered_at = pending.left_at = time.perf_counter()
         return pending
@@ -385,6 +402,7 @@ def _deliver(pending: Pending, header: pb.FrameHeader, hops: HopTotals, watch: R
         round_trip = time.perf_counter() - pending.posted_at
         hops.record(pending.kind, pending.own, header.timings.hops, round_trip)
         pending.hops = tuple(header.timings.hops)
+        pending.offered = offered_of(header)
         watch.observe(pending.rows, round_trip)
     else:
         watch.progressed()  # an ERROR frame: the stages answer

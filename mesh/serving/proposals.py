@@ -67,8 +67,8 @@ class Proposals:
     def depth(self) -> int:
         """The frames that may be out at once: `in_flight`, or fewer where the primary
         proposer's controller finds more not worth it; one without a proposer."""
-        if self.draft is None:
-            return 1
+        if self.draft is None or not getattr(self.draft, "ahead", True):
+            return 1  # a proposer that drafts with replies waits for each
         limit = max(self.in_flight, 1)
         return _controller(self.window, self.draft.names[0]).depth(limit) if self.window is not None else limit
 
@@ -89,9 +89,23 @@ class Proposals:
         budget = lambda name: max(0, min(_controller(window, name).next_window(), room))  # noqa: E731
         params = state.req.sampling
         sampling = DraftSampling(params, len(state.req.prompt)) if params.rejects else None
-        found = await ask(draft, state.lane, list(state.sequence), budget, guide, sampling)
+        found = (await ask(draft, state.lane, list(state.sequence), budget, guide, sampling)).first(room)
         # every proposer keeps to the grammar; this holds one that does not to it too
         return found if guide is None else found.first(guide.legal(found.tokens))
+
+    def asks(self, state: RequestState, ctx: int) -> int:
+        """How many drafts the frame being sent asks the final stage to propose with its
+        reply: a proposer that drafts there sizes them by its window (others ask none)."""
+        asks, window = getattr(self.draft, "asks", None), self.window
+        if asks is None or window is None or state.room(ctx) < 1:
+            return 0
+        return max(0, min(asks(lambda name: _controller(window, name).next_window()), state.room(ctx)))
+
+    def offered(self, lane: int | None, pending: Pending) -> None:
+        """What the final stage proposed with a reply, for the proposer that drafts there."""
+        offered = getattr(self.draft, "offered", None)
+        if offered is not None and lane is not None:
+            offered(lane, pending.offered)
 
     def settled(self, frames: Sequence[tuple[Frame, int]], out: Sequence[Pending], committed: int) -> None:
         """A reply settled `frames` (each with its accepted drafts), the oldest of `out` first,
@@ -142,6 +156,8 @@ def observed(frame: Frame, p: Pending, accepted: int, tokens: int = 0, since: Si
     later = tuple(sum(part.values()) - part["queue"] for part in parts)
     links = None
     if p.answered_at and p.reply is not None:
-        links = max(p.answered_at - p.left_at - sum(sum(part.values()) for part in parts), 0.0)
+        # what the final stage spent drafting the next frame's window is that frame's proposal cost
+        drafting = p.offered.seconds if p.offered is not None else 0.0
+        links = max(p.answered_at - p.left_at - sum(sum(part.values()) for part in parts) - drafting, 0.0)
     return Observation(frame.drafts, accepted, frame.seconds, frame.rows, p.left_at - p.sent_at, later, links,
                        tokens, since, p.pace)

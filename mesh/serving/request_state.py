@@ -52,7 +52,8 @@ class Outgoing:
     says, with the penalty history of its first sampled row (the completion up to and
     including that row's token), in the session's `epoch`. The generate loop adds what the
     record does not hold: a grammar's `masks`, one per sampled row (stage/masks.py), and under
-    rejection sampling the drafts' q (`proposed`)."""
+    rejection sampling the drafts' q (`proposed`), and how many drafts the final stage is asked
+    to propose with its reply (`propose`, a proposer that runs there)."""
 
     start: int
     tokens: list[int]
@@ -62,6 +63,7 @@ class Outgoing:
     epoch: int = 0
     masks: tuple[bytes, ...] = ()
     proposed: tuple[Proposed, ...] = ()
+    propose: int = 0
 
     @property
     def all_logits(self) -> bool:

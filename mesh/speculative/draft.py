@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,12 +24,11 @@ from packages.speculative import verify_draft
 from stage.batcher import close_engine
 from stage.checkpoints import DRAFT_DEPTH
 from stage.core import StageCore
-from stage.distribution import probabilities, truncated
 from stage.engine import EngineConfig, Step
 from stage.engine_choice import open_engine
 from stage.llama_engine import LlamaRangeEngine
 from stage.masks import unpack
-from stage.rejection import DRAFT_STREAM, Draws
+from stage.rejection import drawn
 from stage.sampling import processed_rows
 
 if TYPE_CHECKING:
@@ -189,13 +187,10 @@ def _draw(logits: np.ndarray, guide: Guide | None, sampling: DraftSampling, sequ
     params = sampling.params
     masks = (guide.mask(),) if guide is not None else ()
     row = processed_rows(logits[None, :], params, sequence[sampling.prompt :], (), masks)[0]
-    ids, probs = truncated(probabilities(row, params))
-    drawn = Proposed(-1, tuple(ids.tolist()), tuple(probs.astype(np.float32).tolist()))
-    pick = Draws(params.seed, len(sequence), DRAFT_STREAM).pick(np.asarray(drawn.probs()))
-    token = drawn.ids[pick]
+    draft = drawn(row, params, len(sequence))
     if guide is not None:
-        guide.push(token)
-    return replace(drawn, token=token)
+        guide.push(draft.token)
+    return draft
 
 
 def draft_path(plan: SpecPlan, package_dir: Path) -> Path:

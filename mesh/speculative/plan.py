@@ -35,7 +35,11 @@ FRAMES_IN_FLIGHT = 3
 # faster than 3 in two interleaved sweeps, the same at 20 ms, and 8 no better (DESIGN.md §6).
 PRICED_FRAMES_IN_FLIGHT = 5
 NGRAM, NGRAM_DRAFT = "ngram", "ngram+draft"  # the built-in strategy names besides auto and disabled
-BUILT_IN = ("auto", "disabled", NGRAM, NGRAM_DRAFT)
+MTP, NGRAM_MTP = "mtp", "ngram+mtp"  # the model's own MTP layers, at the final stage (mesh/speculative/mtp.py)
+BUILT_IN = ("auto", "disabled", NGRAM, NGRAM_DRAFT, MTP, NGRAM_MTP)
+# MTP's window unless the levels set one: llama.cpp's own MTP drafting proposes 3 a step, and the
+# cost-aware controller turns drafting off where the layer agrees too rarely to pay (issue 56).
+MTP_WINDOW = WindowPolicy(policy="cost-aware", initial=3, min=1, max=8)
 _Kind = TypeVar("_Kind", DraftStrategy, NgramStrategy)
 
 
@@ -61,16 +65,21 @@ class SpecPlan:
     in_flight: int | None = None  # verify frames a session may have out at once; None: auto
     ngram: NgramPlan | None = None  # prompt lookup, first when there is a draft model too
     acceptance: str = AUTO  # the rule for requests that name none (common/sampling.py)
+    mtp: WindowPolicy | None = None  # the final stage's MTP layers draft, with this window
+    mtp_layers: int = 0  # how many the package carries
 
     def priced(self) -> bool:
         """Every proposer's window is cost-aware, so each prices how many frames out pay."""
-        windows = [self.window, *([self.ngram.window] if self.ngram else [])]
+        windows = [self.window, *([self.ngram.window] if self.ngram else []), *([self.mtp] if self.mtp else [])]
         return all(w.policy == "cost-aware" for w in windows)
 
     def describe(self) -> str:
         flight = f"frames in flight: {'auto' if self.in_flight is None else self.in_flight}"
         if self.acceptance != AUTO:
             flight += f", acceptance: {self.acceptance}"
+        if self.mtp is not None:
+            mtp = f"mtp (the model's {self.mtp_layers} MTP layer(s) at the final stage), {self.mtp.describe()}"
+            return f"{self.ngram.describe()}, then {mtp}, {flight}" if self.ngram else f"{mtp}, {flight}"
         if self.draft_model is None:
             assert self.ngram is not None
             return f"{self.ngram.describe()}, {flight}"
@@ -92,6 +101,8 @@ def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: 
     if strategy_name == "disabled":
         return None, f"off (strategy = \"disabled\", {where})"
     default, strategies = declared(manifest.generation)
+    if strategy_name in (MTP, NGRAM_MTP) and strategy_name not in strategies:
+        return _mtp(strategy_name, where, levels, manifest, default, strategies), ""
     if strategy_name in (NGRAM, NGRAM_DRAFT) and strategy_name not in strategies:
         return _built_in(strategy_name, where, levels, default, strategies), ""
     if strategy_name != "auto" and strategy_name not in strategies:
@@ -104,9 +115,29 @@ def resolve_plan(cli: Speculative, no_draft: bool, config: Config, model_names: 
         ngram = _ngram(levels, package)
         return SpecPlan(None, ngram.window, ngram.source, None, _in_flight(levels), ngram, _acceptance(levels)), ""
     plan = _draft(levels, package)
+    if plan is None and strategy_name == "auto" and mtp_layers(manifest):  # the model drafts for itself
+        return _mtp(MTP, where, levels, manifest, default, strategies), ""
     if plan is None:
         return None, "off (no draft declared by the package or configured)"
     return plan, ""
+
+
+def mtp_layers(manifest: Manifest) -> int:
+    """The MTP layers the package carries (packages/manifest.py)."""
+    return len(getattr(manifest, "mtp_layers", ()))
+
+
+def _mtp(name: str, where: str, levels: list[tuple[str, Speculative]], manifest: Manifest, default: str | None,
+         strategies: dict[str, Strategy]) -> SpecPlan:
+    """`mtp` or `ngram+mtp`: the final stage's MTP layers draft, prompt lookup first in the second."""
+    layers = mtp_layers(manifest)
+    if not layers:
+        raise ConfigError(f"speculative strategy {name!r} ({where}) needs MTP layers, and the package carries "
+                          f"none (a model with nextn layers, packaged by this meshpipe, does)")
+    ngram = _ngram(levels, _of_type(NgramStrategy, default, strategies)) if name == NGRAM_MTP else None
+    window = _window(levels, MTP_WINDOW)
+    return SpecPlan(None, window, "the model's MTP layers", None, _in_flight(levels), ngram, _acceptance(levels),
+                    mtp=window, mtp_layers=layers)
 
 
 def _built_in(name: str, where: str, levels: list[tuple[str, Speculative]], default: str | None,

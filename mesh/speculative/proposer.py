@@ -54,7 +54,12 @@ class Proposer(Protocol):
     its session ends. With a `guide` (a constrained request's grammar, standing at the end
     of `sequence`), every token proposed is one the grammar allows, and the guide is left
     where it stood. With `sampling`, a proposer that has a distribution draws from it and
-    says what q each token came from; one without (prompt lookup) proposes point masses."""
+    says what q each token came from; one without (prompt lookup) proposes point masses.
+
+    A proposer that drafts at the final stage (mtp.py) has three members more, read with
+    `remote`: `ahead` False (its drafts come with replies, so no frame leaves before the
+    reply ahead of it), `asks(budget)` (the drafts a frame asks the final stage for) and
+    `offered(lane, offer)` (what a reply brought)."""
 
     names: tuple[str, ...]
 
@@ -71,6 +76,15 @@ class Combined:
     def __init__(self, first: Proposer, fallback: Proposer) -> None:
         self.first, self.fallback = first, fallback
         self.names = (*first.names, *fallback.names)
+        self.ahead = getattr(first, "ahead", True) and getattr(fallback, "ahead", True)
+        self.remote = next((p for p in (first, fallback) if getattr(p, "asks", None)), None)
+
+    def asks(self, budget: Budget) -> int:
+        return self.remote.asks(budget) if self.remote is not None else 0  # type: ignore[attr-defined]
+
+    def offered(self, lane: int, offer: object) -> None:
+        if self.remote is not None:
+            self.remote.offered(lane, offer)  # type: ignore[attr-defined]
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
                        guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from mesh.speculative.draft import DRAFT
 from mesh.speculative.forced import FORCED
+from mesh.speculative.mtp import MTP
 from mesh.speculative.ngram import NGRAM
 from mesh.speculative.plan import SpecPlan
 from packages.speculative import WindowPolicy
@@ -36,6 +37,10 @@ def _draft_window(plan: SpecPlan) -> WindowPolicy | None:
     return plan.window if plan.draft_model is not None else None
 
 
+def _mtp_window(plan: SpecPlan) -> WindowPolicy | None:
+    return plan.mtp
+
+
 def _no_window(_: SpecPlan) -> WindowPolicy | None:
     return None
 
@@ -44,6 +49,8 @@ def _no_window(_: SpecPlan) -> WindowPolicy | None:
 # then the draft model (mesh/serving/proposals.py, mesh/speculative/proposer.py `Combined`).
 PROPOSERS: tuple[ProposerKind, ...] = (
     ProposerKind(DRAFT, "stage 0", "a draft model with the target's vocabulary", _draft_window),
+    ProposerKind(MTP, "the final stage", "the model's own MTP (nextn) layers and the trunk's last hidden state",
+                 _mtp_window),
     ProposerKind(NGRAM, "stage 0", "the request's own tokens (prompt lookup)", _ngram_window),
     ProposerKind(FORCED, "stage 0", "a constrained request's grammar, where it allows one continuation", _no_window,
                  windowed=False),

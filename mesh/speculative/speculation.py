@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from common.sampling import EXACT
 from mesh.speculative.draft import Draft, draft_path, vocab_mismatch
+from mesh.speculative.mtp import MtpProposer
 from mesh.speculative.ngram import NgramProposer
 from mesh.speculative.plan import SpecPlan
 from mesh.speculative.proposer import Combined, Proposer
@@ -66,6 +67,10 @@ class Speculation:
             return
         ngram = self.spec.ngram
         lookup = NgramProposer(ngram.ngram_min, ngram.ngram_max) if ngram else None
+        if self.spec.mtp is not None:  # the final stage's MTP layers draft: nothing to load here
+            self.proposer = Combined(lookup, MtpProposer()) if lookup else MtpProposer()
+            self.say(f"speculative: {self.spec.describe()}")
+            return
         if self.spec.draft_model is None:  # prompt lookup alone: no draft is loaded or downloaded
             self.proposer = lookup
             self.say(f"speculative: {self.spec.describe()}")

@@ -1,0 +1,142 @@
+"""The model's own multi-token-prediction layer, drafting at the final stage (DESIGN.md §6, issue 56).
+
+The final stage holds the trunk's last layers and the head, so it has what an MTP ("nextn")
+layer reads: the trunk's last hidden state at position p - 1 and the token at p. llama.cpp
+runs that layer in a second context on the same model (`LLAMA_CONTEXT_TYPE_MTP`), whose KV
+holds only the MTP layer's attention. Two things happen here, both on the engine thread:
+
+- **Feeding** (`feed`), after every decode of a session's rows: the MTP context sees the same
+  positions as the target, each token paired with the target's hidden row one position before
+  (the row before a step's first is kept from the step before; zeros at position 0, as
+  llama.cpp's own MTP drafting does). Its KV is trimmed to the step's start first, as every
+  stage's is: the frame's start is authoritative, so a rejection rolls it back too.
+- **Drafting** (`draft`): from the token the target committed last at position P and its
+  hidden row at P - 1, each step decodes one row and reads the MTP layer's logits and its own
+  output row, which the next step pairs with the token just drafted.
+
+Drafts only decide what gets verified; the target's own rows decide every token, so nothing
+here can change the output, only how much of it a frame commits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import llama_cpp.llama_cpp_ext as ext
+import numpy as np
+from llama_cpp import llama_cpp as L
+
+from common.errors import EngineError
+from common.sampling import Proposed
+
+# Draws a draft token from the MTP layer's logits for a position, with the q it came from
+# (a point mass for a greedy pick).
+Choose = Callable[[np.ndarray, int], Proposed]
+
+
+@dataclass
+class _Rows:
+    """A lane's last hidden rows from the target: positions [start, start + len(rows)), and
+    the row just before them (None where none was kept)."""
+
+    start: int
+    rows: np.ndarray
+    before: np.ndarray | None
+
+    def at(self, position: int) -> np.ndarray | None:
+        if self.start <= position < self.start + len(self.rows):
+            return self.rows[position - self.start]
+        return self.before if position == self.start - 1 else None
+
+
+class MtpHead:
+    """The MTP context of a final stage's model, one KV stream per lane."""
+
+    def __init__(self, model: ctypes.c_void_p, params: L.llama_context_params, width: int, n_vocab: int) -> None:
+        """`params`: the target context's, which the MTP context copies but for its type."""
+        self.layers = int(L.llama_model_n_layer_nextn(model))
+        if self.layers < 1:
+            raise EngineError("the model has no MTP layers to draft with")
+        self.width, self.n_vocab, self.lanes = width, n_vocab, int(params.n_seq_max)
+        self.batch_rows = int(params.n_batch)
+        params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+        params.cb_eval = L.ggml_backend_sched_eval_callback()
+        params.cb_eval_user_data = None
+        self.ctx = L.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise EngineError("llama.cpp could not create the MTP context")
+        self.mem = L.llama_get_memory(self.ctx)
+        ext.llama_set_embeddings_nextn(self.ctx, True, True)  # its own output row, for the next step
+        self.held: list[_Rows | None] = [None] * self.lanes
+        self.zeros = np.zeros(width, dtype=np.float32)
+
+    def feed(self, lane: int, start: int, tokens: np.ndarray, hidden: np.ndarray) -> None:
+        """The target decoded `tokens` at `start` on `lane`, with `hidden` its rows' states: the
+        MTP context takes the same positions. A lane whose MTP KV ends before `start` (its rows
+        were never fed: a frame without tokens) cannot be fed past the gap; it drafts nothing
+        until a frame reaches back to what it holds."""
+        kept = self.held[lane]
+        before = kept.at(start - 1) if kept is not None else None
+        self.held[lane] = _Rows(start, hidden, before)
+        if start > self._end(lane):
+            return
+        L.llama_memory_seq_rm(self.mem, lane, start, -1)
+        pairs = [before if before is not None else self.zeros, *hidden[:-1]]
+        for first in range(0, len(tokens), self.batch_rows):
+            last = min(first + self.batch_rows, len(tokens))
+            self._process(lane, start + first, tokens[first:last], pairs[first:last], output=False)
+
+    def draft(self, lane: int, position: int, token: int, k: int, choose: Choose) -> list[Proposed]:
+        """Up to `k` drafts for positions `position` + 1 on, after `token` at `position`; none
+        where the lane has not been fed up to `position`."""
+        kept = self.held[lane]
+        h = kept.at(position - 1) if kept is not None else None
+        if h is None or k < 1 or position > self._end(lane):
+            return []
+        L.llama_memory_seq_rm(self.mem, lane, position, -1)  # rows fed past it were not committed
+        out: list[Proposed] = []
+        for i in range(k):
+            self._process(lane, position + i, np.asarray([token]), [h], output=True)
+            logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)).copy()
+            row = ext.llama_get_embeddings_nextn_ith(self.ctx, -1)
+            h = np.ctypeslib.as_array(row, shape=(self.width,)).copy()
+            out.append(choose(logits, position + i + 1))
+            token = out[-1].token
+        return out
+
+    def trim(self, lane: int, position: int) -> None:
+        L.llama_memory_seq_rm(self.mem, lane, max(position, 0), -1)
+        if position <= 0:
+            self.held[lane] = None
+
+    def _end(self, lane: int) -> int:
+        """The next position the lane's MTP KV can take: llama.cpp keeps a sequence's
+        positions consecutive."""
+        return int(L.llama_memory_seq_pos_max(self.mem, lane)) + 1
+
+    def _process(self, lane: int, start: int, tokens: np.ndarray, rows: list[np.ndarray], output: bool) -> None:
+        batch = L.llama_batch_ext_init(self.ctx)
+        try:
+            rows = [np.ascontiguousarray(r, dtype=np.float32) for r in rows]  # alive until processed
+            for i, token in enumerate(tokens):
+                idx = L.llama_batch_ext_add_token(batch, lane, int(token))
+                if idx < 0:
+                    raise EngineError(f"the MTP batch refused a token ({idx})")
+                pos = ctypes.c_int32(start + i)
+                L.llama_batch_ext_set_pos(batch, idx, ctypes.byref(pos))
+                data = rows[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                if not L.llama_batch_ext_set_embd_token(batch, idx, L.llama_embd(data, 1, self.width)):
+                    raise EngineError("the MTP batch refused a hidden row")
+                L.llama_batch_ext_set_output_logits(batch, idx, output and i == len(tokens) - 1)
+            rc = L.llama_process(self.ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch)
+        finally:
+            L.llama_batch_ext_free(batch)
+        if rc != 0:
+            raise EngineError(f"the MTP layer's decode failed with code {rc}")
+
+    def close(self) -> None:
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None  # type: ignore[assignment]
