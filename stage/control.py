@@ -175,7 +175,9 @@ class StageControl(pb_grpc.StageControlServicer):
             lease.touch()
         lease.state = pb.READY
         assert lease.hosted is not None
-        return pb.LoadReply(ready=True, endpoint=endpoint, calibration=lease.hosted.calibration.to_wire())
+        head = getattr(lease.hosted.engine, "mtp", None)  # an MTP layer it drafts with (stage/mtp_head.py)
+        return pb.LoadReply(ready=True, endpoint=endpoint, calibration=lease.hosted.calibration.to_wire(),
+                            mtp_layers=head.layers if head is not None else 0)
 
     def _check_load(self, r: pb.LoadRequest, lease: Lease | None) -> str | None:
         p = lease.prepared if lease is not None else None

@@ -32,9 +32,11 @@ class RangeKey:
     manifest_sha: str
     start: int
     end: int
+    mtp: bool = False  # a final range loaded with the package's MTP layers, to draft with
 
     def __str__(self) -> str:
-        return f"layers [{self.start},{self.end}) of package {self.manifest_sha[:12]}"
+        with_mtp = " with MTP" if self.mtp else ""
+        return f"layers [{self.start},{self.end}) of package {self.manifest_sha[:12]}{with_mtp}"
 
 
 @dataclass
@@ -95,7 +97,7 @@ class Hosting:
             return await self._host(p, r, cpu_lock)
 
     async def _host(self, p: PreparedStage, r: pb.LoadRequest, cpu_lock: Path | None) -> Hosted:
-        key = RangeKey(p.manifest_sha, p.start, p.end)
+        key = RangeKey(p.manifest_sha, p.start, p.end, r.mtp and r.final)
         hosted = self.ranges.get(key)
         if hosted is not None:
             if r.ctx_size > hosted.engine.ctx_per_lane:
@@ -108,7 +110,7 @@ class Hosting:
             raise ValueError(problem)
         cfg = EngineConfig(first=p.start == 0, final=r.final, lanes=lanes, ctx_per_lane=r.ctx_size,
                            batch=r.batch or 256, threads=r.threads or self.threads,
-                           cpu_lock=cpu_lock)
+                           cpu_lock=cpu_lock, mtp=key.mtp)
         engine = await on_engine_thread(self.engine_kind.open, p.gguf, cfg)
         try:  # before any claim runs on it: no session's lane can be in use yet
             calibration = await on_engine_thread(calibrate, engine, r.work_layers or p.end - p.start, r.wire_dtype)

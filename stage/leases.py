@@ -61,7 +61,8 @@ class Lease:
         """Start preparing the request's range in the background (Inventory reports it)."""
         self.progress, self.prepared = Progress(), None
         self.range = (request.layer_start, request.layer_end)
-        wanted = Wanted(request.package_ref, request.manifest_sha256, request.layer_start, request.layer_end)
+        wanted = Wanted(request.package_ref, request.manifest_sha256, request.layer_start, request.layer_end,
+                        mtp=request.mtp)
         self.prepare_task = asyncio.get_running_loop().create_task(prepare_stage(
             wanted, cache_dir, fetch, self.progress, placeholders=placeholders))
         self.prepare_task.add_done_callback(self._prepared)

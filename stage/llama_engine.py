@@ -79,16 +79,22 @@ class LlamaRangeEngine:
         p = self._context_params()
         if eval_callback is not None:
             p.cb_eval = eval_callback
+        if user is not None:
             p.cb_eval_user_data = user
         ctx = L.llama_init_from_model(self.model, p)
         if not ctx:
             raise EngineError("llama.cpp could not create a context")
         return ctx
 
-    def _mtp_head(self) -> MtpHead:
+    def _mtp_head(self) -> MtpHead | None:
         """The MTP context, and the target's hidden rows kept for it: every row's, not only
-        those with logits (llama.cpp's unmasked nextn embeddings)."""
-        head = MtpHead(self.model, self._context_params(), self.width, self.n_vocab)
+        those with logits (llama.cpp's unmasked nextn embeddings). None for a stage GGUF that
+        carries no MTP layers (prepared without them): it serves, drafting nothing."""
+        model = self.model
+        assert model is not None
+        if L.llama_model_n_layer_nextn(model) < 1:
+            return None
+        head = MtpHead(model, self._context_params(), self.width, self.n_vocab)
         ext.llama_set_embeddings_nextn(self.ctx, True, False)
         return head
 

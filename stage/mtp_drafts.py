@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from common.errors import EngineError
+from common.ids import SessionId
 from common.sampling import Proposed
 from proto import meshpipe_pb2 as pb
 from stage.core import StageCore
@@ -77,7 +78,7 @@ async def with_drafts(core: StageCore, h: pb.FrameHeader, reply: pb.FrameHeader,
     if at is None:
         return reply
     position, token = at
-    lane = core.lanes.by_session.get(h.session_id)
+    lane = core.lanes.by_session.get(SessionId(h.session_id))
     if lane is None:
         return reply
     out: list[Proposed] = []

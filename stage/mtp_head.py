@@ -62,9 +62,7 @@ class MtpHead:
         self.width, self.n_vocab, self.lanes = width, n_vocab, int(params.n_seq_max)
         self.batch_rows = int(params.n_batch)
         params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
-        params.cb_eval = L.ggml_backend_sched_eval_callback()
-        params.cb_eval_user_data = None
-        self.ctx = L.llama_init_from_model(model, params)
+        self.ctx: ctypes.c_void_p | None = L.llama_init_from_model(model, params)
         if not self.ctx:
             raise EngineError("llama.cpp could not create the MTP context")
         self.mem = L.llama_get_memory(self.ctx)
@@ -139,4 +137,4 @@ class MtpHead:
     def close(self) -> None:
         if self.ctx:
             L.llama_free(self.ctx)
-            self.ctx = None  # type: ignore[assignment]
+            self.ctx = None

@@ -22,7 +22,7 @@ MTP = "mtp"  # its name in usage.speculative.by_proposer, in plans and on --stra
 
 
 class MtpProposer:
-    names = (MTP,)
+    names: tuple[str, ...] = (MTP,)
     ahead = False  # it proposes from a reply: the next frame waits for it
 
     def __init__(self) -> None:
