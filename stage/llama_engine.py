@@ -19,7 +19,7 @@ from packages.architectures import hidden_input_scale, tap_name
 from stage.cpu_lock import CpuLock
 from stage.engine import EngineConfig, Step, check_step  # EngineConfig re-exported for callers
 from stage.llama_model import INVARIANT_ROWS, KV_TYPES, architecture, flash_attn_type, kv_cache_for, load_model
-from stage.mtp_head import Choose, MtpHead
+from stage.mtp_head import Choose, open_head
 from stage.native_tap import open_tap
 from stage.recurrent_lanes import RecurrentLanes
 
@@ -63,7 +63,8 @@ class LlamaRangeEngine:
                                                            self.width, cfg.batch)
         self.ctx = self._new_context(self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
         self.mem = L.llama_get_memory(self.ctx)
-        self.mtp = self._mtp_head() if cfg.final and cfg.mtp else None
+        self.mtp = open_head(self.model, self.ctx, context_params(cfg, self.graph_rows, self.kv_cache), self.n_vocab) \
+            if cfg.final and cfg.mtp else None
         # An M-RoPE model reads 4 positions a row of embedding input, section-major (llama_batch
         # to llama_batch_ext in llama-batch.cpp); its token input is widened by llama.cpp itself.
         self.pos_sections = 1 if cfg.first else _pos_per_embd(self.model)
@@ -76,7 +77,7 @@ class LlamaRangeEngine:
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
 
     def _new_context(self, eval_callback: Any, user: ctypes.c_void_p | None) -> ctypes.c_void_p:
-        p = self._context_params()
+        p = context_params(self.cfg, self.graph_rows, self.kv_cache)
         if eval_callback is not None:
             p.cb_eval = eval_callback
         if user is not None:
@@ -85,35 +86,6 @@ class LlamaRangeEngine:
         if not ctx:
             raise EngineError("llama.cpp could not create a context")
         return ctx
-
-    def _mtp_head(self) -> MtpHead | None:
-        """The MTP context, and the target's hidden rows kept for it: every row's, not only
-        those with logits (llama.cpp's unmasked nextn embeddings). None for a stage GGUF that
-        carries no MTP layers (prepared without them): it serves, drafting nothing."""
-        model = self.model
-        assert model is not None
-        if L.llama_model_n_layer_nextn(model) < 1:
-            return None
-        head = MtpHead(model, self._context_params(), self.width, self.n_vocab)
-        ext.llama_set_embeddings_nextn(self.ctx, True, False)
-        return head
-
-    def _context_params(self) -> L.llama_context_params:
-        cfg = self.cfg
-        p = L.llama_context_default_params()
-        p.n_ctx = cfg.ctx_per_lane * cfg.lanes
-        p.n_batch, p.n_ubatch = cfg.batch, self.graph_rows  # stage.llama_model says why
-        p.n_seq_max = cfg.lanes
-        # A KV stream per lane: a session's attention then reads the same contiguous cells
-        # whatever else is batched with it, so batched output equals solo output bit for bit.
-        p.kv_unified = False
-        # The same attention kernels as every other model in the project (stage.llama_model):
-        # a verify window is then computed as plain decoding computes its rows.
-        p.flash_attn_type = flash_attn_type() if cfg.flash_attn is None else int(cfg.flash_attn)
-        # and a cache type whose attention gives every row one kernel at any thread count
-        p.type_k, p.type_v = (KV_TYPES[t] for t in self.kv_cache)
-        p.n_threads = p.n_threads_batch = cfg.threads
-        return p
 
     def position(self, lane: int) -> int:
         return self._pos[self._check_lane(lane)]
@@ -148,22 +120,14 @@ class LlamaRangeEngine:
             for call in _pack(steps, self.cfg.batch):
                 self._decode(steps, call, outputs, nextn)
             if nextn is not None:
+                assert self.mtp is not None
                 with self.cpu_lock.held() if self.cpu_lock else contextlib.nullcontext():
-                    self._feed_mtp(steps, nextn)
+                    self.mtp.feed_steps(steps, nextn, self.first)
         except BaseException:
             self._settle(steps, ok=False)
             raise
         self._settle(steps, ok=True)
         return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
-
-    def _feed_mtp(self, steps: list[Step], nextn: list[list[np.ndarray]]) -> None:
-        """The MTP layer sees every step whose tokens it knows (stage 0's own, or a later
-        stage's `fed`), at the same positions, with the hidden rows the target just made."""
-        assert self.mtp is not None
-        for s, rows in zip(steps, nextn, strict=True):
-            tokens = s.tokens if self.first else s.fed
-            if tokens is not None and len(tokens) == s.n:
-                self.mtp.feed(s.lane, s.start, tokens, rows[0] if len(rows) == 1 else np.concatenate(rows))
 
     def mtp_draft(self, lane: int, position: int, token: int, k: int, choose: Choose) -> list[Proposed]:
         """Up to `k` drafts from the MTP layer after `token` at `position` (none without one)."""
@@ -273,6 +237,24 @@ class LlamaRangeEngine:
             self.ctx = None  # type: ignore[assignment]
             if self.cpu_lock:
                 self.cpu_lock.close()
+
+
+def context_params(cfg: EngineConfig, graph_rows: int, kv_cache: tuple[str, str]) -> L.llama_context_params:
+    """A context for `cfg`'s range (the MTP context copies it but for its type)."""
+    p = L.llama_context_default_params()
+    p.n_ctx = cfg.ctx_per_lane * cfg.lanes
+    p.n_batch, p.n_ubatch = cfg.batch, graph_rows  # stage.llama_model says why
+    p.n_seq_max = cfg.lanes
+    # A KV stream per lane: a session's attention then reads the same contiguous cells
+    # whatever else is batched with it, so batched output equals solo output bit for bit.
+    p.kv_unified = False
+    # The same attention kernels as every other model in the project (stage.llama_model):
+    # a verify window is then computed as plain decoding computes its rows.
+    p.flash_attn_type = flash_attn_type() if cfg.flash_attn is None else int(cfg.flash_attn)
+    # and a cache type whose attention gives every row one kernel at any thread count
+    p.type_k, p.type_v = (KV_TYPES[t] for t in kv_cache)
+    p.n_threads = p.n_threads_batch = cfg.threads
+    return p
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ here can change the output, only how much of it a frame commits.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import llama_cpp.llama_cpp_ext as ext
@@ -30,6 +30,7 @@ from llama_cpp import llama_cpp as L
 
 from common.errors import EngineError
 from common.sampling import Proposed
+from stage.engine import Step
 
 # Draws a draft token from the MTP layer's logits for a position, with the q it came from
 # (a point mass for a greedy pick).
@@ -51,14 +52,26 @@ class _Rows:
         return self.before if position == self.start - 1 else None
 
 
+def open_head(model: ctypes.c_void_p | None, target: ctypes.c_void_p, params: L.llama_context_params,
+              n_vocab: int) -> MtpHead | None:
+    """The MTP context beside the `target` context (made with `params`, which it copies but for
+    its type), and the target's hidden rows kept for it: every row's, not only those with
+    logits (llama.cpp's unmasked nextn embeddings). None for a model loaded without MTP layers
+    (a stage GGUF prepared without them): the stage serves, drafting nothing."""
+    assert model is not None
+    if L.llama_model_n_layer_nextn(model) < 1:
+        return None
+    head = MtpHead(model, params, L.llama_model_n_embd(model), n_vocab)
+    ext.llama_set_embeddings_nextn(target, True, False)
+    return head
+
+
 class MtpHead:
     """The MTP context of a final stage's model, one KV stream per lane."""
 
     def __init__(self, model: ctypes.c_void_p, params: L.llama_context_params, width: int, n_vocab: int) -> None:
         """`params`: the target context's, which the MTP context copies but for its type."""
         self.layers = int(L.llama_model_n_layer_nextn(model))
-        if self.layers < 1:
-            raise EngineError("the model has no MTP layers to draft with")
         self.width, self.n_vocab, self.lanes = width, n_vocab, int(params.n_seq_max)
         self.batch_rows = int(params.n_batch)
         params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
@@ -69,6 +82,14 @@ class MtpHead:
         ext.llama_set_embeddings_nextn(self.ctx, True, True)  # its own output row, for the next step
         self.held: list[_Rows | None] = [None] * self.lanes
         self.zeros = np.zeros(width, dtype=np.float32)
+
+    def feed_steps(self, steps: Sequence[Step], hidden: Sequence[Sequence[np.ndarray]], first: bool) -> None:
+        """The target ran `steps` (`first`: on token input), making `hidden`'s rows for each in
+        pieces: every step whose tokens are known (its own, or a later stage's `fed`) is fed."""
+        for s, rows in zip(steps, hidden, strict=True):
+            tokens = s.tokens if first else s.fed
+            if tokens is not None and len(tokens) == s.n:
+                self.feed(s.lane, s.start, tokens, rows[0] if len(rows) == 1 else np.concatenate(rows))
 
     def feed(self, lane: int, start: int, tokens: np.ndarray, hidden: np.ndarray) -> None:
         """The target decoded `tokens` at `start` on `lane`, with `hidden` its rows' states: the

@@ -213,7 +213,7 @@ class Pipeline:
             work, hidden = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32)))
             if self.link is not None:
                 header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch)
-                await self._forward(self._fed(header, piece), work, hidden)
+                await self._forward(_fed(header, piece, self.mtp), work, hidden)
             pos += len(piece)
         last = pieces[-1]
         work, rows = await self._compute(Step(lane, pos, tokens=np.asarray(last, dtype=np.int32),
@@ -222,7 +222,7 @@ class Pipeline:
                                        out.proposed)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, Asks(out.kind, frame, all_logits))
         header.propose = out.propose if self.mtp else 0
-        self._fed(header, last)
+        _fed(header, last, self.mtp)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=out.kind,
                           ahead=_rows_out(self.waiters))
         self.hops.rows_sent += len(tokens)
@@ -257,7 +257,7 @@ class Pipeline:
             if self.link is None:
                 await self._answer_here(chunk, header, work, rows, frame, len(piece))
             else:
-                await self._forward(self._fed(header, piece), work, rows, chunk)
+                await self._forward(_fed(header, piece, self.mtp), work, rows, chunk)
             chunks.append(chunk)
         self.hops.rows_sent += len(tokens)
         chunks[-1].earlier = tuple(chunks[:-1])
@@ -303,12 +303,6 @@ class Pipeline:
             if self.broken:  # stopped under us: the route broke, and the caller may resume
                 raise MeshUnavailableError(self.broken) from None
             raise
-
-    def _fed(self, header: pb.FrameHeader, tokens: Sequence[int]) -> pb.FrameHeader:
-        """`header`, with the tokens it feeds where the final stage's MTP layers read them."""
-        if self.mtp:
-            header.fed.extend(tokens)
-        return header
 
     async def _answer_here(self, pending: Pending, header: pb.FrameHeader, work: Work, logits: np.ndarray,
                            frame: FrameSampling, rows: int) -> Pending:
@@ -394,6 +388,13 @@ class Pipeline:
             if pending.reply is not None and not pending.reply.done():
                 pending.reply.set_exception(MeshUnavailableError(reason))
         self.waiters.clear()
+
+def _fed(header: pb.FrameHeader, tokens: Sequence[int], mtp: bool) -> pb.FrameHeader:
+    """`header`, with the tokens it feeds where the final stage's MTP layers read them."""
+    if mtp:
+        header.fed.extend(tokens)
+    return header
+
 
 def _deliver(pending: Pending, header: pb.FrameHeader, hops: HopTotals, watch: ReplyWatch) -> None:
     if pending.reply is None or pending.reply.done():

@@ -67,8 +67,8 @@ class Proposals:
     def depth(self) -> int:
         """The frames that may be out at once: `in_flight`, or fewer where the primary
         proposer's controller finds more not worth it; one without a proposer."""
-        if self.draft is None or not getattr(self.draft, "ahead", True):
-            return 1  # a proposer that drafts with replies waits for each
+        if self.draft is None:
+            return 1
         limit = max(self.in_flight, 1)
         return _controller(self.window, self.draft.names[0]).depth(limit) if self.window is not None else limit
 
@@ -97,9 +97,10 @@ class Proposals:
         """How many drafts the frame being sent asks the final stage to propose with its
         reply: a proposer that drafts there sizes them by its window (others ask none)."""
         asks, window = getattr(self.draft, "asks", None), self.window
-        if asks is None or window is None or state.room(ctx) < 1:
+        if asks is None or window is None or state.room(ctx) < 1 or state.lane is None:
             return 0
-        return max(0, min(asks(lambda name: _controller(window, name).next_window()), state.room(ctx)))
+        budget = lambda name: _controller(window, name).next_window()  # noqa: E731
+        return max(0, min(asks(state.lane, budget, self.depth()), state.room(ctx)))
 
     def offered(self, lane: int | None, pending: Pending) -> None:
         """What the final stage proposed with a reply, for the proposer that drafts there."""

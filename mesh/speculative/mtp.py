@@ -2,10 +2,11 @@
 
 The final stage holds the trunk's last hidden state, which an MTP ("nextn") layer reads, so it
 drafts there (stage/mtp_drafts.py) and sends the drafts with its reply. This proposer, on
-stage 0, asks each frame's reply for as many drafts as its window controller allows
-(`asks`), keeps what the reply brought (`offered`), and proposes them as the next frame's
-window when they continue the session's sequence. Since its drafts come with replies, a frame
-cannot be drafted ahead of the reply before it: a session keeps one frame out (`ahead`).
+stage 0, asks each frame's reply for the drafts of as many windows as may be out (`asks`),
+keeps what a reply brought (`offered`), and proposes from it while it continues the session's
+sequence: the next frame's window, and the windows of frames sent ahead of their replies
+(drafts in flight included), one window each. A reply that parts from the sequence (a
+rejection it saw first) leaves nothing to propose until the next one comes.
 """
 
 from __future__ import annotations
@@ -23,31 +24,38 @@ MTP = "mtp"  # its name in usage.speculative.by_proposer, in plans and on --stra
 
 class MtpProposer:
     names: tuple[str, ...] = (MTP,)
-    ahead = False  # it proposes from a reply: the next frame waits for it
 
     def __init__(self) -> None:
         self.offers: dict[int, Offered] = {}
+        self.window: dict[int, int] = {}  # per lane: the window its controller chose when asking
 
-    def asks(self, budget: Budget) -> int:
-        """How many drafts the frame being sent asks the final stage for: the next window."""
-        return budget(MTP)
+    def asks(self, lane: int, budget: Budget, depth: int) -> int:
+        """How many drafts the frame being sent asks the final stage for: a window for each
+        frame that may be out."""
+        self.window[lane] = budget(MTP)
+        return self.window[lane] * depth
 
     def offered(self, lane: int, offer: Offered | None) -> None:
-        """What the lane's latest reply brought (None: nothing, and an older offer is stale)."""
-        if offer is None:
-            self.offers.pop(lane, None)
-        else:
+        """What the lane's latest reply brought (None: nothing; an older offer still serves
+        frames it covers)."""
+        if offer is not None:
             self.offers[lane] = offer
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
                        guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal:
-        """The drafts the last reply brought, where they continue `sequence` (the window was
-        sized when they were asked for); under rejection sampling each with its q."""
-        offer = self.offers.pop(lane, None)
-        if offer is None or offer.at != len(sequence) or not offer.drafts:
+        """A window of the drafts the last reply brought, past the part of them `sequence`
+        holds already (sent ahead); under rejection sampling each with its q. The window was
+        sized when they were asked for, so `budget` is not asked again."""
+        offer, k = self.offers.get(lane), self.window.get(lane, 0)
+        if offer is None or k < 1 or not offer.drafts:
             return Proposal([], MTP, 0.0)
-        drafts = offer.drafts
-        return Proposal([d.token for d in drafts], MTP, offer.seconds, drafts if sampling is not None else ())
+        held = len(sequence) - offer.at
+        if held < 0 or [d.token for d in offer.drafts[:held]] != sequence[offer.at :]:
+            return Proposal([], MTP, 0.0)
+        drafts = offer.drafts[held : held + k]
+        seconds = offer.seconds * len(drafts) / len(offer.drafts)  # drafting them, at the final stage
+        return Proposal([d.token for d in drafts], MTP, seconds, drafts if sampling is not None else ())
 
     def forget(self, lane: int) -> None:
         self.offers.pop(lane, None)
+        self.window.pop(lane, None)

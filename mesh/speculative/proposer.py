@@ -56,9 +56,8 @@ class Proposer(Protocol):
     where it stood. With `sampling`, a proposer that has a distribution draws from it and
     says what q each token came from; one without (prompt lookup) proposes point masses.
 
-    A proposer that drafts at the final stage (mtp.py) has three members more, read with
-    `remote`: `ahead` False (its drafts come with replies, so no frame leaves before the
-    reply ahead of it), `asks(budget)` (the drafts a frame asks the final stage for) and
+    A proposer that drafts at the final stage (mtp.py) has two members more, found by name:
+    `asks(lane, budget, depth)` (the drafts a frame asks the final stage for) and
     `offered(lane, offer)` (what a reply brought)."""
 
     names: tuple[str, ...]
@@ -76,11 +75,10 @@ class Combined:
     def __init__(self, first: Proposer, fallback: Proposer) -> None:
         self.first, self.fallback = first, fallback
         self.names = (*first.names, *fallback.names)
-        self.ahead = getattr(first, "ahead", True) and getattr(fallback, "ahead", True)
         self.remote = next((p for p in (first, fallback) if getattr(p, "asks", None)), None)
 
-    def asks(self, budget: Budget) -> int:
-        return self.remote.asks(budget) if self.remote is not None else 0  # type: ignore[attr-defined]
+    def asks(self, lane: int, budget: Budget, depth: int) -> int:
+        return self.remote.asks(lane, budget, depth) if self.remote is not None else 0  # type: ignore[attr-defined]
 
     def offered(self, lane: int, offer: object) -> None:
         if self.remote is not None:
