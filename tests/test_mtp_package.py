@@ -4,9 +4,10 @@ unsplit model does (issue 56, DESIGN.md §3 step 1, §5).
 For tiny deepseek2, glm4moe and qwen35 models with one nextn layer (tests/tiny_models.py): the
 package lists the layer in `mtp_layers`; the final stage of a split-2 and the whole model, built
 with `mtp`, load with llama.cpp's `load_mtp`, and an MTP context on them gives the logits an MTP
-context on the unsplit GGUF gives, bit for bit, for the same tokens and hidden rows. Without
-`mtp` nothing changes: the stage GGUF keeps its sha256, a package of a model without nextn
-layers its manifest. All in-process, milliseconds a load.
+context on the unsplit GGUF gives, bit for bit, for the same tokens and hidden rows; prepare,
+the Hub and publish carry the MTP artifacts with the final range. Without `mtp` nothing
+changes: the stage GGUF keeps its sha256, a package of a model without nextn layers its
+manifest. All in-process, milliseconds a load.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hub_cache import COMMIT, add_files, package_files, use_hf_home
 from llama_cpp import llama_cpp as L
 from llama_cpp import llama_cpp_ext as E
 from tiny_models import write_tiny
 
+from packages import hub
 from packages.architectures import mtp_refusal
 from packages.describe import describe
 from packages.errors import PackageError
@@ -32,6 +35,8 @@ from packages.gguf_files import field_value, metadata_of, open_gguf
 from packages.integrity import sha256_file
 from packages.manifest import MANIFEST_NAME, Manifest, load_manifest, parse_manifest
 from packages.materialize import materialize_stage, mtp_cost, stage_path
+from packages.publish import plan_publish
+from packages.refs import parse_hub_ref
 from packages.validate import validate_package
 from packages.writer import write_package
 from stage.llama_model import flash_attn_type, model_params
@@ -285,3 +290,22 @@ def test_the_memory_mtp_adds_to_the_final_stage_is_said(tiny: Tiny, dense: Tiny,
     assert mtp_cost(dense.package, dense.manifest) is None
     assert "MTP" in dict(describe(tiny.package))
     assert "MTP" not in dict(describe(dense.package))
+
+
+def test_the_mtp_layers_travel_with_the_final_range_through_the_hub(tiny: Tiny, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publish uploads them, a coordinator's download and a final range asked with `mtp` fetch
+    them, and a range without `mtp` does not need them."""
+    m, start, end = tiny.manifest, tiny.mtp_start, tiny.manifest.layer_count
+    planned = {f.path for f in plan_publish(tiny.package, "org/tiny").artifacts}
+    assert m.mtp_layers[0].path in planned
+    hub_cache = use_hf_home(tmp_path / "hf", monkeypatch, offline=True)
+    ref = parse_hub_ref("hf://org/tiny")
+    add_files(hub_cache, "org/tiny", COMMIT, package_files(tiny.package, range(start, end)))
+    assert hub.cached_range(ref, start, end, tiny.sha) is not None
+    assert hub.cached_range(ref, start, end, tiny.sha, mtp=True) is None  # not in the cache yet
+    add_files(hub_cache, "org/tiny", COMMIT, {m.mtp_layers[0].path: tiny.package / m.mtp_layers[0].path})
+    pkg = hub.fetch_range(ref, start, end, tiny.sha, mtp=True)
+    assert (pkg.root / m.mtp_layers[0].path).read_bytes() == (tiny.package / m.mtp_layers[0].path).read_bytes()
+    with pytest.raises(PackageError, match="final stage only"):
+        hub.fetch_range(ref, 0, tiny.cut, tiny.sha, mtp=True)
