@@ -292,7 +292,7 @@ async def _check_fit(route: Route, ranges: list[StageRange], own_memory: int) ->
     """Refuse a plan a stage's engine cannot read or its machine cannot hold, before any
     stage prepares; stage 0 and the stages it spawned share this machine's memory."""
     s = route.settings
-    sizes = await asyncio.to_thread(package_sizes, route.package_dir, route.manifest)
+    sizes = await asyncio.to_thread(package_sizes, route.package_dir, route.manifest, route.settings.mtp)
     needs = [StageNeed("stage 0 (this process)", ranges[0], engine_kind(s.engine(0)), own_memory, "this machine")]
     for index, (stage, rng) in enumerate(zip(route.stages, ranges[1:], strict=True), 1):
         try:
