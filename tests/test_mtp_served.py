@@ -13,9 +13,6 @@ drafts crossed the wire.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +20,7 @@ import inproc_requests
 import openai
 import pytest
 from inproc_requests import served_tokens
-from mesh_server import mesh_serve, stage_daemon
+from mesh_server import mesh_serve, running_stage
 from mtp_models import agreeing
 from tiny_models import write_tiny
 
@@ -48,14 +45,8 @@ def long_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, at = stage_daemon(tmp_path_factory.mktemp("mtp-stage"), TOKEN, "--lanes", "4")
-    try:
+    with running_stage(tmp_path_factory.mktemp("mtp-stage"), TOKEN, "--lanes", "4") as at:
         yield at
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        proc.kill()
 
 
 def _text(gguf: Path, tokens: list[int]) -> str:
