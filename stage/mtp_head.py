@@ -39,10 +39,11 @@ Choose = Callable[[np.ndarray, int], Proposed]
 
 @dataclass
 class _Rows:
-    """A lane's last hidden rows from the target: positions [start, start + len(rows)), and
-    the row just before them (None where none was kept)."""
+    """A lane's last step: its tokens and the target's hidden rows at positions [start, start +
+    len(rows)), and the row just before them (None where none was kept)."""
 
     start: int
+    tokens: np.ndarray
     rows: np.ndarray
     before: np.ndarray | None
 
@@ -98,7 +99,7 @@ class MtpHead:
         until a frame reaches back to what it holds."""
         kept = self.held[lane]
         before = kept.at(start - 1) if kept is not None else None
-        self.held[lane] = _Rows(start, hidden, before)
+        self.held[lane] = _Rows(start, tokens, hidden, before)
         if start > self._end(lane):
             return
         L.llama_memory_seq_rm(self.mem, lane, start, -1)
@@ -109,11 +110,23 @@ class MtpHead:
 
     def draft(self, lane: int, position: int, token: int, k: int, choose: Choose) -> list[Proposed]:
         """Up to `k` drafts for positions `position` + 1 on, after `token` at `position`; none
-        where the lane has not been fed up to `position`."""
+        where the lane has not been fed up to `position`. A frame sent ahead may have been fed
+        past `position` already (its step ran before this reply's drafting): its rows are fed
+        again once the drafts are made, which overwrote them."""
         kept = self.held[lane]
         h = kept.at(position - 1) if kept is not None else None
-        if h is None or k < 1 or position > self._end(lane):
+        end = self._end(lane)
+        if kept is None or h is None or k < 1 or position > end:
             return []
+        out = self._chain(lane, position, token, k, h, choose)
+        if kept.start >= position and end > kept.start:
+            L.llama_memory_seq_rm(self.mem, lane, kept.start, -1)
+            self.feed(lane, kept.start, kept.tokens, kept.rows)
+        return out
+
+    def _chain(self, lane: int, position: int, token: int, k: int, h: np.ndarray, choose: Choose) -> list[Proposed]:
+        """The drafts themselves: each step one row, the token drafted last with the MTP
+        layer's own output row."""
         L.llama_memory_seq_rm(self.mem, lane, position, -1)  # rows fed past it were not committed
         out: list[Proposed] = []
         for i in range(k):

@@ -165,6 +165,11 @@ def test_the_mtp_kv_follows_the_frames_start_and_drafts_need_the_row_before(
         engine.step([Step(0, p + 1, tokens=np.asarray([9], dtype=np.int32))])  # 6 was rejected: 9 at p + 1
         assert head._end(0) == p + 2
         assert engine.mtp_draft(0, p + 40, 1, 3, lambda lg, _: Proposed(0)) == []
+        # a frame sent ahead ran before the reply ahead of it drafted: its rows are fed again after
+        engine.step([Step(0, p + 2, tokens=np.asarray([10, 11], dtype=np.int32), all_logits=True)])
+        assert head._end(0) == p + 4
+        assert len(engine.mtp_draft(0, p + 2, 10, 3, lambda lg, _: Proposed(int(np.argmax(lg))))) == 3
+        assert head._end(0) == p + 4  # 10 and 11, fed again over the drafts' rows
     finally:
         engine.close()
 
