@@ -82,18 +82,20 @@ async def with_drafts(core: StageCore, h: pb.FrameHeader, reply: pb.FrameHeader,
     if lane is None:
         return reply
     out: list[Proposed] = []
-    began = time.perf_counter()
+    took = [0.0]
 
-    def run() -> None:
+    def run() -> None:  # timed on the engine thread: the frames queued ahead of it are not its cost
+        began = time.perf_counter()
         out.extend(draft(lane, position, token, min(h.propose, core.engine.ctx_per_lane - position - 1),
                          chooser(frame)))
+        took[0] = time.perf_counter() - began
 
     try:
         await core.batcher.control(run)
     except EngineError as exc:  # the reply stands without drafts: they only ever save time
         log.warning("stage %d: MTP drafting failed: %s", core.index, exc)
         return reply
-    reply.propose_us = int((time.perf_counter() - began) * 1e6)
+    reply.propose_us = int(took[0] * 1e6)
     reply.proposed_at = position + 1
     reply.proposals.extend(pb.Proposed(token=d.token, ids=d.ids, weights=d.weights) for d in out)
     return reply

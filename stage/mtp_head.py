@@ -53,6 +53,28 @@ class _Rows:
         return self.before if position == self.start - 1 else None
 
 
+@dataclass
+class _Chain:
+    """A lane's last drafts, made after `token` at `start` for positions start + 1 on, and the
+    MTP layer's output row after the last of them (what a step after it pairs with it)."""
+
+    start: int
+    token: int
+    drafts: list[Proposed]
+    h: np.ndarray
+
+    @property
+    def end(self) -> int:
+        """The first position whose MTP KV entry the chain has not made: its last draft's."""
+        return self.start + len(self.drafts)
+
+    def after(self, position: int, token: int) -> list[Proposed] | None:
+        """Its drafts past `position`, if `token` there is the one it started from or drafted."""
+        i = position - self.start
+        said = self.token if i == 0 else self.drafts[i - 1].token if 0 < i <= len(self.drafts) else None
+        return self.drafts[i:] if said == token else None
+
+
 def open_head(model: ctypes.c_void_p | None, target: ctypes.c_void_p, params: L.llama_context_params,
               n_vocab: int) -> MtpHead | None:
     """The MTP context beside the `target` context (made with `params`, which it copies but for
@@ -82,6 +104,7 @@ class MtpHead:
         self.mem = L.llama_get_memory(self.ctx)
         ext.llama_set_embeddings_nextn(self.ctx, True, True)  # its own output row, for the next step
         self.held: list[_Rows | None] = [None] * self.lanes
+        self.chains: list[_Chain | None] = [None] * self.lanes
         self.zeros = np.zeros(width, dtype=np.float32)
 
     def feed_steps(self, steps: Sequence[Step], hidden: Sequence[Sequence[np.ndarray]], first: bool) -> None:
@@ -110,23 +133,35 @@ class MtpHead:
 
     def draft(self, lane: int, position: int, token: int, k: int, choose: Choose) -> list[Proposed]:
         """Up to `k` drafts for positions `position` + 1 on, after `token` at `position`; none
-        where the lane has not been fed up to `position`. A frame sent ahead may have been fed
-        past `position` already (its step ran before this reply's drafting): its rows are fed
-        again once the drafts are made, which overwrote them."""
-        kept = self.held[lane]
-        h = kept.at(position - 1) if kept is not None else None
-        end = self._end(lane)
-        if kept is None or h is None or k < 1 or position > end:
-            return []
-        out = self._chain(lane, position, token, k, h, choose)
-        if kept.start >= position and end > kept.start:
+        where the lane has not been fed up to `position`. Drafts the lane's last chain made past
+        that point, where the chain had drafted `token` there, are kept rather than made again:
+        with frames in flight each reply then drafts one window more, not every window out.
+        A frame sent ahead may have been fed past the steps' positions already (its step ran
+        before this reply's drafting): its rows are fed again after, which the steps overwrote."""
+        kept, chain, end = self.held[lane], self.chains[lane], self._end(lane)
+        reused = chain.after(position, token) if chain is not None and end >= chain.end else None
+        h: np.ndarray | None
+        if reused is not None:
+            assert chain is not None
+            if len(reused) >= k:
+                return reused[:k]
+            start, last, h = chain.end, chain.drafts[-1].token if chain.drafts else token, chain.h
+        else:
+            h = kept.at(position - 1) if kept is not None else None
+            if h is None or k < 1 or position > end:
+                return []
+            start, last, reused = position, token, []
+        more, after = self._chain(lane, start, last, k - len(reused), h, choose)
+        self.chains[lane] = _Chain(position, token, [*reused, *more], after)
+        if kept is not None and kept.start >= start and end > kept.start:
             L.llama_memory_seq_rm(self.mem, lane, kept.start, -1)
             self.feed(lane, kept.start, kept.tokens, kept.rows)
-        return out
+        return [*reused, *more]
 
-    def _chain(self, lane: int, position: int, token: int, k: int, h: np.ndarray, choose: Choose) -> list[Proposed]:
-        """The drafts themselves: each step one row, the token drafted last with the MTP
-        layer's own output row."""
+    def _chain(self, lane: int, position: int, token: int, k: int, h: np.ndarray,
+               choose: Choose) -> tuple[list[Proposed], np.ndarray]:
+        """The drafts themselves, and the MTP layer's last output row: each step one row, the
+        token drafted last with the layer's own output row."""
         L.llama_memory_seq_rm(self.mem, lane, position, -1)  # rows fed past it were not committed
         out: list[Proposed] = []
         for i in range(k):
@@ -136,10 +171,11 @@ class MtpHead:
             h = np.ctypeslib.as_array(row, shape=(self.width,)).copy()
             out.append(choose(logits, position + i + 1))
             token = out[-1].token
-        return out
+        return out, h
 
     def trim(self, lane: int, position: int) -> None:
         L.llama_memory_seq_rm(self.mem, lane, max(position, 0), -1)
+        self.chains[lane] = None  # an END, or a lane emptied: the next request's drafts are its own
         if position <= 0:
             self.held[lane] = None
 

@@ -170,6 +170,16 @@ def test_the_mtp_kv_follows_the_frames_start_and_drafts_need_the_row_before(
         assert head._end(0) == p + 4
         assert len(engine.mtp_draft(0, p + 2, 10, 3, lambda lg, _: Proposed(int(np.argmax(lg))))) == 3
         assert head._end(0) == p + 4  # 10 and 11, fed again over the drafts' rows
+        # with frames in flight, each reply drafts one window more: the chain's drafts are kept
+        pick = lambda lg, _: Proposed(int(np.argmax(lg)))  # noqa: E731
+        engine.step([Step(0, p + 4, tokens=np.asarray([12], dtype=np.int32))])
+        first = engine.mtp_draft(0, p + 5, 13, 3, pick)
+        assert head._end(0) == p + 8
+        again = engine.mtp_draft(0, p + 6, first[0].token, 3, pick)
+        assert again[:2] == first[1:]
+        assert head._end(0) == p + 9  # one step more, not three
+        assert engine.mtp_draft(0, p + 5, 14, 1, pick) != []  # another token there: drafted afresh
+        assert head._end(0) == p + 6
     finally:
         engine.close()
 

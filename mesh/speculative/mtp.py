@@ -28,6 +28,7 @@ class MtpProposer:
     def __init__(self) -> None:
         self.offers: dict[int, Offered] = {}
         self.window: dict[int, int] = {}  # per lane: the window its controller chose when asking
+        self.charged: set[int] = set()  # lanes whose offer's drafting cost a proposal carries already
 
     def asks(self, lane: int, budget: Budget, depth: int) -> int:
         """How many drafts the frame being sent asks the final stage for: a window for each
@@ -40,6 +41,7 @@ class MtpProposer:
         frames it covers)."""
         if offer is not None:
             self.offers[lane] = offer
+            self.charged.discard(lane)
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
                        guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal:
@@ -53,9 +55,13 @@ class MtpProposer:
         if held < 0 or [d.token for d in offer.drafts[:held]] != sequence[offer.at :]:
             return Proposal([], MTP, 0.0)
         drafts = offer.drafts[held : held + k]
-        seconds = offer.seconds * len(drafts) / len(offer.drafts)  # drafting them, at the final stage
+        # what the final stage spent drafting for this reply (its last chain kept the rest): the
+        # first frame proposed from it carries it, since each reply adds about one window a frame
+        seconds = 0.0 if lane in self.charged or not drafts else offer.seconds
+        self.charged.add(lane)
         return Proposal([d.token for d in drafts], MTP, seconds, drafts if sampling is not None else ())
 
     def forget(self, lane: int) -> None:
         self.offers.pop(lane, None)
         self.window.pop(lane, None)
+        self.charged.discard(lane)
