@@ -610,6 +610,22 @@ def stage_refusal(architecture: str, metadata: Mapping[str, Any], start: int, en
     return None
 
 
+# Architectures whose MTP (nextn) layers only a final stage from layer 0 runs, with the reason a
+# later one cannot (issue 56). Such a stage leaves out the M-RoPE sections the package writes in
+# (stage_metadata.with_mtp): it takes tokens, where M-RoPE at equal positions is NEOX RoPE.
+MTP_FROM_LAYER_0: dict[str, str] = {
+    "glm4moe": "its MTP graph ropes with ggml_rope_ext at the model's rope type, M-RoPE once the GGUF has "
+               "the sections a later stage needs for hidden-state input, and ggml aborts on M-RoPE without "
+               "sections (glm4-moe.cpp graph_mtp, ggml-cpu/ops.cpp)",
+}
+
+
+def mtp_refusal(architecture: str, start: int) -> str | None:
+    """Why a final stage from layer `start` cannot run the MTP layers, or None."""
+    reason = MTP_FROM_LAYER_0.get(architecture)
+    return f"{architecture} runs MTP on a single stage only: {reason}" if reason and start > 0 else None
+
+
 def kv_shared_layers(architecture: str, metadata: Mapping[str, Any], start: int, end: int) -> int:
     """How many of stage [start, end)'s last layers reuse earlier layers' KV (RULES[...].kv_shared):
     the whole model's count from the back, cut to the stage."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from packages.architectures import allowed_cuts, describe_rule, package_verdict
+from packages.architectures import MTP_FROM_LAYER_0, allowed_cuts, describe_rule, package_verdict
 from packages.gguf_files import architecture_of, field_value, metadata_of, open_gguf
 from packages.manifest import load_manifest
+from packages.materialize import MtpCost, mtp_cost
 from packages.stage_metadata import package_metadata
 from packages.writer import block_index, quantization_of
 
@@ -36,7 +37,19 @@ def _describe_package(package_dir: Path) -> list[tuple[str, str]]:
     rows.append(("layer artifacts", f"{human_bytes(layer_bytes)} in {len(m.layers)} files"))
     spec = m.generation.get("speculative_decoding")
     rows.append(("speculative", spec["default"] if spec else "none declared"))
+    cost = mtp_cost(package_dir, m)
+    if cost is not None:
+        rows.append(("MTP", _mtp_text(cost, m.architecture)))
     return rows
+
+
+def _mtp_text(cost: MtpCost, arch: str) -> str:
+    """"1 nextn layer, +X MiB at the final stage (nextn Y MiB, token embeddings Z MiB)"."""
+    parts = [f"nextn {human_bytes(cost.nextn_bytes)}"]
+    parts += [f"token embeddings {human_bytes(cost.embedding_bytes)}"] if cost.embedding_bytes else []
+    where = "on a single stage only" if arch in MTP_FROM_LAYER_0 else "at the final stage"
+    layers = f"{cost.layers} nextn layer{'s' if cost.layers > 1 else ''}"
+    return f"{layers}, +{human_bytes(cost.total)} {where} ({', '.join(parts)})"
 
 
 def _describe_gguf(path: Path) -> list[tuple[str, str]]:

@@ -80,15 +80,16 @@ def open_package(ref: HubRef, local_only: bool = False) -> HubPackage:
 
 
 def fetch_range(ref: HubRef, start: int, end: int, expect_sha: str | None = None,
-                local_only: bool = False, on_bytes: OnBytes | None = None) -> HubPackage:
-    """The manifest, the shared artifacts and layers [start, end), all verified."""
+                local_only: bool = False, on_bytes: OnBytes | None = None, mtp: bool = False) -> HubPackage:
+    """The manifest, the shared artifacts and layers [start, end), all verified; with `mtp`, the
+    MTP layers too (a final range of a package that has them, else PackageError)."""
     pkg = open_package(ref, local_only)
     if expect_sha is not None and pkg.manifest_sha != expect_sha:
         raise PackageError(f"{MANIFEST_NAME} of {pkg.ref} has sha256 {pkg.manifest_sha[:12]}…, not the "
                            f"{expect_sha[:12]}… this stage was asked to prepare: refusing it")
     m = pkg.manifest
     check_range(start, end, m.layer_count, m.allowed_cuts)
-    _fetch_all(pkg, [*m.shared.values(), *m.layers[start:end]], local_only, on_bytes)
+    _fetch_all(pkg, m.range_artifacts(start, end, mtp), local_only, on_bytes)
     return pkg
 
 
@@ -112,10 +113,10 @@ def _prefetch_drafts(pkg: HubPackage, local_only: bool) -> None:
             download(pkg.ref, path, local_only)
 
 
-def cached_range(ref: HubRef, start: int, end: int, expect_sha: str) -> HubPackage | None:
+def cached_range(ref: HubRef, start: int, end: int, expect_sha: str, mtp: bool = False) -> HubPackage | None:
     """The range from the HF cache alone (no network), or None if it is not all there and sound."""
     try:
-        return fetch_range(ref, start, end, expect_sha, local_only=True)
+        return fetch_range(ref, start, end, expect_sha, local_only=True, mtp=mtp)
     except PackageError:
         return None
 

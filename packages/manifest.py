@@ -10,6 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from packages.architectures import mtp_refusal
 from packages.errors import PackageError
 from packages.integrity import sha256_bytes
 
@@ -57,12 +58,39 @@ class Manifest:
     created_at_unix_secs: int = 0
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
+    # Multi-token-prediction (nextn) layers past the main stack, by their source index
+    # (layer_count + i); only a final stage run with MTP reads them (packages/materialize.py).
+    mtp_layers: tuple[LayerArtifact, ...] = ()
 
     def artifacts(self) -> list[Artifact]:
-        return [*self.shared.values(), *self.layers]
+        """Every artifact: what validate checks, publish uploads and a coordinator serves."""
+        return [*self.shared.values(), *self.layers, *self.mtp_layers]
+
+    def range_artifacts(self, start: int, end: int, mtp: bool = False) -> list[Artifact]:
+        """What a stage of layers [start, end) needs; with `mtp`, the MTP layers too, which only
+        a final range of a package that has them may ask for."""
+        if mtp:
+            check_mtp(self, start, end)
+        return [*self.shared.values(), *self.layers[start:end], *(self.mtp_layers if mtp else ())]
 
     def to_json(self) -> bytes:
-        return (json.dumps(_plain(self), indent=2, sort_keys=True) + "\n").encode()
+        doc = _plain(self)
+        if not self.mtp_layers:
+            del doc["mtp_layers"]  # a package without them keeps the manifest, and its sha256, it had before
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def check_mtp(manifest: Manifest, start: int, end: int) -> None:
+    """Raise PackageError unless layers [start, end) may run the package's MTP layers."""
+    if not manifest.mtp_layers:
+        raise PackageError(f"{manifest.model_id} has no MTP (nextn) layers: its source model has none, "
+                           "or the package was written before packages kept them")
+    if end != manifest.layer_count:
+        raise PackageError(f"MTP layers run on the final stage only: layers [{start},{end}) do not end at "
+                           f"layer {manifest.layer_count}")
+    refusal = mtp_refusal(manifest.architecture, start)
+    if refusal is not None:
+        raise PackageError(refusal)
 
 
 def _plain(value: Any) -> Any:
@@ -112,6 +140,8 @@ def parse_manifest(doc: Any) -> Manifest:
         layers=_layers(fields.get("layers", list), layer_count),
         generation=MappingProxyType(fields.get("generation", dict)),
         created_at_unix_secs=fields.get("created_at_unix_secs", int),
+        # optional, but never null: absent is the one way to say "none"
+        mtp_layers=_mtp_layers(fields.get("mtp_layers", list) if "mtp_layers" in doc else None, layer_count),
     )
     fields.reject_unknown()
     return manifest
@@ -189,18 +219,32 @@ def _shared(f: _Fields) -> Mapping[str, Artifact]:
 
 
 def _layers(items: list[Any], layer_count: int) -> tuple[LayerArtifact, ...]:
-    layers = []
-    for i, item in enumerate(items):
-        f = _Fields(item, f"layers[{i}].")
-        index = f.get("layer_index", int)
-        if index != i:
-            raise PackageError(f"{MANIFEST_NAME}: field 'layers[{i}].layer_index' is {index}, expected {i}")
-        layers.append(LayerArtifact(**_artifact(f, {"layer_index": index})))
-        f.reject_unknown()
+    layers = _indexed("layers", items, 0)
     if len(layers) != layer_count:
         raise PackageError(
             f"{MANIFEST_NAME}: lists {len(layers)} layers but layer_count is {layer_count}"
         )
+    return tuple(layers)
+
+
+def _mtp_layers(items: list[Any] | None, layer_count: int) -> tuple[LayerArtifact, ...]:
+    if items is None:
+        return ()
+    if not items:  # the writer leaves the field out instead: one package, one manifest
+        raise PackageError(f"{MANIFEST_NAME}: field 'mtp_layers' is empty: leave it out")
+    return _indexed("mtp_layers", items, layer_count)
+
+
+def _indexed(name: str, items: list[Any], first: int) -> tuple[LayerArtifact, ...]:
+    """Layer artifacts numbered `first`, `first + 1`, ... in order."""
+    layers = []
+    for i, item in enumerate(items):
+        f = _Fields(item, f"{name}[{i}].")
+        index = f.get("layer_index", int)
+        if index != first + i:
+            raise PackageError(f"{MANIFEST_NAME}: field '{name}[{i}].layer_index' is {index}, expected {first + i}")
+        layers.append(LayerArtifact(**_artifact(f, {"layer_index": index})))
+        f.reject_unknown()
     return tuple(layers)
 
 

@@ -4,6 +4,8 @@ Two passes. `package_metadata` runs once, when a package is written: it drops th
 the main stack and writes out the sliding-window pattern llama.cpp would derive from the
 index. `stage_metadata` runs for each stage [a, b): the layer count, per-layer arrays sliced,
 counts from the front shifted, and scalars meant for token input made neutral after stage 0.
+The layers past the main stack (nextn/MTP) keep their entries of the per-layer arrays apart
+(`nextn_entries`, in each MTP artifact), and `with_mtp` puts them back on a final stage that runs them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from packages.architecture_kinds import PER_LAYER_KEYS
 from packages.architectures import (
     DEEPSEEK2_HPARAMS,
     INDEXER_TYPES,
+    MTP_FROM_LAYER_0,
     RULES,
     deepseek2_is_lite,
     deepseek2_vocab,
@@ -33,11 +36,11 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
     """(the package's metadata, its layer count): nextn layers dropped, the swa pattern written."""
     kvs = {kv.key: kv for kv in metadata}
     blocks = int(kvs[f"{arch}.block_count"].value)
-    nextn = kvs.get(f"{arch}.nextn_predict_layers")
     # Multi-token-prediction layers sit past the main stack: llama.cpp builds the decode
-    # graph over n_layer() = block_count - nextn_predict_layers, and meshpipe drafts with
-    # its own models, so they would be weights nobody runs (deepseek2.cpp, glm4-moe.cpp).
-    main = blocks - int(nextn.value) if nextn is not None else blocks
+    # graph over n_layer() = block_count - nextn_predict_layers, and only a final stage that
+    # drafts with them loads them (deepseek2.cpp, glm4-moe.cpp): they travel as artifacts of
+    # their own, with their entries of the per-layer arrays (`nextn_entries`).
+    main = main_layers(arch, metadata)
     out = [_layers(kv, arch, 0, main, blocks) for kv in metadata]
     out = [replace(kv, value=0) if kv.key == f"{arch}.nextn_predict_layers" else kv for kv in out]
     rule = RULES.get(arch)
@@ -56,6 +59,53 @@ def package_metadata(arch: str, metadata: Sequence[KeyValue]) -> tuple[list[KeyV
     if arch in ("minicpm", "grok"):
         out = _scale_defaults(out, arch, main)
     return out, main
+
+
+def main_layers(arch: str, metadata: Sequence[KeyValue]) -> int:
+    """block_count less the nextn layers: llama.cpp's n_layer()."""
+    values = {kv.key: kv.value for kv in metadata}
+    return int(values[f"{arch}.block_count"]) - int(values.get(f"{arch}.nextn_predict_layers") or 0)
+
+
+def nextn_entries(arch: str, metadata: Sequence[KeyValue]) -> list[list[KeyValue]]:
+    """For each nextn layer, its entry of every per-layer array that covers all block_count
+    layers (one-entry arrays of the same type): the package's arrays stop at the main stack,
+    and a final stage that runs the nextn layers must give llama.cpp arrays of its block_count
+    (`get_key_or_arr(..., n_layer_all)`). Arrays of the main stack alone (n_layer() long, as
+    the indexer kinds) and arrays the package derives (the swa pattern) have no entry: llama.cpp
+    reads no nextn value from them."""
+    blocks = next(int(kv.value) for kv in metadata if kv.key == f"{arch}.block_count")
+    arrays = [kv for kv in metadata if kv.key.removeprefix(f"{arch}.") in PER_LAYER_KEYS
+              and isinstance(kv.value, list) and len(kv.value) == blocks]
+    return [[replace(kv, value=kv.value[i:i + 1]) for kv in arrays]
+            for i in range(main_layers(arch, metadata), blocks)]
+
+
+def with_mtp(arch: str, metadata: Sequence[KeyValue], entries: Sequence[Sequence[KeyValue]]) -> list[KeyValue]:
+    """A final stage's metadata with its nextn layers after its own: block_count and
+    nextn_predict_layers counting them, each per-layer array extended by their entries. An
+    architecture that runs MTP from layer 0 only (MTP_FROM_LAYER_0) goes without M-RoPE sections."""
+    if arch in MTP_FROM_LAYER_0:
+        metadata = [kv for kv in metadata if kv.key != f"{arch}.rope.dimension_sections"]
+    n = len(entries)
+    tails: dict[str, list[object]] = {}
+    for layer in entries:
+        for kv in layer:
+            if isinstance(kv.value, list):
+                tails.setdefault(kv.key, []).extend(kv.value)
+    nextn_key, count_key = f"{arch}.nextn_predict_layers", f"{arch}.block_count"
+    out = []
+    for kv in metadata:
+        if kv.key == count_key:
+            kv = replace(kv, value=int(kv.value) + n)
+        elif kv.key == nextn_key:
+            kv = replace(kv, value=n)
+        elif kv.key in tails and isinstance(kv.value, list):
+            kv = replace(kv, value=[*kv.value, *tails[kv.key]])
+        out.append(kv)
+    if not any(kv.key == nextn_key for kv in metadata):
+        out.append(KeyValue(nextn_key, n, GGUFValueType.UINT32, None))
+    return out
 
 
 def _scale_defaults(metadata: list[KeyValue], arch: str, main: int) -> list[KeyValue]:

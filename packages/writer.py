@@ -28,7 +28,7 @@ from packages.gguf_files import (
 from packages.integrity import atomic_dir
 from packages.manifest import MANIFEST_NAME, Artifact, LayerArtifact, Manifest, SourceModel
 from packages.speculative import DraftStrategy, WindowPolicy, block_for, bundle_draft, declared, ref_in_package
-from packages.stage_metadata import package_metadata
+from packages.stage_metadata import nextn_entries, package_metadata
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 Progress = Callable[[str], None]
@@ -41,6 +41,11 @@ def block_index(tensor_name: str) -> int | None:
 
 def layer_path(index: int) -> str:
     return f"layers/layer-{index:05d}.gguf"
+
+
+def mtp_path(nth: int) -> str:
+    """The `nth` MTP (nextn) layer's artifact; its tensors keep the source's names."""
+    return f"layers/mtp-{nth:05d}.gguf"
 
 
 def write_package(
@@ -61,14 +66,16 @@ def write_package(
     reader = open_gguf(src)
     arch = architecture_of(reader)
     require_servable(arch)
-    metadata, layer_count = package_metadata(arch, metadata_of(reader))
+    source_metadata = metadata_of(reader)
+    metadata, layer_count = package_metadata(arch, source_metadata)
     values = {kv.key: kv.value for kv in metadata}
     cuts = allowed_cuts(arch, layer_count, values)
     say(describe_rule(arch, values))
     by_layer = _group_tensors(reader, int(field_value(reader, f"{arch}.block_count")), layer_count)
+    nextn = nextn_entries(arch, source_metadata) if _keeps_mtp(by_layer, layer_count, say) else []
     source = SourceDigest(reader.data)  # hashed from the bytes copied out, as they are copied
     with atomic_dir(out_dir) as tmp:
-        shared, layers = _write_artifacts(metadata, arch, tmp, by_layer, say, source)
+        shared, layers, mtp = _write_artifacts(metadata, arch, tmp, by_layer, nextn, say, source)
         source_sha = source.hexdigest()
         manifest = Manifest(
             model_id=model_id or src.stem,
@@ -82,6 +89,7 @@ def write_package(
             allowed_cuts=tuple(cuts),
             shared=shared,
             layers=tuple(layers),
+            mtp_layers=tuple(mtp),
             generation=_generation(draft, window or WindowPolicy(), tmp, model_id or src.stem),
             created_at_unix_secs=int(time.time()) if created_at is None else created_at,
         )
@@ -105,29 +113,43 @@ def _generation(draft: str | None, window: WindowPolicy, package_dir: Path, name
 
 
 def _group_tensors(reader: GGUFReader, blocks: int, layer_count: int) -> dict[int | None, list[ReaderTensor]]:
-    """Tensors by layer (None: global); those of layers past `layer_count` (nextn) are left out."""
-    groups: dict[int | None, list[ReaderTensor]] = {i: [] for i in range(layer_count)}
+    """Tensors by layer (None: global), the nextn layers' (from `layer_count` on) included."""
+    groups: dict[int | None, list[ReaderTensor]] = {i: [] for i in range(blocks)}
     groups[None] = []
     for tensor in reader.tensors:
         index = block_index(tensor.name)
         if index is not None and index >= blocks:
             raise PackageError(f"tensor {tensor.name} lies beyond block_count {blocks}")
-        if index is None or index < layer_count:
-            groups[index].append(tensor)
+        groups[index].append(tensor)
     empty = [i for i in range(layer_count) if not groups[i]]
     if empty:
         raise PackageError(f"GGUF has no tensors for layer {empty[0]}")
     return groups
 
 
+def _keeps_mtp(by_layer: dict[int | None, list[ReaderTensor]], layer_count: int, say: Progress) -> bool:
+    """Whether the package keeps MTP layers; if the GGUF lacks some of their tensors, their groups
+    are dropped from `by_layer`: a GGUF converted without its MTP tensors still declares its
+    nextn layers, and llama.cpp loads such a trunk alone (glm4-moe.cpp's `trunk_only`)."""
+    nextn = [i for i in by_layer if i is not None and i >= layer_count]
+    if all(by_layer[i] for i in nextn):
+        return bool(nextn)
+    for i in nextn:
+        del by_layer[i]
+    say(f"the GGUF declares {len(nextn)} nextn layer(s) without all their tensors: no MTP layers packaged")
+    return False
+
+
 def _write_artifacts(
     metadata: list[KeyValue], arch: str, root: Path, by_layer: dict[int | None, list[ReaderTensor]],
-    say: Progress, source: SourceDigest,
-) -> tuple[dict[str, Artifact], list[LayerArtifact]]:
-    """Every artifact, written in the order of their tensors in the source, so that `source`
-    hashes the file from the bytes being copied, in one read of it."""
+    nextn: list[list[KeyValue]], say: Progress, source: SourceDigest,
+) -> tuple[dict[str, Artifact], list[LayerArtifact], list[LayerArtifact]]:
+    """(shared, layers, MTP layers): every artifact, written in the order of their tensors in
+    the source, so that `source` hashes the file from the bytes being copied, in one read of it."""
+    main = len(by_layer) - 1 - len(nextn)
+    paths = {i: layer_path(i) if i < main else mtp_path(i - main) for i in by_layer if i is not None}
     jobs = [(rel, meta, tensors) for rel, meta, tensors in _shared_parts(metadata, by_layer[None])]
-    jobs += [(layer_path(i), [], by_layer[i]) for i in sorted(k for k in by_layer if k is not None)]
+    jobs += [(paths[i], [] if i < main else nextn[i - main], by_layer[i]) for i in sorted(paths)]
     jobs.sort(key=lambda job: min((int(t.data_offset) for t in job[2]), default=-1))
     written = {}
     for rel, meta, tensors in jobs:
@@ -135,8 +157,8 @@ def _write_artifacts(
         if rel.startswith("layers/"):
             say(f"[{sum(r.startswith('layers/') for r in written)}/{len(jobs) - 3}] {rel}")
     shared = {name: written[f"shared/{name}.gguf"] for name in ("metadata", "embeddings", "output")}
-    layers = [LayerArtifact(**vars(written[layer_path(i)]), layer_index=i) for i in range(len(by_layer) - 1)]
-    return shared, layers
+    layers = [LayerArtifact(**vars(written[paths[i]]), layer_index=i) for i in sorted(paths)]
+    return shared, layers[:main], layers[main:]
 
 
 def _shared_parts(

@@ -97,7 +97,7 @@ class Hosting:
             return await self._host(p, r, cpu_lock)
 
     async def _host(self, p: PreparedStage, r: pb.LoadRequest, cpu_lock: Path | None) -> Hosted:
-        key = RangeKey(p.manifest_sha, p.start, p.end, r.mtp and r.final)
+        key = RangeKey(p.manifest_sha, p.start, p.end, p.mtp and r.mtp)
         hosted = self.ranges.get(key)
         if hosted is not None:
             if r.ctx_size > hosted.engine.ctx_per_lane:

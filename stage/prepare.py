@@ -43,17 +43,20 @@ class PreparedStage:
     manifest_sha: str
     start: int
     end: int
+    mtp: bool = False  # the GGUF carries the MTP layers: llama.cpp loads them with `load_mtp`
 
 
 @dataclass(frozen=True)
 class Wanted:
     """The range a stage is asked to prepare: layers [start, end) of a package (a directory or
-    an hf:// ref) pinned by its manifest's sha256."""
+    an hf:// ref) pinned by its manifest's sha256; with `mtp`, a final range with the package's
+    MTP layers too (packages/materialize.py)."""
 
     package_ref: str
     manifest_sha: str
     start: int
     end: int
+    mtp: bool = False
 
 
 async def prepare_stage(wanted: Wanted, cache_dir: Path, fetch: Fetcher | None, progress: Progress,
@@ -70,11 +73,11 @@ async def prepare_stage(wanted: Wanted, cache_dir: Path, fetch: Fetcher | None, 
 
 async def _prepare(wanted: Wanted, cache_dir: Path, fetch: Fetcher | None, progress: Progress,
                    placeholders: bool) -> PreparedStage:
-    package_ref, manifest_sha, start, end = wanted.package_ref, wanted.manifest_sha, wanted.start, wanted.end
+    package_ref, start, end = wanted.package_ref, wanted.start, wanted.end
     hub_ref = parse_hub_ref(package_ref) if is_hub_ref(package_ref) else None
-    package_dir, fetch = await _package_dir(package_ref, manifest_sha, cache_dir, fetch, hub_ref, start, end)
+    package_dir, fetch = await _package_dir(wanted, cache_dir, fetch, hub_ref)
     manifest, sha = load_manifest(package_dir)
-    needed = [*manifest.shared.values(), *manifest.layers[start:end]]
+    needed = manifest.range_artifacts(start, end, wanted.mtp)
     progress.bytes_total = sum(a.artifact_bytes for a in needed)
     try:
         for art in needed:
@@ -84,11 +87,11 @@ async def _prepare(wanted: Wanted, cache_dir: Path, fetch: Fetcher | None, progr
             raise
         log.warning("the coordinator could not supply the artifacts (%s); fetching them from the Hub", exc)
         progress.bytes_done = 0
-        package_dir = await _from_hub(hub_ref, manifest_sha, start, end, progress)
+        package_dir = await _from_hub(hub_ref, wanted, progress)
     gguf = await asyncio.to_thread(
-        materialize_stage, package_dir, manifest, sha, start, end, cache_dir, placeholders
+        materialize_stage, package_dir, manifest, sha, start, end, cache_dir, placeholders, wanted.mtp
     )
-    return PreparedStage(gguf, manifest, sha, start, end)
+    return PreparedStage(gguf, manifest, sha, start, end, wanted.mtp)
 
 
 # What a failed pull from the coordinator raises: it lacks the file, is unreachable, or sent bad bytes.
@@ -96,10 +99,10 @@ _COORDINATOR_FAILURES = (grpc.RpcError, PackageError, OSError)
 
 
 async def _package_dir(
-    package_ref: str, manifest_sha: str, cache_dir: Path, fetch: Fetcher | None,
-    hub_ref: HubRef | None, start: int, end: int,
+    wanted: Wanted, cache_dir: Path, fetch: Fetcher | None, hub_ref: HubRef | None,
 ) -> tuple[Path, Fetcher | None]:
     """The package directory to use, and the fetcher for what it lacks (None: it lacks nothing)."""
+    package_ref, manifest_sha = wanted.package_ref, wanted.manifest_sha
     cached = cache_dir / "packages" / manifest_sha
     for here in (Path(package_ref), cached):  # a manifest read is file I/O: off the event loop
         if await asyncio.to_thread(_manifest_sha, here) == manifest_sha:
@@ -108,7 +111,8 @@ async def _package_dir(
         # A `mesh package pull`ed range (or the coordinator's own download on this host) needs no transfer.
         from packages import hub  # only Hub refs need it; a stage's RSS stays smaller
 
-        pulled = await asyncio.to_thread(hub.cached_range, hub_ref, start, end, manifest_sha)
+        pulled = await asyncio.to_thread(hub.cached_range, hub_ref, wanted.start, wanted.end, manifest_sha,
+                                         wanted.mtp)
         if pulled is not None:
             return pulled.root, None
     if fetch is not None:
@@ -120,17 +124,18 @@ async def _package_dir(
             log.warning("the coordinator could not supply %s (%s); fetching from the Hub", MANIFEST_NAME, exc)
     if hub_ref is None:
         raise PackageError(f"package {package_ref} is not here and no artifact source was given")
-    return await _from_hub(hub_ref, manifest_sha, start, end, Progress()), None
+    return await _from_hub(hub_ref, wanted, Progress()), None
 
 
-async def _from_hub(hub_ref: HubRef, manifest_sha: str, start: int, end: int, progress: Progress) -> Path:
+async def _from_hub(hub_ref: HubRef, wanted: Wanted, progress: Progress) -> Path:
     """The range straight from the Hub into the HF cache, verified; a different manifest is refused."""
     def count(n: int) -> None:
         progress.bytes_done += n
 
     from packages import hub
 
-    pkg = await asyncio.to_thread(hub.fetch_range, hub_ref, start, end, manifest_sha, False, count)
+    pkg = await asyncio.to_thread(hub.fetch_range, hub_ref, wanted.start, wanted.end, wanted.manifest_sha, False,
+                                  count, wanted.mtp)
     return pkg.root
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import httpx
 
 from bench.harness.local_server import free_port, local_serve
 
-__all__ = ["free_port", "mesh_serve", "metric", "stage_daemon", "wait_for"]
+__all__ = ["free_port", "mesh_serve", "metric", "running_stage", "stage_daemon", "wait_for"]
 
 
 @contextlib.contextmanager
@@ -44,6 +45,20 @@ def stage_daemon(cache: Path, token: str, *args: str, listen: str = "127.0.0.1:0
     line = proc.stdout.readline().decode().strip()
     assert line.startswith("listening "), line
     return proc, line.split()[1]
+
+
+@contextlib.contextmanager
+def running_stage(cache: Path, token: str, *args: str) -> Iterator[str]:
+    """A `mesh stage` daemon for the block's length: its HOST:PORT, ended with SIGTERM (SIGKILL
+    after 10 s)."""
+    proc, at = stage_daemon(cache, token, *args)
+    try:
+        yield at
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        proc.kill()
 
 
 def metric(url: str, series: str) -> float:

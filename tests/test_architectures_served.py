@@ -10,9 +10,7 @@ family whose graph cannot be cut serves on one node, and a split of it is refuse
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from mesh_server import free_port, mesh_serve, stage_daemon
+from mesh_server import free_port, mesh_serve, running_stage
 from tiny_models import write_tiny
 
 from mesh.model.tokenizer import TextStream, Tokenizer
@@ -57,14 +55,8 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The `mesh stage` daemon every family's coordinator splits its model with (the
     coordinator runs stage 0): it holds the ranges of many models, so a family's test pays for
     its coordinator only, not for starting a stage."""
-    proc, at = stage_daemon(tmp_path_factory.mktemp("architecture-stage"), TOKEN, "--lanes", "4")
-    try:
+    with running_stage(tmp_path_factory.mktemp("architecture-stage"), TOKEN, "--lanes", "4") as at:
         yield at
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        proc.kill()
 
 
 @pytest.mark.parametrize("arch", sorted(RULES))

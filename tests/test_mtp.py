@@ -20,6 +20,8 @@ from tiny_models import write_tiny
 from common.ids import SessionId
 from common.sampling import REJECTION, Proposed, Sampled, SamplingParams
 from mesh.backend import Account, GenerationRequest
+from mesh.routing.planner import StageRange
+from mesh.routing.stage_fit import footprint, package_sizes
 from mesh.serving.generate import generate
 from mesh.serving.pipeline import Pending, Pipeline, PipelineOptions
 from mesh.serving.proposals import NO_PROPOSER, Proposing
@@ -27,7 +29,9 @@ from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.mtp import MTP, MtpProposer
 from mesh.speculative.window import Fixed
 from packages.speculative import WindowPolicy
+from packages.writer import write_package
 from stage.engine import Step
+from stage.engine_choice import LLAMA
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.mtp_drafts import committed_last
 
@@ -177,3 +181,19 @@ def test_the_mtp_kv_follows_the_frames_start_and_drafts_need_the_row_before(
 def test_a_reply_commits_its_last_token_where_stage_0_will_read_it(
         start: int, fed: list[int], picks: list[int], all_logits: bool, checks: bool, at: tuple[int, int]) -> None:
     assert committed_last(start, fed, picks, all_logits, checks) == at
+
+
+def test_a_final_stage_that_drafts_with_mtp_is_planned_with_its_block_kv_and_embeddings(tmp_path: Path) -> None:
+    package = tmp_path / "package"
+    manifest = write_package(write_tiny(tmp_path / "deepseek2.gguf", "deepseek2"), package, progress=lambda _: None)
+    plain, mtp = package_sizes(package, manifest), package_sizes(package, manifest, mtp=True)
+    assert plain.mtp_weights == plain.mtp_kv == 0
+    assert mtp.mtp_weights == sum(a.tensor_bytes for a in manifest.mtp_layers) > 0
+    assert mtp.mtp_kv == plain.layer_kv[-1] > 0  # one more attention layer's keys and values
+    layers, cut = manifest.layer_count, manifest.allowed_cuts[0]
+    final, middle = StageRange(cut, layers), StageRange(0, cut)
+    with_mtp, without = footprint(mtp, final, LLAMA, 2, 256), footprint(plain, final, LLAMA, 2, 256)
+    embeddings = 0 if plain.tied else plain.embeddings
+    assert with_mtp.weights - without.weights == mtp.mtp_weights + embeddings
+    assert with_mtp.kv - without.kv == 2 * 256 * LLAMA.kv_bytes * mtp.mtp_kv
+    assert footprint(mtp, middle, LLAMA, 2, 256) == footprint(plain, middle, LLAMA, 2, 256)

@@ -11,7 +11,7 @@ from mesh.speculative.plan import NgramPlan, SpecPlan
 from packages.speculative import WindowPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = {"DRAFT", "NGRAM", "FORCED"}
+NAMES = {"DRAFT", "NGRAM", "FORCED", "MTP"}
 DRAFT_WINDOW = WindowPolicy(policy="fixed", initial=3, min=1, max=3)
 LOOKUP = NgramPlan(1, 3, WindowPolicy(policy="cost-aware"), "test")
 
@@ -23,10 +23,12 @@ def test_a_plan_s_windows_are_its_proposers_with_their_policies() -> None:
     assert proposers.windows(draft) == {"draft": DRAFT_WINDOW}
     assert proposers.windows(lookup_alone) == {"ngram": LOOKUP.window}
     assert proposers.windows(both) == {"draft": DRAFT_WINDOW, "ngram": LOOKUP.window}
+    mtp = SpecPlan(None, DRAFT_WINDOW, "test", None, ngram=LOOKUP, mtp=DRAFT_WINDOW, mtp_layers=1)
+    assert proposers.windows(mtp) == {"mtp": DRAFT_WINDOW, "ngram": LOOKUP.window}
 
 
 def test_forced_tokens_are_a_proposer_no_window_controller_sizes() -> None:
-    assert proposers.counted() == ("draft", "ngram")
+    assert proposers.counted() == ("draft", "mtp", "ngram")
     assert not proposers.windowed("forced")
     assert proposers.windowed("draft")
     assert not proposers.windowed("no such proposer")

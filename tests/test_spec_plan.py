@@ -260,3 +260,44 @@ def test_the_old_name_of_frames_in_flight_still_configures_them(tmp_path, caplog
     path.write_text("version = 1\n[defaults.speculative]\nwindows_in_flight = 2\nframes_in_flight = 3\n")
     with pytest.raises(ConfigError, match="old name of frames_in_flight"):
         load_config(path)
+
+
+def _with_mtp(m):
+    """`m` as if its model carried one MTP layer (the artifact is never read by the plan)."""
+    return dataclasses.replace(m, mtp_layers=(dataclasses.replace(m.layers[-1], layer_index=m.layer_count),))
+
+
+def test_mtp_is_a_built_in_strategy_for_a_package_with_mtp_layers(manifest):
+    plan, _ = resolve_plan(Speculative(strategy="mtp"), False, Config(), NAMES, _with_mtp(manifest))
+    assert plan is not None
+    assert plan.mtp is not None
+    assert plan.mtp.policy == "cost-aware"
+    assert plan.draft_model is None
+    assert plan.ngram is None
+    assert plan.describe() == ("mtp (the model's 1 MTP layer(s) at the final stage), cost-aware 3 [1,8], "
+                               "frames in flight: auto")
+    both, _ = resolve_plan(Speculative(strategy="ngram+mtp", initial_window=2), False, Config(), NAMES,
+                           _with_mtp(manifest))
+    assert both is not None
+    assert both.ngram is not None
+    assert both.mtp is not None
+    assert both.mtp.initial == 2
+
+
+def test_mtp_without_mtp_layers_is_refused_by_name(manifest):
+    with pytest.raises(ConfigError, match="needs MTP layers, and the package carries none"):
+        resolve_plan(Speculative(strategy="mtp"), False, Config(), NAMES, manifest)
+
+
+def test_auto_picks_mtp_only_where_the_package_declares_no_draft(manifest):
+    bare = dataclasses.replace(_with_mtp(manifest), generation={})
+    plan, _ = resolve_plan(Speculative(), False, Config(), NAMES, bare)
+    assert plan is not None
+    assert plan.mtp is not None
+    drafted, _ = resolve_plan(Speculative(), False, Config(), NAMES, _with_mtp(manifest))
+    assert drafted is not None
+    assert drafted.mtp is None
+    assert drafted.draft_model == "org/draft:Q4_0"
+    off, note = resolve_plan(Speculative(), True, Config(), NAMES, bare)
+    assert off is None
+    assert note == "off (--no-draft)"

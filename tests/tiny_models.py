@@ -16,7 +16,7 @@ recurrent layer by 0 in the per-layer `attention.head_count_kv`, qwen35 and qwen
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -521,8 +521,33 @@ def _gated_delta_hybrid(t: Tiny, ffn: Callable[[int], None], fused_beta_alpha: b
 
 
 def _qwen35(t: Tiny) -> None:
+    """Gated delta-net and gated attention layers, and one MTP block past the main stack."""
     t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)  # required by qwen35.cpp
     _gated_delta_hybrid(t, t.swiglu, fused_beta_alpha=False)
+    _mtp_block(t, t.swiglu)
+
+
+def _mtp_block(t: Tiny, ffn: Callable[[int], None]) -> None:
+    """One MTP (nextn) block after the `t.layers` of the main stack, as qwen35.cpp's and
+    qwen35moe.cpp's `load_block_mtp` read it: a full-attention layer with the output gate and q/k
+    norms, the layer's FFN, and the nextn projection and norms. block_count counts it, and every
+    per-layer array covers it (`get_key_or_arr(..., n_layer_all)`), its entry the last layer's.
+    Written after the main stack's tensors, so the main stack's random weights are those it had
+    without it."""
+    i = t.layers
+    per_layer = {f"{t.arch}.{suffix}" for suffix in ("feed_forward_length", "attention.head_count",
+                                                     "attention.head_count_kv", "expert_used_count",
+                                                     "expert_feed_forward_length")}
+    for kv in t.writer.kv_data:
+        for key in per_layer & kv.keys():
+            kv[key] = replace(kv[key], value=[*kv[key].value, kv[key].value[-1]])
+    t.set("block_count", i + 1)
+    t.key("nextn_predict_layers", 1)
+    t.norm(f"blk.{i}.attn_norm.weight")
+    t.norm(f"blk.{i}.post_attention_norm.weight")
+    t.attention(i, q_norm=t.head_dim, k_norm=t.head_dim, q_gate=True)
+    ffn(i)
+    _nextn(t, i)
 
 
 def _gated_shared_moe(t: Tiny) -> Callable[[int], None]:
@@ -544,9 +569,12 @@ def _qwen3next(t: Tiny) -> None:
 
 
 def _qwen35moe(t: Tiny) -> None:
-    """qwen35's layers (beta and alpha apart, M-RoPE sections required) with qwen3next's MoE FFN."""
+    """qwen35's layers (beta and alpha apart, M-RoPE sections required) with qwen3next's MoE FFN,
+    and one MTP block past the main stack."""
     t.key("rope.dimension_sections", [4, 2, 2, 0], GGUFValueType.INT32)
-    _gated_delta_hybrid(t, _gated_shared_moe(t), fused_beta_alpha=False)
+    ffn = _gated_shared_moe(t)
+    _gated_delta_hybrid(t, ffn, fused_beta_alpha=False)
+    _mtp_block(t, ffn)
 
 
 def _nemotron_h(t: Tiny) -> None:

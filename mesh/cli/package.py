@@ -49,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("package", type=Path)
     m.add_argument("--range", required=True, type=layer_range, help="layers START:END, half-open")
     m.add_argument("--cache-dir", type=Path, default=cache_dir())
+    m.add_argument("--mtp", action="store_true", help="a final range with the package's MTP layers after its own")
     m.set_defaults(func=_materialize)
 
     p = cmds.add_parser("publish", help="upload a package to the Hugging Face Hub (manifest last)")
@@ -65,6 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pl = cmds.add_parser("pull", help="fetch a Hub package, or one layer range of it, into the HF cache")
     pl.add_argument("ref", help="hf://org/name[@rev]")
     pl.add_argument("--range", type=layer_range, default=None, help="only layers START:END (plus shared files)")
+    pl.add_argument("--mtp", action="store_true",
+                    help="with a final --range: the package's MTP layers too, for a final stage that drafts with them")
     pl.set_defaults(func=_pull)
 
 
@@ -103,7 +106,7 @@ def layer_range(text: str) -> tuple[int, int]:
 def _materialize(args: argparse.Namespace) -> int:
     manifest, sha = validate_package(args.package)
     start, end = args.range
-    path = materialize_stage(args.package, manifest, sha, start, end, args.cache_dir)
+    path = materialize_stage(args.package, manifest, sha, start, end, args.cache_dir, mtp=args.mtp)
     print(path)
     return 0
 
@@ -130,7 +133,12 @@ def _publish(args: argparse.Namespace) -> int:
 
 def _pull(args: argparse.Namespace) -> int:
     ref = parse_hub_ref(args.ref)
-    pkg = hub.fetch_package(ref) if args.range is None else hub.fetch_range(ref, *args.range)
+    if args.mtp and args.range is None:
+        raise UsageError("--mtp goes with --range: a whole package is pulled with its MTP layers already")
+    if args.range is None:
+        pkg = hub.fetch_package(ref)
+    else:
+        pkg = hub.fetch_range(ref, args.range[0], args.range[1], mtp=args.mtp)
     print(f"{pkg.ref} verified in {pkg.root}")
     return 0
 

@@ -21,11 +21,20 @@ from mesh.reports.hop_timing import HopTotals
 from mesh.reports.own_work import WorkMark, other_per_frame, work_mark
 from mesh.routing.artifact_server import ArtifactServer
 from mesh.routing.planner import StageCost, plan_measured, predicted_times, worth_recut
-from mesh.routing.route import RemoteStage, Route, RouteSettings, build, refresh_status, spawn_local_stage, teardown
+from mesh.routing.route import (
+    RemoteStage,
+    Route,
+    RouteSettings,
+    build,
+    refresh_status,
+    spawn_local_stage,
+    teardown,
+    wants_mtp,
+)
 from mesh.routing.route_rows import describe
 from mesh.routing.stage_cost import cost_at, decode_frames
 from mesh.serving.pipeline import Pipeline, PipelineOptions
-from packages.architectures import keeps_state
+from packages.architectures import keeps_state, mtp_refusal
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
 from proto import meshpipe_pb2_grpc as pb_grpc
@@ -154,21 +163,21 @@ class RouteKeeper:
         assert route.stage0 is not None
         s, m = self.settings, self.model
         final = not route.stages
+        mtp = wants_mtp(route, route.stage0.start, route.stage0.end)
         gguf = await asyncio.to_thread(functools.partial(
             materialize_stage, m.package_dir, m.manifest, m.manifest_sha, route.stage0.start, route.stage0.end,
-            s.cache_dir, engine_kind(s.engine(0)).placeholders, mtp=s.mtp and final))
+            s.cache_dir, engine_kind(s.engine(0)).placeholders, mtp=mtp))
         if self.tokenizer is None:
             self.tokenizer = await asyncio.to_thread(Tokenizer, gguf, m.model_id)
         cfg = EngineConfig(first=True, final=final, lanes=s.lanes, ctx_per_lane=s.ctx_size, batch=s.batch,
-                           threads=s.own_threads, cpu_lock=s.cpu_lock, mtp=s.mtp and final)
+                           threads=s.own_threads, cpu_lock=s.cpu_lock, mtp=mtp)
         self.engine = await on_engine_thread(open_engine, s.engine(0), gguf, cfg)
         assert route.work is not None
         route.calibration0 = await on_engine_thread(calibrate, self.engine, route.work.of(route.stage0), s.wire_dtype)
         link, replies = await _links(s, route)
-        mtp = self._mtp_layers(route)
         options = PipelineOptions(wire_dtype=s.wire_dtype, micro_batches=s.groups(1 + len(route.stages)),
                                   prefix_cache=s.prefix_cache, recurrent=keeps_state(m.manifest.architecture),
-                                  mtp=mtp > 0)
+                                  mtp=self._mtp_layers(route) > 0)
         self.pipeline = Pipeline(self.engine, link, replies, self.hops, self.on_break, options)
         self.pipeline.start()
 
@@ -178,7 +187,11 @@ class RouteKeeper:
         head = getattr(self.engine, "mtp", None) if not route.stages else None
         layers = head.layers if head is not None else route.stages[-1].mtp_layers if route.stages else 0
         if self.settings.mtp and not layers:
-            self.say("WARNING: the final stage did not load the package's MTP layers; serving without MTP drafts")
+            m = route.manifest
+            final = route.stages[-1].range if route.stages else route.stage0
+            why = final is not None and mtp_refusal(m.architecture, final.start)
+            self.say(f"WARNING: the final stage drafts nothing: {why or 'it did not load the MTP layers'}; "
+                     "serving without MTP drafts")
         return layers
 
     async def drop_route(self, quick: bool = False) -> None:

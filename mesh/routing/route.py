@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 from config.errors import MeshpipeError
 from mesh.routing.planner import LayerWork, StageCost, StageRange, plan_measured, plan_ranges
 from mesh.routing.stage_fit import StageNeed, misfits, package_sizes
-from packages.architectures import split_refusal
+from packages.architectures import mtp_refusal, split_refusal
 from packages.manifest import Manifest
 from packages.parameters import package_parameters
 from proto import meshpipe_pb2 as pb
@@ -292,7 +292,7 @@ async def _check_fit(route: Route, ranges: list[StageRange], own_memory: int) ->
     """Refuse a plan a stage's engine cannot read or its machine cannot hold, before any
     stage prepares; stage 0 and the stages it spawned share this machine's memory."""
     s = route.settings
-    sizes = await asyncio.to_thread(package_sizes, route.package_dir, route.manifest)
+    sizes = await asyncio.to_thread(package_sizes, route.package_dir, route.manifest, route.settings.mtp)
     needs = [StageNeed("stage 0 (this process)", ranges[0], engine_kind(s.engine(0)), own_memory, "this machine")]
     for index, (stage, rng) in enumerate(zip(route.stages, ranges[1:], strict=True), 1):
         try:
@@ -412,8 +412,15 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
 
 
 def _mtp(route: Route, stage: RemoteStage) -> bool:
-    """Whether `stage` is asked to draft with the package's MTP layers: the final one, when the plan drafts so."""
-    return route.settings.mtp and stage.range is not None and stage.range.end == route.manifest.layer_count
+    return stage.range is not None and wants_mtp(route, stage.range.start, stage.range.end)
+
+
+def wants_mtp(route: Route, start: int, end: int) -> bool:
+    """Whether the stage of [start, end) is asked to draft with the package's MTP layers: the
+    final one, when the plan drafts so and its architecture runs MTP on such a stage."""
+    m = route.manifest
+    return route.settings.mtp and end == m.layer_count and bool(m.mtp_layers) and \
+        mtp_refusal(m.architecture, start) is None
 
 
 async def teardown(route: Route, stop_s: float = STOP_TIMEOUT, exit_s: float = EXIT_TIMEOUT) -> None:

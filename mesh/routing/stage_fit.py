@@ -19,7 +19,7 @@ besides (stage/checkpoints.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mesh.routing.planner import StageRange
@@ -39,6 +39,8 @@ class PackageSizes:  # what the fit checks read once from a package
     embeddings: int  # the token embeddings: stage 0's, and a tied head's
     head: int  # the final norm and output matrix; the embeddings are added when tied
     tied: bool
+    mtp_weights: int = 0  # a final stage drafting with the MTP layers: their tensors (issue 56)
+    mtp_kv: int = 0  # and the key + value elements their own KV keeps per position
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,21 @@ class Footprint:
         return self.weights + self.kv + self.overhead + self.state
 
 
-def package_sizes(package_dir: Path, manifest: Manifest) -> PackageSizes:
-    """Read from the package's tensor headers; raises PackageError when one cannot be read."""
+def package_sizes(package_dir: Path, manifest: Manifest, mtp: bool = False) -> PackageSizes:
+    """Read from the package's tensor headers; raises PackageError when one cannot be read.
+    `mtp`: the final stage drafts with the package's MTP layers, which it then holds too."""
     layers = [[TensorInfo.of(t) for t in open_gguf(package_dir / layer.path).tensors] for layer in manifest.layers]
     shared = manifest.shared
     output = shared.get("output")
     tied = output is None or not any(t.name == "output.weight"
                                      for t in open_gguf(package_dir / output.path).tensors)
-    return sizes_of(layers, embeddings=shared["embeddings"].tensor_bytes if "embeddings" in shared else 0,
-                    head=output.tensor_bytes if output else 0, tied=tied,
-                    d_state=_state_size(package_dir, manifest))
+    sizes = sizes_of(layers, embeddings=shared["embeddings"].tensor_bytes if "embeddings" in shared else 0,
+                     head=output.tensor_bytes if output else 0, tied=tied,
+                     d_state=_state_size(package_dir, manifest))
+    if not mtp or not manifest.mtp_layers:
+        return sizes
+    nextn = [TensorInfo.of(t) for art in manifest.mtp_layers for t in open_gguf(package_dir / art.path).tensors]
+    return replace(sizes, mtp_weights=sum(t.n_bytes for t in nextn), mtp_kv=sum(_kv_elements(t) for t in nextn))
 
 
 def sizes_of(layers: Sequence[Sequence[TensorInfo]], embeddings: int, head: int, tied: bool,
@@ -93,7 +100,9 @@ def footprint(sizes: PackageSizes, rng: StageRange, engine: EngineKind, lanes: i
     weights = sum(sizes.layer_weights[rng.start:rng.end])
     weights += sizes.embeddings if rng.start == 0 else 0
     weights += (sizes.head + (sizes.embeddings if sizes.tied else 0)) if final else 0
-    kv = lanes * ctx * engine.kv_bytes * sum(sizes.layer_kv[rng.start:rng.end])
+    mtp = final and sizes.mtp_weights > 0  # its block, and the token embeddings it reads
+    weights += (sizes.mtp_weights + (sizes.embeddings if rng.start > 0 and not sizes.tied else 0)) if mtp else 0
+    kv = lanes * ctx * engine.kv_bytes * (sum(sizes.layer_kv[rng.start:rng.end]) + (sizes.mtp_kv if mtp else 0))
     state = lanes * (1 + DEPTH) * 4 * sum(sizes.layer_state[rng.start:rng.end])
     return Footprint(weights, kv, engine.overhead, state)
 
