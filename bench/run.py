@@ -82,7 +82,7 @@ PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what is
 MACHINES_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # split-2 against one node
 GUARD_DEFAULTS = {"tokens": 64, "prompts": 1, "stages": "1,2"}  # the guard's own sizes, under 10 minutes
 HYBRID_DEFAULTS = {"tokens": 48, "prompts": 2, "stages": "2"}  # a 1.1B hybrid decodes tens of tok/s
-MTP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 3 split-2 servers x 2 models x 2 delays
+MTP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 3-4 split-2 servers x 2 models x 2 delays
 SAMPLING_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "2"}  # 3 servers x 2 temperatures x 2 pairs
 FRONT_DOORS_DEFAULTS = {"tokens": 64, "prompts": 4, "stages": "2"}  # one stage daemon, two coordinators
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)

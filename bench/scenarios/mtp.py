@@ -11,7 +11,8 @@ written once into the cache:
   decode of the same engine (which feeds the MTP layer its row, as a final stage drafting with
   MTP does after every decode). Then at each per-hop delay, split-2 servers interleaved: no
   speculation, `--strategy mtp` (its window cost-aware 3 [1,8]) and the same with a fixed
-  window of 3. Issue 56's goal: MTP at least 2.5x no speculation at 20 ms a hop.
+  window of 3, with 3 frames in flight and with 1. Issue 56's goal: MTP at least 2.5x no
+  speculation at 20 ms a hop.
 - **Floor**, the random model: its MTP head drafts at random, so nearly every draft is
   rejected. At each per-hop delay: no speculation, `--strategy mtp`, and the default strategy
   (no flag: auto, which picks MTP for a package that carries MTP layers and declares no
@@ -48,10 +49,15 @@ SHAPE: HybridShape = replace(QWEN35_1B, name="qwen3.5-like-1b-mtp", nextn=1)
 GOALS = {"ceiling": ">= 2.5", "floor": ">= 0.98"}  # issue 56's: the ceiling's at 20 ms, the floor's at every delay
 DRAFTS = 3  # drafts an MTP call makes in the step measure, as the window's initial 3
 SAMPLES = 8
-MTP, FIXED, AUTO = "mtp (cost-aware)", "mtp, fixed window 3", "default (auto)"
-# server -> serve() keywords; "none" first: the others are measured against it
-CEILING: dict[str, dict[str, Any]] = {"none": {}, MTP: {"strategy": "mtp"},
-                                      FIXED: {"strategy": "mtp", "extra": ("--draft-window", "3")}}
+MTP, AUTO = "mtp (cost-aware)", "default (auto)"
+FIXED, ALONE = "mtp, window 3, 3 in flight", "mtp, window 3, 1 in flight"
+# server -> serve() keywords; "none" first: the others are measured against it. Each frame asks
+# the final stage for a window a frame that may be out, so frames in flight cost MTP steps:
+# one frame at a time is the fixed window's price without them.
+CEILING: dict[str, dict[str, Any]] = {
+    "none": {}, MTP: {"strategy": "mtp"},
+    FIXED: {"strategy": "mtp", "extra": ("--draft-window", "3", "--frames-in-flight", "3")},
+    ALONE: {"strategy": "mtp", "extra": ("--draft-window", "3", "--frames-in-flight", "1")}}
 FLOOR: dict[str, dict[str, Any]] = {"none": {}, MTP: {"strategy": "mtp"},
                                     AUTO: {"draft": True}}  # no flag at all: mesh serve's default, auto
 
