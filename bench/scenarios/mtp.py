@@ -128,31 +128,50 @@ def _greedy(logits: np.ndarray, _: int) -> Proposed:
 
 
 def step_rows(gguf: Path) -> list[Row]:
-    """An MTP step against a one-row decode on the same engine, one engine thread: each sample
-    decodes the committed token, then drafts DRAFTS from the token it names, as a final stage
-    does for a frame of no drafts."""
-    cfg = EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=256, threads=1, mtp=True)
-    engine = LlamaRangeEngine(gguf, cfg)
+    """An MTP step against a one-row decode on the same engine, one engine thread; and that
+    decode against one of an engine without the MTP context (what feeding the MTP layer every
+    decode costs, drafting or not)."""
+    cfg = EngineConfig(first=True, final=True, lanes=1, ctx_per_lane=256, threads=1)
+    plain = LlamaRangeEngine(gguf, cfg)
     try:
-        if engine.mtp is None:
-            raise SystemExit(f"mesh bench: llama.cpp loaded no MTP layer from {gguf}")
-        position, token = 32, 5
-        engine.step([Step(0, 0, tokens=np.arange(1, position + 1, dtype=np.int32))])
-        decode, step = [], []
-        for i in range(SAMPLES + 1):  # the first pair warms both graphs up and is not counted
-            began = time.perf_counter()
-            logits = engine.step([Step(0, position, tokens=np.asarray([token], dtype=np.int32))])[0]
-            decoded = time.perf_counter()
-            token, position = int(np.argmax(logits)), position + 1
-            drafts = engine.mtp_draft(0, position, token, DRAFTS, _greedy)
-            if len(drafts) != DRAFTS:
-                raise SystemExit(f"mesh bench: the MTP layer drafted {len(drafts)} of {DRAFTS}")
-            if i:
-                decode.append((decoded - began) * 1e3)
-                step.append((time.perf_counter() - decoded) * 1e3 / DRAFTS)
+        drafting = LlamaRangeEngine(gguf, replace(cfg, mtp=True))
+        try:
+            times = _timed(plain, drafting)
+        finally:
+            drafting.close()
     finally:
-        engine.close()
+        plain.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
     name = "mtp step, 1 engine thread"
-    return [Row(name, "decode, 1 row, MTP layer fed (ms)", statistics.median(decode), samples=decode),
-            Row(name, f"MTP step, a draft's share of {DRAFTS} (ms)", statistics.median(step), samples=step),
-            Row(name, "MTP step (vs the decode)", statistics.median(step), statistics.median(decode))]
+    return [Row(name, "decode, 1 row, no MTP context (ms)", med["plain"], samples=times["plain"]),
+            Row(name, "decode, 1 row, MTP layer fed (ms)", med["fed"], samples=times["fed"]),
+            Row(name, "decode with the MTP layer fed (vs without)", med["fed"], med["plain"]),
+            Row(name, f"MTP step, a draft's share of {DRAFTS} (ms)", med["step"], samples=times["step"]),
+            Row(name, "MTP step (vs the decode, MTP layer fed)", med["step"], med["fed"])]
+
+
+def _timed(plain: LlamaRangeEngine, drafting: LlamaRangeEngine) -> dict[str, list[float]]:
+    """Milliseconds per sample: each decodes the committed token on both engines, then drafts
+    DRAFTS from the token it names, as a final stage does after a frame of no drafts."""
+    if drafting.mtp is None:
+        raise SystemExit("mesh bench: llama.cpp loaded no MTP layer from the mtp model")
+    position, token = 32, 5
+    for engine in (plain, drafting):
+        engine.step([Step(0, 0, tokens=np.arange(1, position + 1, dtype=np.int32))])
+    times: dict[str, list[float]] = {"plain": [], "fed": [], "step": []}
+    for i in range(SAMPLES + 1):  # the first warms every graph up and is not counted
+        row = np.asarray([token], dtype=np.int32)
+        began = time.perf_counter()
+        plain.step([Step(0, position, tokens=row)])
+        plained = time.perf_counter()
+        logits = drafting.step([Step(0, position, tokens=row)])[0]
+        decoded = time.perf_counter()
+        token, position = int(np.argmax(logits)), position + 1
+        drafts = drafting.mtp_draft(0, position, token, DRAFTS, _greedy)
+        if len(drafts) != DRAFTS:
+            raise SystemExit(f"mesh bench: the MTP layer drafted {len(drafts)} of {DRAFTS}")
+        if i:
+            times["plain"].append((plained - began) * 1e3)
+            times["fed"].append((decoded - plained) * 1e3)
+            times["step"].append((time.perf_counter() - decoded) * 1e3 / DRAFTS)
+    return times
