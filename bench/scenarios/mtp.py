@@ -9,7 +9,8 @@ written once into the cache:
   is the mechanism's own cost. In one process with one engine thread, an MTP step
   (`LlamaRangeEngine.mtp_draft`, a draft's share of a call for DRAFTS) against a one-row
   decode of the same engine (which feeds the MTP layer its row, as a final stage drafting with
-  MTP does after every decode). Then at each per-hop delay, split-2 servers interleaved: no
+  MTP does after every decode), and that decode against one of an engine without the MTP
+  context: the floor's price while nothing is drafted. Then at each per-hop delay, split-2 servers interleaved: no
   speculation, `--strategy mtp` (its window cost-aware 3 [1,8]) and the same with a fixed
   window of 3, with 3 frames in flight and with 1. Issue 56's goal: MTP at least 2.5x no
   speculation at 20 ms a hop.
@@ -63,7 +64,7 @@ FLOOR: dict[str, dict[str, Any]] = {"none": {}, MTP: {"strategy": "mtp"},
 
 
 def model_path(cache: Path, agreeing: bool = True) -> Path:
-    """The agreeing (ceiling) or random (floor) model, written on first use (about 0.8 GB, seconds)."""
+    """The agreeing (ceiling) or random (floor) model, written on first use (about 0.7 GB, seconds)."""
     path = cache / "bench" / f"{SHAPE.name}-{'agreeing' if agreeing else 'random'}-q4_0.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
