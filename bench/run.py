@@ -37,6 +37,7 @@ from bench.scenarios import (
     hybrid,
     machines,
     memory,
+    mtp,
     ngram,
     numerics,
     peers,
@@ -64,7 +65,9 @@ BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, 
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
     "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
     "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run, "hybrid": hybrid.run,
-    "sampling": sampling.run, "front_doors": front_doors.run}
+    "mtp": mtp.run, "sampling": sampling.run, "front_doors": front_doors.run}
+# Each of these runs alone, on a model it writes into the cache: the one the run's setup serves
+OWN_MODEL: dict[str, Callable[[Path], Path]] = {"hybrid": hybrid.model_path, "mtp": mtp.model_path}
 # shapes brings its own model and runs only alone (shapes.run)
 SCENARIOS = (*BEFORE_MESH, *MESH_SCENARIOS, *AFTER_MESH, "shapes")
 # --tokens, --prompts and --stages when not given. Engines alone defaults to less: MLX on a CPU
@@ -79,10 +82,12 @@ PROMPT_LOOKUP_DEFAULTS = {"tokens": 200, "prompts": 1, "stages": "2"}  # what is
 MACHINES_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "1,2"}  # split-2 against one node
 GUARD_DEFAULTS = {"tokens": 64, "prompts": 1, "stages": "1,2"}  # the guard's own sizes, under 10 minutes
 HYBRID_DEFAULTS = {"tokens": 48, "prompts": 2, "stages": "2"}  # a 1.1B hybrid decodes tens of tok/s
+MTP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 3-4 split-2 servers x 2 models x 2 delays
 SAMPLING_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "2"}  # 3 servers x 2 temperatures x 2 pairs
 FRONT_DOORS_DEFAULTS = {"tokens": 64, "prompts": 4, "stages": "2"}  # one stage daemon, two coordinators
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
 ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20", frozenset({"hybrid"}): "0,20",  # the issues' delays
+                frozenset({"mtp"}): "0,20",
                 frozenset({"sampling"}): "20"}
 
 # --scenarios' help: each scenario, what it measures
@@ -107,7 +112,11 @@ SCENARIOS_HELP = (
     "alone), guard (issue 42's ratios in one run, interleaved, against BENCHMARKS.md's guard figures; exits 1 when "
     "one is more than 15%% worse; always with --machines; run it before a release), hybrid (a random Qwen3.5-like 1.1B "
     "hybrid: what a rollback's checkpoint costs, and split-2 with a self-draft against none, greedy and sampled, "
-    "at 0,20 ms; always with --machines, and only alone), sampling (unseeded requests at temperatures 0.7 and 1.0 "
+    "at 0,20 ms; always with --machines, and only alone), mtp (the model's own MTP layer drafting at the final "
+    "stage, on a random Qwen3.5-like 1.1B hybrid with one MTP block: an MTP step against a decode, and split-2 "
+    "with --strategy mtp against none at 0,20 ms, for a model whose MTP layer always agrees (the ceiling) and one "
+    "whose MTP head is random (the floor, with the default strategy too); always with --machines, and only "
+    "alone), sampling (unseeded requests at temperatures 0.7 and 1.0 "
     "on split-2, for the package's pair and the cost-realistic one: no draft, the draft accepted by exact match and "
     "by rejection sampling, at each --wire-delays, 20 ms alone; and the teacher-forced sum of min(p, q) the "
     "rejection rule can reach, per size of q's top K), front_doors (8 streams through two coordinators that share "
@@ -167,10 +176,11 @@ def _run(args: argparse.Namespace) -> int:
     bins = _llama_cpp_bins(args, scenarios)
     if "shapes" in scenarios:
         return _shapes(args, scenarios, bins)
-    if "hybrid" in scenarios:
-        if scenarios != {"hybrid"}:
-            raise SystemExit("mesh bench: hybrid runs alone (it writes and serves its own model)")
-        args.model = str(hybrid.model_path(args.cache_dir or cache_dir()))
+    for name, written in OWN_MODEL.items():
+        if name in scenarios:
+            if scenarios != {name}:
+                raise SystemExit(f"mesh bench: {name} runs alone (it writes and serves its own model)")
+            args.model = str(written(args.cache_dir or cache_dir()))
     # every server the bench starts inherits it, and every request the bench sends carries it:
     # a key from the user's config can then never lock the bench out of its own servers
     os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
@@ -208,16 +218,17 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
              frozenset({"sweep"}): SWEEP_DEFAULTS, frozenset({"shapes"}): SHAPES_DEFAULTS,
              frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS,
              frozenset({"machines"}): MACHINES_DEFAULTS, frozenset({"hybrid"}): HYBRID_DEFAULTS,
-             frozenset({"sampling"}): SAMPLING_DEFAULTS, frozenset({"front_doors"}): FRONT_DOORS_DEFAULTS}
+             frozenset({"mtp"}): MTP_DEFAULTS, frozenset({"sampling"}): SAMPLING_DEFAULTS,
+             frozenset({"front_doors"}): FRONT_DOORS_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
 
 
 def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
-    """peers, sweep, guard, machines and hybrid always emulate machines; a --llama-cpp-bin that
-    lacks a binary fails now, not an hour in."""
-    if scenarios & {"peers", "sweep", "shapes", "guard", "machines", "hybrid"}:
+    """peers, sweep, guard, machines, hybrid and mtp always emulate machines; a --llama-cpp-bin
+    that lacks a binary fails now, not an hour in."""
+    if scenarios & {"peers", "sweep", "shapes", "guard", "machines", "hybrid", "mtp"}:
         args.machines = True
     if not scenarios & {"peers", "shapes"}:
         return None

@@ -13,16 +13,18 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from bench.harness.llama_cpp import Binaries
 from bench.harness.local_server import LocalServer, local_serve
 from bench.harness.machines import Machines
+from mesh.model.source import resolve_model
 from mesh.model.tokenizer import Tokenizer
 from packages.manifest import Manifest
+from packages.materialize import materialize_stage
 
 
 @dataclass
@@ -56,6 +58,15 @@ class Setup:
     ctx: int
     cache: Path
     machines: Machines | None = None  # --machines: each stage pinned to its own CPU set
+
+
+def setup_for(setup: Setup, model: Path, say: Callable[[str], None]) -> Setup:
+    """The same run on another model (a GGUF or a package): its package, whole-model stage
+    GGUF and id, as the run's own were made (bench/run.py)."""
+    package, manifest, sha, model_id = resolve_model(str(model), setup.cache, say=say)
+    gguf = materialize_stage(package, manifest, sha, 0, manifest.layer_count, setup.cache)
+    return replace(setup, model=str(model), model_id=model_id, quant=manifest.quantization, package=package,
+                   gguf=gguf, manifest=manifest)
 
 
 @dataclass(frozen=True)

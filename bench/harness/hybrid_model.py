@@ -1,5 +1,6 @@
 """A random-weight Q4_0 `qwen35` or `qwen35moe` GGUF of a real hybrid's shape, for `mesh bench
---scenarios hybrid` and (the MoE) `--scenarios shapes --shape qwen3.5-moe-35b-a3b-8-layers`.
+--scenarios hybrid`, `--scenarios mtp` (with a nextn block) and (the MoE) `--scenarios shapes
+--shape qwen3.5-moe-35b-a3b-8-layers`.
 
 Qwen3.5's layer pattern: gated delta-net layers (a recurrent state per lane), with gated
 attention on every `interval`-th layer, each followed by a SwiGLU FFN. The default shape is
@@ -16,6 +17,11 @@ single rows, which under sampling from this model's nearly flat distribution par
 output from plain. What llama.cpp keeps in F32 (norms, the convolution, the decay and time-step
 vectors) is written in F32 with values that keep the state bounded: `ssm_a` negative, norms ones. The vocabulary is
 shape_model's minimal SentencePiece one.
+
+With `nextn`, one multi-token-prediction block follows the main stack (`block_count` counts it,
+`nextn_predict_layers` = 1), as llama.cpp's qwen35 loader reads it (`load_block_mtp`): a
+full-attention block with a dense FFN, and `nextn.eh_proj` over [token, hidden row] with its
+norms and the head's; the token embeddings and the output head are the model's own.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from gguf import GGUFValueType, GGUFWriter
 from bench.harness.shape_model import write_random_tensors
 
 _F32 = 0  # a tensor entry's kind: F32 values of `shape`; else Q4_0 rows x cols
+HEAD_NORMS = ("output_norm.weight", "nextn.shared_head_norm.weight")  # zeros in an agreeing model
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class HybridShape:
     experts: int = 0  # > 0: qwen35moe, every FFN routed (`ffn` is then each expert's width)
     experts_used: int = 0
     shared_ffn: int = 0  # the shared expert's width
+    nextn: int = 0  # MTP ("nextn") blocks past the main stack: 0 or 1, dense only (llama.cpp's qwen35 MTP)
 
     @property
     def architecture(self) -> str:
@@ -56,6 +64,11 @@ class HybridShape:
 
     def write(self, path: Path, seed: int = 0) -> Path:
         return write_hybrid_gguf(path, self, seed)
+
+    @property
+    def blocks(self) -> int:
+        """`block_count`: the main stack and the nextn blocks after it."""
+        return self.layers + self.nextn
 
     def recurrent_layers(self) -> int:
         return sum(1 for i in range(self.layers) if (i + 1) % self.interval)
@@ -90,12 +103,7 @@ def _tensors(s: HybridShape) -> list[tuple[str, tuple[int, ...], int]]:
         b = f"blk.{i}."
         out += [(b + "attn_norm.weight", (s.width,), f32), (b + "post_attention_norm.weight", (s.width,), f32)]
         if (i + 1) % s.interval == 0:
-            q = s.heads * s.head_dim
-            kv = s.kv_heads * s.head_dim
-            out += [(b + "attn_q.weight", (2 * q, s.width), q4), (b + "attn_k.weight", (kv, s.width), q4),
-                    (b + "attn_v.weight", (kv, s.width), q4),
-                    (b + "attn_output.weight", (s.width, q), q4),
-                    (b + "attn_q_norm.weight", (s.head_dim,), f32), (b + "attn_k_norm.weight", (s.head_dim,), f32)]
+            out += _attention(s, b)
         else:
             out += [(b + "attn_qkv.weight", (2 * key + value, s.width), q4),
                     (b + "attn_gate.weight", (value, s.width), q4),
@@ -104,7 +112,28 @@ def _tensors(s: HybridShape) -> list[tuple[str, tuple[int, ...], int]]:
                     (b + "ssm_alpha.weight", (s.v_heads, s.width), q4), (b + "ssm_norm.weight", (s.state,), f32),
                     (b + "ssm_out.weight", (s.width, value), q4)]
         out += _ffn(s, b)
+    out += [t for i in range(s.layers, s.blocks) for t in _nextn(s, f"blk.{i}.")]
     return [*out, ("output_norm.weight", (s.width,), f32), ("output.weight", (s.vocab, s.width), q4)]
+
+
+def _attention(s: HybridShape, b: str) -> list[tuple[str, tuple[int, ...], int]]:
+    """Gated attention: the query and its gate in one projection, q and k normed."""
+    q4, f32 = 1, _F32
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return [(b + "attn_q.weight", (2 * q, s.width), q4), (b + "attn_k.weight", (kv, s.width), q4),
+            (b + "attn_v.weight", (kv, s.width), q4), (b + "attn_output.weight", (s.width, q), q4),
+            (b + "attn_q_norm.weight", (s.head_dim,), f32), (b + "attn_k_norm.weight", (s.head_dim,), f32)]
+
+
+def _nextn(s: HybridShape, b: str) -> list[tuple[str, tuple[int, ...], int]]:
+    """An MTP block as llama.cpp's qwen35 `load_block_mtp` reads it: a full-attention block with
+    a dense FFN, and the projection of [embedded token, hidden row] with their norms and the head's
+    (the token embeddings and output head are the model's own)."""
+    assert not s.experts, "llama.cpp's qwen35 MTP block has a dense FFN: no nextn on qwen35moe here"
+    out: list[tuple[str, tuple[int, ...], int]] = [
+        (b + name, (s.width,), _F32) for name in ("attn_norm.weight", "post_attention_norm.weight")]
+    out += [*_attention(s, b), *_ffn(s, b), (b + "nextn.eh_proj.weight", (s.width, 2 * s.width), 1)]
+    return out + [(b + f"nextn.{name}.weight", (s.width,), _F32) for name in ("enorm", "hnorm", "shared_head_norm")]
 
 
 def _ffn(s: HybridShape, b: str) -> list[tuple[str, tuple[int, ...], int]]:
@@ -121,29 +150,34 @@ def _ffn(s: HybridShape, b: str) -> list[tuple[str, tuple[int, ...], int]]:
             (b + "ffn_up_shexp.weight", (sh, s.width), q4), (b + "ffn_down_shexp.weight", (s.width, sh), q4)]
 
 
-def _f32(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def _f32(name: str, shape: tuple[int, ...], rng: np.random.Generator, agreeing: bool) -> np.ndarray:
     if name.endswith("norm.weight"):
-        return np.ones(shape, np.float32)
+        return (np.zeros if agreeing and name.endswith(HEAD_NORMS) else np.ones)(shape, np.float32)
     if name.endswith("ssm_a"):
         return -np.exp(rng.standard_normal(shape)).astype(np.float32)  # A < 0: the state decays
     scale = 1 / np.sqrt(shape[-1]) if len(shape) > 1 else 0.05
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-def write_hybrid_gguf(path: Path, shape: HybridShape, seed: int = 0) -> Path:
-    """`shape` as a random-weight qwen35 (or qwen35moe) GGUF at `path`, one tensor in memory at a time."""
+def write_hybrid_gguf(path: Path, shape: HybridShape, seed: int = 0, agreeing: bool = False) -> Path:
+    """`shape` as a random-weight qwen35 (or qwen35moe) GGUF at `path`, one tensor in memory at a time.
+
+    `agreeing`: the output norm and the MTP head's norm are zeros, so every row's logits are
+    zero and the target's greedy pick and its MTP layer's are both token 0 (the first of a
+    tie), always: every MTP draft is right (tests/mtp_models.py's `agreeing`, written here).
+    The compute is the model's own, row for row; only what the rows say is fixed."""
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(path, shape.architecture)
-    _metadata(writer, shape)
+    _metadata(writer, shape, agreeing)
     tensors = [(name, dims, kind != _F32) for name, dims, kind in _tensors(shape)]
-    write_random_tensors(writer, tensors, lambda name, dims: _f32(name, dims, rng), rng)
+    write_random_tensors(writer, tensors, lambda name, dims: _f32(name, dims, rng, agreeing), rng)
     return path
 
 
-def _metadata(w: GGUFWriter, s: HybridShape) -> None:
+def _metadata(w: GGUFWriter, s: HybridShape, agreeing: bool) -> None:
     arch = s.architecture
     w.add_name(f"random {s.name} Q4_0")
-    for key, value in (("context_length", 8192), ("embedding_length", s.width), ("block_count", s.layers),
+    for key, value in (("context_length", 8192), ("embedding_length", s.width), ("block_count", s.blocks),
                        ("feed_forward_length", s.ffn), ("attention.head_count", s.heads),
                        ("attention.head_count_kv", s.kv_heads), ("attention.key_length", s.head_dim),
                        ("attention.value_length", s.head_dim), ("rope.dimension_count", s.head_dim // 2),
@@ -151,6 +185,8 @@ def _metadata(w: GGUFWriter, s: HybridShape) -> None:
                        ("ssm.state_size", s.state), ("ssm.group_count", s.k_heads),
                        ("ssm.time_step_rank", s.v_heads), ("full_attention_interval", s.interval)):
         w.add_key_value(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    if s.nextn:
+        w.add_key_value(f"{arch}.nextn_predict_layers", s.nextn, GGUFValueType.UINT32)
     if s.experts:
         for key, value in (("expert_count", s.experts), ("expert_used_count", s.experts_used),
                            ("expert_feed_forward_length", s.ffn), ("expert_shared_feed_forward_length", s.shared_ffn)):
@@ -161,12 +197,22 @@ def _metadata(w: GGUFWriter, s: HybridShape) -> None:
     w.add_key_value(f"{arch}.rope.dimension_sections", [2 * quarter, quarter, quarter, 0], GGUFValueType.ARRAY,
                     sub_type=GGUFValueType.INT32)
     w.add_file_type(2)  # MOSTLY_Q4_0
+    _vocabulary(w, s.vocab, agreeing)
+
+
+def _vocabulary(w: GGUFWriter, vocab: int, agreeing: bool) -> None:
+    """shape_model's minimal SentencePiece vocabulary. An agreeing model's greedy token is id 0,
+    which there is a plain piece (and `<unk>` the last id), so its reply streams text."""
     tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)]]
-    tokens += [f"<t{i}>" for i in range(len(tokens), s.vocab)]
+    tokens += [f"<t{i}>" for i in range(len(tokens), vocab)]
+    types = [2, 3, 3] + [6] * 256 + [1] * (vocab - 3 - 256)
+    unk = 0
+    if agreeing:
+        tokens[0], tokens[-1], types[0], types[-1], unk = "<t0>", "<unk>", 1, 2, vocab - 1
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
-    w.add_token_scores([0.0] * s.vocab)
-    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (s.vocab - 3 - 256))
-    w.add_unk_token_id(0)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types(types)
+    w.add_unk_token_id(unk)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.client import StreamTiming, stream_messages
-from bench.harness.harness import Asked, Outcome, Row, Setup, split2_per_delay
+from bench.harness.client import StreamTiming
+from bench.harness.harness import Asked, Outcome, Row, split2_per_delay
 from bench.harness.hybrid_model import QWEN35_1B, write_hybrid_gguf
+from bench.harness.versus import interleaved, plain_row, versus_rows
 from stage.checkpoints import Restore
 from stage.engine import EngineConfig, Step
 from stage.llama_engine import LlamaRangeEngine
@@ -62,7 +63,7 @@ def run(asked: Asked) -> Outcome:
     modes: dict[str, dict[str, Any]] = {"none": {}, "self": {"draft": True, "extra": draft},
                                         COST_AWARE: {"draft": True, "extra": (*draft, "--config", str(config))}}
     for d, urls in split2_per_delay(setup, "mesh-bench-hybrid-", asked.delays, modes):
-        timings = _measure(setup, urls, asked.prompts, asked.args.repeats)
+        timings = interleaved(setup, urls, asked.prompts, asked.args.repeats, SAMPLINGS)
         rows += speed_rows(f"hybrid split-2 {d:g} ms", timings, GOALS["self"] if d >= 20 else "")
     return Outcome(rows, header={"hybrid model": f"{QWEN35_1B.name}, random Q4_0, "
                                                  f"{QWEN35_1B.state_bytes() / 1e6:.1f} MB of state a lane"})
@@ -102,39 +103,16 @@ def checkpoint_rows(gguf: Path) -> list[Row]:
 
 
 SAMPLED = {"temperature": 1.0, "seed": 7}
-
-
-def _measure(setup: Setup, urls: dict[str, str], prompts: list[str], repeats: int) -> dict[str, list[StreamTiming]]:
-    """Each server greedy and sampled, per prompt and repeat ("none", "self", "none sampled",
-    "self sampled"); which goes first rotates, to spread drift."""
-    timings: dict[str, list[StreamTiming]] = defaultdict(list)
-    runs = [(mode, sampling) for sampling in (None, SAMPLED) for mode in urls]
-    for rep in range(repeats):
-        for i, prompt in enumerate(prompts):
-            turn = (rep + i) % len(runs)
-            for mode, sampling in runs[turn:] + runs[:turn]:
-                name = mode if sampling is None else f"{mode} sampled"
-                messages = [{"role": "user", "content": prompt}]
-                timings[name].append(stream_messages(urls[mode], setup.model_id, messages, setup.tokens,
-                                                     sampling=sampling))
-    return timings
+SAMPLINGS = {"": None, " sampled": SAMPLED}  # "none", "self", "none sampled", "self sampled", ...
 
 
 def speed_rows(scenario: str, timings: dict[str, list[StreamTiming]], goal: str) -> list[Row]:
     """The self-draft against none, greedy (held to `goal`) and sampled (the rejection path)."""
-    tps = {mode: [t.decode_tps for t in runs] for mode, runs in timings.items()}
     rows = []
     for how, suffix in (("greedy", ""), ("sampled", " sampled")):
-        none = f"none{suffix}"
-        base = statistics.median(tps[none])
-        rows.append(Row(scenario, f"{how}: no speculation decode tok/s", base, samples=tps[none]))
+        none = timings[f"none{suffix}"]
+        rows.append(plain_row(scenario, f"{how}: no speculation decode tok/s", none))
         for mode, label in (("self", "self-draft"), (COST_AWARE, "self-draft, cost-aware")):
-            runs = timings[f"{mode}{suffix}"]
-            stats = [t.speculative for t in runs if t.speculative]
-            proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
-            same = all(t.text == ref.text for t, ref in zip(runs, timings[none], strict=True))
-            rows += [Row(scenario, f"{how}: {label} tok/s (vs none)", statistics.median(tps[f"{mode}{suffix}"]), base,
-                         goal if how == "greedy" and mode == "self" else "", tps[f"{mode}{suffix}"]),
-                     Row(scenario, f"{how}: {label} accept rate", accepted / proposed if proposed else 0.0),
-                     Row(scenario, f"{how}: {label}, outputs identical to none (1 = yes)", float(same), goal="1")]
+            rows += versus_rows(scenario, f"{how}: {label}", timings[f"{mode}{suffix}"], none,
+                                goal if how == "greedy" and mode == "self" else "")
     return rows
