@@ -55,24 +55,32 @@ class _Rows:
 
 @dataclass
 class _Chain:
-    """A lane's last drafts, made after `token` at `start` for positions start + 1 on, and the
-    MTP layer's output row after the last of them (what a step after it pairs with it)."""
+    """A lane's last drafts, made after `token` at `start` for positions start + 1 on: the step
+    at start + j fed the token there with `rows[j]` (the target's row before `start`, then each
+    step's own output) and drafted `drafts[j]`; `h` is the last step's output, what a step after
+    it pairs with the last draft."""
 
     start: int
     token: int
     drafts: list[Proposed]
+    rows: list[np.ndarray]
     h: np.ndarray
 
     @property
     def end(self) -> int:
-        """The first position whose MTP KV entry the chain has not made: its last draft's."""
+        """The position a step after the chain feeds: its last draft's."""
         return self.start + len(self.drafts)
 
-    def after(self, position: int, token: int) -> list[Proposed] | None:
-        """Its drafts past `position`, if `token` there is the one it started from or drafted."""
+    def fed(self, j: int) -> int:
+        """The token the chain's step j fed."""
+        return self.token if j == 0 else self.drafts[j - 1].token
+
+    def after(self, position: int, token: int) -> _Chain | None:
+        """The chain from `position` on, if `token` there is the one it started from or drafted."""
         i = position - self.start
-        said = self.token if i == 0 else self.drafts[i - 1].token if 0 < i <= len(self.drafts) else None
-        return self.drafts[i:] if said == token else None
+        if not 0 <= i <= len(self.drafts) or self.fed(i) != token:
+            return None
+        return _Chain(position, token, self.drafts[i:], self.rows[i:], self.h)
 
 
 def open_head(model: ctypes.c_void_p | None, target: ctypes.c_void_p, params: L.llama_context_params,
@@ -133,45 +141,52 @@ class MtpHead:
 
     def draft(self, lane: int, position: int, token: int, k: int, choose: Choose) -> list[Proposed]:
         """Up to `k` drafts for positions `position` + 1 on, after `token` at `position`; none
-        where the lane has not been fed up to `position`. Drafts the lane's last chain made past
-        that point, where the chain had drafted `token` there, are kept rather than made again:
-        with frames in flight each reply then drafts one window more, not every window out.
+        where the lane has not been fed up to `position`. What the lane's last chain drafted past
+        that point, where it had drafted `token` there, is kept rather than made again: with
+        frames in flight each reply then drafts one window more, not every window out.
         A frame sent ahead may have been fed past the steps' positions already (its step ran
         before this reply's drafting): its rows are fed again after, which the steps overwrote."""
-        kept, chain, end = self.held[lane], self.chains[lane], self._end(lane)
-        reused = chain.after(position, token) if chain is not None and end >= chain.end else None
-        h: np.ndarray | None
-        if reused is not None:
-            assert chain is not None
-            if len(reused) >= k:
-                return reused[:k]
-            start, last, h = chain.end, chain.drafts[-1].token if chain.drafts else token, chain.h
+        kept, end, last = self.held[lane], self._end(lane), self.chains[lane]
+        chain = last.after(position, token) if last is not None else None
+        if chain is not None and position <= end:
+            if len(chain.drafts) >= k:
+                return chain.drafts[:k]
+            self._restore(lane, chain, end)
         else:
             h = kept.at(position - 1) if kept is not None else None
             if h is None or k < 1 or position > end:
                 return []
-            start, last, reused = position, token, []
-        more, after = self._chain(lane, start, last, k - len(reused), h, choose)
-        self.chains[lane] = _Chain(position, token, [*reused, *more], after)
-        if kept is not None and kept.start >= start and end > kept.start:
+            chain = _Chain(position, token, [], [], h)
+        more = self._chain(lane, chain, k - len(chain.drafts), choose)
+        self.chains[lane] = chain
+        if kept is not None and kept.start >= more and end > kept.start:
             L.llama_memory_seq_rm(self.mem, lane, kept.start, -1)
             self.feed(lane, kept.start, kept.tokens, kept.rows)
-        return [*reused, *more]
+        return chain.drafts
 
-    def _chain(self, lane: int, position: int, token: int, k: int, h: np.ndarray,
-               choose: Choose) -> tuple[list[Proposed], np.ndarray]:
-        """The drafts themselves, and the MTP layer's last output row: each step one row, the
-        token drafted last with the layer's own output row."""
+    def _restore(self, lane: int, chain: _Chain, end: int) -> None:
+        """The chain's steps past `end` (a frame fed since cut them off), made again in one
+        decode from what they fed: the drafts stand, and a step after them needs their KV."""
+        first = max(end, chain.start) - chain.start
+        if first < len(chain.drafts):
+            tokens = np.asarray([chain.fed(j) for j in range(first, len(chain.drafts))])
+            L.llama_memory_seq_rm(self.mem, lane, chain.start + first, -1)
+            self._process(lane, chain.start + first, tokens, chain.rows[first:], output=False)
+
+    def _chain(self, lane: int, chain: _Chain, k: int, choose: Choose) -> int:
+        """`k` steps more on `chain`, each one row: the token drafted last with the layer's own
+        output row. Returns the position of the first."""
+        position = chain.end
         L.llama_memory_seq_rm(self.mem, lane, position, -1)  # rows fed past it were not committed
-        out: list[Proposed] = []
-        for i in range(k):
-            self._process(lane, position + i, np.asarray([token]), [h], output=True)
+        for _ in range(k):
+            token, h = chain.fed(len(chain.drafts)), chain.h
+            self._process(lane, chain.end, np.asarray([token]), [h], output=True)
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)).copy()
             row = ext.llama_get_embeddings_nextn_ith(self.ctx, -1)
-            h = np.ctypeslib.as_array(row, shape=(self.width,)).copy()
-            out.append(choose(logits, position + i + 1))
-            token = out[-1].token
-        return out, h
+            chain.rows.append(h)
+            chain.h = np.ctypeslib.as_array(row, shape=(self.width,)).copy()
+            chain.drafts.append(choose(logits, chain.end + 1))
+        return position
 
     def trim(self, lane: int, position: int) -> None:
         L.llama_memory_seq_rm(self.mem, lane, max(position, 0), -1)

@@ -178,6 +178,12 @@ def test_the_mtp_kv_follows_the_frames_start_and_drafts_need_the_row_before(
         again = engine.mtp_draft(0, p + 6, first[0].token, 3, pick)
         assert again[:2] == first[1:]
         assert head._end(0) == p + 9  # one step more, not three
+        # a frame fed since cut the chain's steps off: they are made again, then one step more
+        engine.step([Step(0, p + 5, tokens=np.asarray([13, first[0].token], dtype=np.int32), all_logits=True)])
+        assert head._end(0) == p + 7
+        third = engine.mtp_draft(0, p + 7, again[0].token, 3, pick)
+        assert third[:2] == again[1:]
+        assert head._end(0) == p + 10
         assert engine.mtp_draft(0, p + 5, 14, 1, pick) != []  # another token there: drafted afresh
         assert head._end(0) == p + 6
     finally:
