@@ -91,6 +91,15 @@ class LlamaRangeEngine:
         return self._pos[self._check_lane(lane)]
 
     def trim(self, lane: int, position: int) -> None:
+        """Drop the lane's KV from `position` on (an END, a lane given back): the MTP layer's too,
+        and the drafts it chained there."""
+        self._roll_back(lane, position)
+        if self.mtp is not None:
+            self.mtp.trim(lane, max(position, 0))
+
+    def _roll_back(self, lane: int, position: int) -> None:
+        """The target's KV from `position` on, as a step's start drops it (the MTP layer's feed
+        trims its own)."""
         self._check_lane(lane)
         position = max(position, 0)
         if self.recurrent is not None:
@@ -98,8 +107,6 @@ class LlamaRangeEngine:
         elif position < self._pos[lane]:
             L.llama_memory_seq_rm(self.mem, lane, position, -1)
             self._pos[lane] = position
-        if self.mtp is not None:
-            self.mtp.trim(lane, position)
 
     def reachable(self, lane: int, position: int) -> bool:
         """Whether the lane can roll back to `position`: always, unless recurrent state has
@@ -113,7 +120,7 @@ class LlamaRangeEngine:
         try:
             for s in steps:
                 check_step(self, s, self._pos[self._check_lane(s.lane)])
-                self.trim(s.lane, s.start)
+                self._roll_back(s.lane, s.start)
             if self.recurrent is not None:
                 self._replay(steps, self.recurrent)
                 self.recurrent.checkpoint(steps)

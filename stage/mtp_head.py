@@ -83,6 +83,12 @@ class _Chain:
         return _Chain(position, token, self.drafts[i:], self.rows[i:], self.h)
 
 
+def _ahead(kept: _Rows, position: int, token: int) -> bool:
+    """Whether the lane's last step is a frame sent ahead of drafts made after `token` at
+    `position`: it starts there with that token, or past it (a void frame does not)."""
+    return kept.start > position or (kept.start == position and int(kept.tokens[0]) == token)
+
+
 def open_head(model: ctypes.c_void_p | None, target: ctypes.c_void_p, params: L.llama_context_params,
               n_vocab: int) -> MtpHead | None:
     """The MTP context beside the `target` context (made with `params`, which it copies but for
@@ -159,7 +165,7 @@ class MtpHead:
             chain = _Chain(position, token, [], [], h)
         more = self._chain(lane, chain, k - len(chain.drafts), choose)
         self.chains[lane] = chain
-        if kept is not None and kept.start >= more and end > kept.start:
+        if kept is not None and _ahead(kept, position, token) and kept.start >= more and end > kept.start:
             L.llama_memory_seq_rm(self.mem, lane, kept.start, -1)
             self.feed(lane, kept.start, kept.tokens, kept.rows)
         return chain.drafts
