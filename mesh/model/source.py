@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from packages.errors import PackageError
+from packages.gguf_header import read_scalars
 from packages.manifest import Manifest
 from packages.refs import is_hub_ref, parse_hub_ref
 from packages.requantize import requantize
@@ -52,12 +53,22 @@ def resolve_model(ref: str | None, cache: Path, say: Callable[[str], None]
         return path, manifest, sha, manifest.model_id
     if path.is_file():
         stat = path.stat()
-        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+        # A model with MTP layers is packaged anew by a meshpipe that keeps them (issue 56): the
+        # package an older one wrote from the same file left them out.
+        kept = "|mtp" if _has_nextn(path) else ""
+        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}{kept}".encode())
         package = _packaged(path, cache / "packages" / f"gguf-{key.hexdigest()[:16]}",
                             path.stem, say)
         manifest, sha = validate_package(package)
         return package, manifest, sha, manifest.model_id
     raise PackageError(f"model not found: {ref} (expected a package directory or a GGUF file)")
+
+
+def _has_nextn(gguf: Path) -> bool:
+    """Whether the GGUF declares multi-token-prediction layers (`{arch}.nextn_predict_layers`)."""
+    arch = str(read_scalars(gguf, ["general.architecture"]).get("general.architecture", ""))
+    key = f"{arch}.nextn_predict_layers"
+    return int(str(read_scalars(gguf, [key]).get(key, 0) or 0)) > 0
 
 
 def _embedded_package(cache: Path, say: Callable[[str], None]) -> Path:
