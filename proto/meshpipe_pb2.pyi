@@ -150,7 +150,7 @@ class InventoryReply(_message.Message):
     def __init__(self, state: _Optional[_Union[PrepareState, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms", "work_layers", "coordinator_id", "mtp")
+    __slots__ = ("protocol_version", "term", "layer_start", "layer_end", "ctx_size", "lanes", "wire_dtype", "final", "threads", "batch", "upstream", "downstream", "stage_index", "wire_delay_ms", "wire_jitter_ms", "work_layers", "coordinator_id", "mtp", "kv_owner")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class LoadRequest(_message.Message):
     WORK_LAYERS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     MTP_FIELD_NUMBER: _ClassVar[int]
+    KV_OWNER_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     term: int
     layer_start: int
@@ -187,7 +188,8 @@ class LoadRequest(_message.Message):
     work_layers: float
     coordinator_id: str
     mtp: bool
-    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ..., work_layers: _Optional[float] = ..., coordinator_id: _Optional[str] = ..., mtp: _Optional[bool] = ...) -> None: ...
+    kv_owner: str
+    def __init__(self, protocol_version: _Optional[int] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ctx_size: _Optional[int] = ..., lanes: _Optional[int] = ..., wire_dtype: _Optional[_Union[WireDType, str]] = ..., final: _Optional[bool] = ..., threads: _Optional[int] = ..., batch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., stage_index: _Optional[int] = ..., wire_delay_ms: _Optional[float] = ..., wire_jitter_ms: _Optional[float] = ..., work_layers: _Optional[float] = ..., coordinator_id: _Optional[str] = ..., mtp: _Optional[bool] = ..., kv_owner: _Optional[str] = ...) -> None: ...
 
 class Calibration(_message.Message):
     __slots__ = ("single_us", "batch_us", "batch_rows", "fixed_us", "per_layer_us")
@@ -204,18 +206,20 @@ class Calibration(_message.Message):
     def __init__(self, single_us: _Optional[float] = ..., batch_us: _Optional[float] = ..., batch_rows: _Optional[int] = ..., fixed_us: _Optional[float] = ..., per_layer_us: _Optional[float] = ...) -> None: ...
 
 class LoadReply(_message.Message):
-    __slots__ = ("ready", "endpoint", "message", "calibration", "mtp_layers")
+    __slots__ = ("ready", "endpoint", "message", "calibration", "mtp_layers", "kv_tier")
     READY_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_FIELD_NUMBER: _ClassVar[int]
     MTP_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_TIER_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     endpoint: str
     message: str
     calibration: Calibration
     mtp_layers: int
-    def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ..., calibration: _Optional[_Union[Calibration, _Mapping]] = ..., mtp_layers: _Optional[int] = ...) -> None: ...
+    kv_tier: bool
+    def __init__(self, ready: _Optional[bool] = ..., endpoint: _Optional[str] = ..., message: _Optional[str] = ..., calibration: _Optional[_Union[Calibration, _Mapping]] = ..., mtp_layers: _Optional[int] = ..., kv_tier: _Optional[bool] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("protocol_version", "term", "coordinator_id")
@@ -258,7 +262,7 @@ class ClaimInfo(_message.Message):
     def __init__(self, coordinator_id: _Optional[str] = ..., term: _Optional[int] = ..., lease_until_ms: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., manifest_sha256: _Optional[str] = ..., lanes: _Optional[int] = ..., lanes_in_use: _Optional[int] = ..., state: _Optional[_Union[StageState, str]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("state", "message", "term", "layer_start", "layer_end", "mem_total_bytes", "mem_available_bytes", "rss_bytes", "stage_id", "protocol_version", "busy_seconds", "engine", "claims", "ranges_loaded")
+    __slots__ = ("state", "message", "term", "layer_start", "layer_end", "mem_total_bytes", "mem_available_bytes", "rss_bytes", "stage_id", "protocol_version", "busy_seconds", "engine", "claims", "ranges_loaded", "kv_tier")
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +277,7 @@ class StatusReply(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     RANGES_LOADED_FIELD_NUMBER: _ClassVar[int]
+    KV_TIER_FIELD_NUMBER: _ClassVar[int]
     state: StageState
     message: str
     term: int
@@ -287,7 +292,34 @@ class StatusReply(_message.Message):
     engine: str
     claims: _containers.RepeatedCompositeFieldContainer[ClaimInfo]
     ranges_loaded: int
-    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., message: _Optional[str] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_available_bytes: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., stage_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., engine: _Optional[str] = ..., claims: _Optional[_Iterable[_Union[ClaimInfo, _Mapping]]] = ..., ranges_loaded: _Optional[int] = ...) -> None: ...
+    kv_tier: KvTierStats
+    def __init__(self, state: _Optional[_Union[StageState, str]] = ..., message: _Optional[str] = ..., term: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., mem_available_bytes: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., stage_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., engine: _Optional[str] = ..., claims: _Optional[_Iterable[_Union[ClaimInfo, _Mapping]]] = ..., ranges_loaded: _Optional[int] = ..., kv_tier: _Optional[_Union[KvTierStats, _Mapping]] = ...) -> None: ...
+
+class KvTierStats(_message.Message):
+    __slots__ = ("hits", "hits_disk", "misses", "saved", "ram_bytes", "disk_bytes", "restore_seconds", "save_seconds", "restored_positions", "ram_limit", "disk_limit")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    HITS_DISK_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    SAVED_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SAVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    RAM_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DISK_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    hits: int
+    hits_disk: int
+    misses: int
+    saved: int
+    ram_bytes: int
+    disk_bytes: int
+    restore_seconds: float
+    save_seconds: float
+    restored_positions: int
+    ram_limit: int
+    disk_limit: int
+    def __init__(self, hits: _Optional[int] = ..., hits_disk: _Optional[int] = ..., misses: _Optional[int] = ..., saved: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., restore_seconds: _Optional[float] = ..., save_seconds: _Optional[float] = ..., restored_positions: _Optional[int] = ..., ram_limit: _Optional[int] = ..., disk_limit: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("protocol_version", "manifest_sha256", "path", "offset")
@@ -412,7 +444,7 @@ class HopTimings(_message.Message):
     def __init__(self, hops: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("session_id", "frame_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch", "lane", "keep", "fed", "propose", "proposals", "proposed_at", "propose_us")
+    __slots__ = ("session_id", "frame_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch", "lane", "keep", "fed", "propose", "proposals", "proposed_at", "propose_us", "stash", "evict", "restore", "restore_positions")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FRAME_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -436,6 +468,10 @@ class FrameHeader(_message.Message):
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_AT_FIELD_NUMBER: _ClassVar[int]
     PROPOSE_US_FIELD_NUMBER: _ClassVar[int]
+    STASH_FIELD_NUMBER: _ClassVar[int]
+    EVICT_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     frame_id: int
     kind: FrameKind
@@ -459,4 +495,8 @@ class FrameHeader(_message.Message):
     proposals: _containers.RepeatedCompositeFieldContainer[Proposed]
     proposed_at: int
     propose_us: int
-    def __init__(self, session_id: _Optional[int] = ..., frame_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ..., lane: _Optional[int] = ..., keep: _Optional[int] = ..., fed: _Optional[_Iterable[int]] = ..., propose: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., proposed_at: _Optional[int] = ..., propose_us: _Optional[int] = ...) -> None: ...
+    stash: str
+    evict: bool
+    restore: str
+    restore_positions: int
+    def __init__(self, session_id: _Optional[int] = ..., frame_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ..., lane: _Optional[int] = ..., keep: _Optional[int] = ..., fed: _Optional[_Iterable[int]] = ..., propose: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., proposed_at: _Optional[int] = ..., propose_us: _Optional[int] = ..., stash: _Optional[str] = ..., evict: _Optional[bool] = ..., restore: _Optional[str] = ..., restore_positions: _Optional[int] = ...) -> None: ...

@@ -125,7 +125,7 @@ class ActivationStage:
             if header.kind in COMPUTE_KINDS:
                 return self._submit(header, payload)
             if header.kind == pb.END:
-                trim = self.core.release(SessionId(header.session_id), header.keep)
+                trim = self.core.release(SessionId(header.session_id), header.keep, header.stash)
                 return _Admitted(header, None if trim is None else Work(trim))
             return _Admitted(header, None, error=f"unexpected frame kind {header.kind}")
         except (LanesExhaustedError, ValueError) as exc:

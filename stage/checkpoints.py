@@ -101,6 +101,11 @@ class LaneRing:
         self._cut(position)
         return Restore(*keep[-1])
 
+    def loaded(self, position: int) -> None:
+        """The engine loaded a whole sequence's state, at `position`, with no checkpoint of it."""
+        self.rollback(0)
+        self.base = self.held = position
+
     def replay(self) -> tuple[int, np.ndarray] | None:
         """The rows pending since a restore, and where they start: decoded before the next
         step's own, so that step begins where a checkpoint can be taken."""

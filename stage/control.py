@@ -31,6 +31,8 @@ from stage.core import StageCore
 from stage.engine_choice import Engine, engine_kind
 from stage.grpc_auth import token_metadata
 from stage.hosted import Hosting
+from stage.kv_tier import DEFAULT_CACHE_RAM, KvTier, tier_stats
+from stage.lane_tier import lane_tier
 from stage.lanes import LanePool
 from stage.leases import Lease
 from stage.prepare import Fetcher, PreparedStage
@@ -56,6 +58,8 @@ class StageOptions:
     engine: Engine = "llama"  # resolved from --engine at start (stage.engine_choice)
     memory: int | None = None  # bytes its loaded ranges may take (--memory); None: what is free at each Load
     lanes: int = 0  # lanes an engine opens with, shared by the claims on it (--lanes); 0: the first claim's
+    cache_ram: int = DEFAULT_CACHE_RAM  # the KV tier's host memory (--cache-ram), every claim's together
+    cache_disk: int = 0  # and its disk, under cache_dir/kv (--cache-disk)
 
 
 class StageControl(pb_grpc.StageControlServicer):
@@ -66,6 +70,7 @@ class StageControl(pb_grpc.StageControlServicer):
         self.hosting = Hosting(options.engine, options.threads, options.memory, options.lanes)
         self.reaper: asyncio.Task[None] | None = None
         self.shielded: set[asyncio.Future[Any]] = set()  # Loads and cleanups, run on if their callers go
+        self.kv_tier = KvTier(options.cache_ram, options.cache_disk, options.cache_dir / "kv")
 
     # -- fencing -------------------------------------------------------------------------
 
@@ -176,8 +181,9 @@ class StageControl(pb_grpc.StageControlServicer):
         lease.state = pb.READY
         assert lease.hosted is not None
         head = getattr(lease.hosted.engine, "mtp", None)  # an MTP layer it drafts with (stage/mtp_head.py)
+        tiered = lease.active is not None and lease.active.core.tier is not None
         return pb.LoadReply(ready=True, endpoint=endpoint, calibration=lease.hosted.calibration.to_wire(),
-                            mtp_layers=head.layers if head is not None else 0)
+                            mtp_layers=head.layers if head is not None else 0, kv_tier=tiered)
 
     def _check_load(self, r: pb.LoadRequest, lease: Lease | None) -> str | None:
         p = lease.prepared if lease is not None else None
@@ -212,6 +218,7 @@ class StageControl(pb_grpc.StageControlServicer):
         engine = hosted.engine
         limits = Limits(max_width=engine.width, max_rows=max(r.batch or 256, 4096))
         core = StageCore(engine, r.stage_index, r.wire_dtype, shared=hosted.batcher, lanes=LanePool(granted))
+        core.tier = lane_tier(engine, self.kv_tier, str(hosted.key), r.kv_owner)
         lease.active = ActivationStage(engine, r.stage_index, r.wire_dtype, downstream, emulation, core=core)
         lease.active.start()
         lease.listener = await serve(self.opt.host, 0, lease.active.handle_upstream,
@@ -253,7 +260,7 @@ class StageControl(pb_grpc.StageControlServicer):
             stage_id=self.stage_id, protocol_version=PROTOCOL_VERSION,
             busy_seconds=lease.hosted.batcher.busy_s if lease and lease.hosted else 0.0,
             engine=self.opt.engine, claims=[lease.claim_info() for lease in self.leases.values()],
-            ranges_loaded=len(self.hosting.ranges),
+            ranges_loaded=len(self.hosting.ranges), kv_tier=tier_stats(self.kv_tier),
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from proto import meshpipe_pb2 as pb
 from stage.batcher import Batcher, StepClock
 from stage.engine import RangeEngine, Step
 from stage.frames import FrameSampling, error_frame, input_rows, reply_frame
+from stage.lane_tier import Begin, LaneTier
 from stage.lanes import LanePool
 from stage.rejection import Tail, verify_frame
 from stage.sampling import sample_rows, score_rows
@@ -81,12 +83,18 @@ class StageCore:
         # rejection sampling: each session's newest sampled row, which the next frame's first
         # token is checked against when that token is a draft (stage/rejection.py)
         self.tails: dict[SessionId, Tail] = {}
+        # the stage's KV tier, for this claim's lanes (stage/lane_tier.py); set by whoever builds
+        # the core, where the stage keeps one
+        self.tier: LaneTier | None = None
 
     def start(self) -> None:
         if self.owns_batcher:
             self.batcher.start()
 
     async def stop(self) -> None:
+        if self.tier is not None and not self.batcher.stopped:  # free lanes' sequences outlive the stage
+            with contextlib.suppress(Exception):
+                await self.batcher.control(self.tier.flush)
         if self.owns_batcher:
             await self.batcher.stop()
 
@@ -96,9 +104,10 @@ class StageCore:
         """The session's KV lane, taken on first sight (`prefer` if free); raises LanesExhaustedError."""
         return self.lanes.lane_for(session, prefer)
 
-    def release(self, session: SessionId, keep: int = 0) -> asyncio.Future[np.ndarray] | None:
+    def release(self, session: SessionId, keep: int = 0, stash: str = "") -> asyncio.Future[np.ndarray] | None:
         """Free the session's lane, its KV cut to the first `keep` positions (the prefix cache
-        keeps those for a later request); the future resolves once it is cut (None: no lane)."""
+        keeps those for a later request, filed under `stash` in the KV tier should the lane be
+        taken for another sequence); the future resolves once it is cut (None: no lane)."""
         if not 0 <= keep <= self.engine.ctx_per_lane:  # it may come from the network
             raise ValueError(f"keep {keep} is outside the lane's context of {self.engine.ctx_per_lane}")
         lane = self.lanes.release(session)
@@ -107,7 +116,18 @@ class StageCore:
         if lane is None:
             return None
         self.skipped += self.batcher.discard_lane(lane)
-        return self.batcher.trim(lane, keep)
+        trim = self.batcher.trim(lane, keep)
+        if self.tier is not None:
+            self.batcher.control(functools.partial(self.tier.ended, lane, stash, keep))
+        return trim
+
+    def begin(self, lane: LaneId, begin: Begin) -> asyncio.Future[np.ndarray] | None:
+        """A request takes `lane`: with a KV tier, what the lane held is filed there or kept as
+        the request's own prefix, and an entry the request extends is loaded, before its first
+        step runs (queued ahead of it)."""
+        if self.tier is None:
+            return None
+        return self.batcher.control(functools.partial(self.tier.begin, lane, begin))
 
     async def release_all(self) -> None:
         for session in list(self.lanes.by_session):
@@ -143,7 +163,10 @@ class StageCore:
             self.epochs[session] = header.epoch
         # the wire names sessions and the lane stage 0 chose for each: all stages use the same
         named = header.HasField("lane")
+        new = session not in self.lanes.by_session
         lane = self.lanes.take(session, LaneId(header.lane)) if named else self.lanes.lane_for(session)
+        if new:
+            self.begin(lane, Begin(header.evict, header.restore, header.restore_positions))
         if newer:  # frames come in order, so every step the session has queued is of an older epoch
             self.skipped += self.batcher.discard_lane(lane)
         if self.engine.first:

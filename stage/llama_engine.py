@@ -61,7 +61,8 @@ class LlamaRangeEngine:
         self.input_scale = 1.0 if cfg.first else hidden_input_scale(architecture(self.model), self.width)
         self.tap = None if cfg.final else open_tap(tap_name(architecture(self.model), self.n_layer - 1),
                                                            self.width, cfg.batch)
-        self.ctx = self._new_context(self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
+        self.ctx = _new_context(self.model, context_params(cfg, self.graph_rows, self.kv_cache),
+                                self.tap.callback if self.tap else observe, self.tap.user if self.tap else None)
         self.mem = L.llama_get_memory(self.ctx)
         self.mtp = open_head(self.model, self.ctx, context_params(cfg, self.graph_rows, self.kv_cache), self.n_vocab) \
             if cfg.final and cfg.mtp else None
@@ -75,17 +76,6 @@ class LlamaRangeEngine:
         self.recurrent = RecurrentLanes(self.ctx, self.mem, cfg.lanes, cfg.checkpoints, cfg.checkpoint_every_row) \
             if recurrent else None
         self.cpu_lock = CpuLock(cfg.cpu_lock) if cfg.cpu_lock else None
-
-    def _new_context(self, eval_callback: Any, user: ctypes.c_void_p | None) -> ctypes.c_void_p:
-        p = context_params(self.cfg, self.graph_rows, self.kv_cache)
-        if eval_callback is not None:
-            p.cb_eval = eval_callback
-        if user is not None:
-            p.cb_eval_user_data = user
-        ctx = L.llama_init_from_model(self.model, p)
-        if not ctx:
-            raise EngineError("llama.cpp could not create a context")
-        return ctx
 
     def position(self, lane: int) -> int:
         return self._pos[self._check_lane(lane)]
@@ -135,6 +125,28 @@ class LlamaRangeEngine:
             raise
         self._settle(steps, ok=True)
         return [o[0] if len(o) == 1 else np.concatenate(o) for o in outputs]
+
+    def export_lane(self, lane: int) -> bytes:
+        """The lane's whole sequence state (attention KV, and recurrent state where the range
+        has it) as llama.cpp serialises it: what the KV tier keeps (stage/kv_tier.py)."""
+        self._check_lane(lane)
+        size = L.llama_state_seq_get_size_ext(self.ctx, lane, 0)
+        buf = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data_ext(self.ctx, buf, size, lane, 0) != size:
+            raise EngineError(f"lane {lane}: llama.cpp could not save its state")
+        return bytes(buf)
+
+    def import_lane(self, lane: int, data: bytes, positions: int) -> None:
+        """Load a state `export_lane` gave into `lane`, which then holds `positions` positions.
+        The MTP layer's KV is not part of it: it starts over there (drafts, never output)."""
+        self.trim(self._check_lane(lane), 0)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if L.llama_state_seq_set_data_ext(self.ctx, buf, len(data), lane, 0) != len(data):
+            L.llama_memory_seq_rm(self.mem, lane, -1, -1)
+            raise EngineError(f"lane {lane}: llama.cpp could not load a saved state")
+        self._pos[lane] = positions
+        if self.recurrent is not None:
+            self.recurrent.loaded(lane, positions)
 
     def mtp_draft(self, lane: int, position: int, token: int, k: int, choose: Choose) -> list[Proposed]:
         """Up to `k` drafts from the MTP layer after `token` at `position` (none without one)."""
@@ -225,10 +237,6 @@ class LlamaRangeEngine:
         for step_index, first, count in logit_rows:
             outputs[step_index].append(logits[first : first + count])
 
-    def set_threads(self, threads: int) -> None:
-        """Run later decodes on `threads` threads (the numerics bench times one engine at several)."""
-        L.llama_set_n_threads(self.ctx, threads, threads)
-
     def _check_lane(self, lane: int) -> int:
         if not 0 <= lane < self.lanes:
             raise EngineError(f"lane {lane} outside [0,{self.lanes})")
@@ -244,6 +252,23 @@ class LlamaRangeEngine:
             self.ctx = None  # type: ignore[assignment]
             if self.cpu_lock:
                 self.cpu_lock.close()
+
+
+def set_threads(engine: LlamaRangeEngine, threads: int) -> None:
+    """Run the engine's later decodes on `threads` threads (the numerics bench times one engine at several)."""
+    L.llama_set_n_threads(engine.ctx, threads, threads)
+
+
+def _new_context(model: Any, p: L.llama_context_params, eval_callback: Any, user: ctypes.c_void_p | None
+                 ) -> ctypes.c_void_p:
+    if eval_callback is not None:
+        p.cb_eval = eval_callback
+    if user is not None:
+        p.cb_eval_user_data = user
+    ctx = L.llama_init_from_model(model, p)
+    if not ctx:
+        raise EngineError("llama.cpp could not create a context")
+    return ctx
 
 
 def context_params(cfg: EngineConfig, graph_rows: int, kv_cache: tuple[str, str]) -> L.llama_context_params:

@@ -43,6 +43,10 @@ class RecurrentLanes:
             self.restore(lane, restore)
         return self.rings[lane].position
 
+    def loaded(self, lane: int, position: int) -> None:
+        """A whole saved sequence was loaded into the lane: its state stands at `position`."""
+        self.rings[lane].loaded(position)
+
     def replays(self, steps: Sequence[Step], first: bool) -> list[Step]:
         """The rows a restore left pending on the steps' lanes, as steps to decode before them."""
         out = []

@@ -64,7 +64,7 @@ def test_without_a_match_the_least_recently_used_lane_is_evicted():
     cache.keep(0, [6, 6])
     assert cache.choose([7, 7], free=[0, 1, 2]) == 1  # never used
     assert cache.choose([7, 7], free=[0, 2]) == 2  # used before lane 0
-    cache.take(2)
+    assert cache.take([7, 7], free=[0, 2]).lane == 2
     assert cache.match(2, [5, 5, 5]) == 0  # taken: what it held is being replaced
 
 

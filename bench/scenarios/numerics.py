@@ -31,7 +31,7 @@ from mesh.model.tokenizer import Tokenizer
 from packages.speculative import declared, verify_draft
 from stage.engine import Step
 from stage.ggml_lib import ggml
-from stage.llama_engine import EngineConfig, LlamaRangeEngine
+from stage.llama_engine import EngineConfig, LlamaRangeEngine, set_threads
 from stage.llama_model import LLAMA_KV, KvCache, kv_cache_for
 
 POSITION = 700  # where the window starts: past 512 cells (a lane's KV view is padded to 256)
@@ -266,7 +266,7 @@ def _interleaved_rates(engines: dict[str, LlamaRangeEngine], ids: np.ndarray, at
                        ) -> dict[str, float]:
     samples: dict[str, list[float]] = {k: [] for k in engines}
     for e in engines.values():
-        e.set_threads(threads)
+        set_threads(e, threads)
     for _ in range(SPEED_REPEATS):
         for k, e in engines.items():
             began = time.perf_counter()

@@ -33,6 +33,7 @@ from common.task_scope import TaskScope
 from config.errors import MeshpipeError
 from mesh.backend import MeshUnavailableError
 from mesh.reports.hop_timing import HopTotals
+from mesh.serving.kv_index import TierIndex
 from mesh.serving.prefix_cache import PrefixCache
 from mesh.serving.reply_deadline import ReplyWatch, StalledError
 from mesh.serving.request_state import Outgoing
@@ -41,6 +42,7 @@ from stage.checkpoints import DEPTH
 from stage.core import StageCore, Work
 from stage.engine import RangeEngine, Step
 from stage.frames import Asks, FrameSampling, Offered, compute_frame, offered_of, sampled_of
+from stage.lane_tier import Begin
 from stage.mtp_drafts import with_drafts
 from stage.transport import FrameError, Link, LinkClosedError
 
@@ -61,6 +63,7 @@ class Lease:
     session: SessionId
     lane: LaneId
     cached: int = 0
+    restored: bool = False  # the cached tokens come from the KV tier, which a stage may have lost
 
 
 @dataclass
@@ -131,6 +134,8 @@ class PipelineOptions:
     # The final stage drafts with the model's MTP layers: every frame carries its tokens, which
     # those layers read (stage/mtp_head.py).
     mtp: bool = False
+    # What the stages' KV tiers keep (mesh/serving/kv_index.py), outliving the route; None: no tier.
+    tier: TierIndex | None = None
 
 
 class Pipeline:
@@ -144,7 +149,8 @@ class Pipeline:
         recurrent = options.recurrent
         if recurrent is None:
             recurrent = getattr(engine, "recurrent", None) is not None
-        self.cache = PrefixCache(exact=recurrent) if options.prefix_cache else None
+        self.cache = PrefixCache(exact=recurrent, index=options.tier) if options.prefix_cache else None
+        self.begins: dict[LaneId, Begin] = {}  # what a lane's next first frame asks of the later stages
         self.most_in_flight = DEPTH - 1 if recurrent else None
         self.link = link
         self.reply_link = replies  # to the final stage, past the middle ones (direct return)
@@ -173,6 +179,8 @@ class Pipeline:
         come (DESIGN.md §2, "One engine thread, and stops"). Stopping is not breaking: the
         route is marked broken, so later sends fail at once, but nobody is asked to heal it."""
         await self.tasks.stop()
+        if self.cache is not None:
+            self.cache.close()  # the stages file their free lanes as they stop
         for link in (self.link, self.reply_link):
             if link:
                 link.close()
@@ -192,10 +200,12 @@ class Pipeline:
         free = self.core.lanes.free
         if self.cache is None or not free or self.core.lanes.by_session.get(session) is not None:
             return Lease(session, self.open(session, prefer))
-        lane = self.open(session, prefer if prefer in free else LaneId(self.cache.choose(prompt, free)))
-        cached = self.cache.match(lane, prompt)
-        self.cache.take(lane)
-        return Lease(session, lane, cached)
+        taken = self.cache.take(prompt, free, prefer if prefer in free else None)
+        lane = self.open(session, LaneId(taken.lane))
+        self.core.begin(lane, taken.begin)  # queued ahead of the request's first step here
+        if taken.begin:
+            self.begins[lane] = taken.begin  # and told the later stages by its first frame
+        return Lease(session, lane, taken.cached, bool(taken.begin.restore))
 
     async def send(self, session: SessionId, lane: LaneId, out: Outgoing) -> Pending:
         """Feed the frame's tokens up to the point where it has left stage 0; `wait` gives its
@@ -212,7 +222,7 @@ class Pipeline:
         for piece in pieces[:-1]:  # a long input's earlier chunks go on unanswered
             work, hidden = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32)))
             if self.link is not None:
-                header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch)
+                header = _begun(compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch), self.begins)
                 await self._forward(_fed(header, piece, self.mtp), work, hidden)
             pos += len(piece)
         last = pieces[-1]
@@ -222,6 +232,7 @@ class Pipeline:
                                        out.proposed)
         header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, Asks(out.kind, frame, all_logits))
         header.propose = out.propose if self.mtp else 0
+        _begun(header, self.begins)
         _fed(header, last, self.mtp)
         pending = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(tokens), kind=out.kind,
                           ahead=_rows_out(self.waiters))
@@ -250,7 +261,8 @@ class Pipeline:
                                   targets=tuple(tokens[pos + 1 : pos + len(piece) + 1]))
             work, rows = await self._compute(Step(lane, pos, tokens=np.asarray(piece, dtype=np.int32),
                                                  all_logits=True))
-            header = compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch, Asks(pb.PREFILL, frame, True))
+            header = _begun(compute_frame(session, FrameId(next(self.frames)), lane, pos, epoch,
+                                          Asks(pb.PREFILL, frame, True)), self.begins)
             # its own rows: the reply deadline learns a frame's time by its rows, and a void counts them
             chunk = Pending(session, FrameId(header.frame_id), epoch, sent_at, None, rows=len(piece),
                             kind=pb.PREFILL, targets=frame.targets, ahead=_rows_out(self.waiters))
@@ -346,6 +358,7 @@ class Pipeline:
         request; the rest of its KV is dropped."""
         lane = self.core.lanes.by_session.get(session)
         keep = keep if self.cache is not None and lane is not None else ()
+        stash = self.cache.stash_key(keep) if self.cache is not None else ""
         # END leaves before the lane is free here: a later request's frames for this lane
         # must reach every stage after it, or the stage would find the lane still taken
         # (the send is queued before it drains, so END leaves first even when a slow link's
@@ -353,9 +366,10 @@ class Pipeline:
         try:
             if self.link is not None and not self.broken:
                 with contextlib.suppress(ConnectionError):
-                    await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END, keep=len(keep)))
+                    await self.link.send(pb.FrameHeader(session_id=session, kind=pb.END, keep=len(keep),
+                                                        stash=stash))
         finally:
-            trim = self.core.release(session, len(keep))
+            trim = self.core.release(session, len(keep), stash)
             if self.cache is not None and lane is not None:
                 self.cache.keep(lane, keep)
         if trim is not None:
@@ -388,6 +402,14 @@ class Pipeline:
             if pending.reply is not None and not pending.reply.done():
                 pending.reply.set_exception(MeshUnavailableError(reason))
         self.waiters.clear()
+
+def _begun(header: pb.FrameHeader, begins: dict[LaneId, Begin]) -> pb.FrameHeader:
+    """`header`, the lane's first frame of a request, with what the stages do to the lane first."""
+    begin = begins.pop(LaneId(header.lane), None)
+    if begin is not None:
+        header.evict, header.restore, header.restore_positions = begin.evict, begin.restore, begin.positions
+    return header
+
 
 def _fed(header: pb.FrameHeader, tokens: Sequence[int], mtp: bool) -> pb.FrameHeader:
     """`header`, with the tokens it feeds where the final stage's MTP layers read them."""

@@ -154,6 +154,11 @@ class RequestState:
         """The route broke: frames and drafts are lost, and the new route holds nothing yet."""
         return replace(self, frames=(), drafts=(), computed=0, epoch=self.epoch + 1, resumed=self.resumed + 1)
 
+    def missed(self) -> RequestState:
+        """A stage lost the cached tokens the KV tier was to restore: the request starts over on
+        its lane, nothing cached, its frames void."""
+        return replace(self, frames=(), drafts=(), computed=0, cached=0, epoch=self.epoch + 1)
+
     def send(self, drafts: Sequence[int], by: str = "", seconds: float = 0.0) -> tuple[RequestState, Outgoing]:
         """The next frame: the sequence from `fed`, then `drafts`."""
         assert self.can_draft or not drafts, "drafts before the committed tokens are fed"

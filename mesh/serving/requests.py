@@ -24,6 +24,7 @@ from typing import Protocol, TypeVar
 
 import anyio
 
+from common.errors import EngineError
 from common.ids import SessionId
 from common.sampling import Sampled
 from config.errors import MeshpipeError
@@ -43,7 +44,7 @@ from mesh.reports.failures import Failures, InternalError
 from mesh.reports.recovery import Recoveries
 from mesh.serving.admission import Admission
 from mesh.serving.generate import generate
-from mesh.serving.pipeline import Pipeline, StageFailedError
+from mesh.serving.pipeline import Lease, Pipeline, StageFailedError
 from mesh.serving.proposals import Proposing, Windows
 from mesh.serving.request_state import Live, RequestState
 from mesh.serving.settings import ServingSettings
@@ -91,6 +92,7 @@ class Requests:
         self.shared_windows: dict[str, Controller] = {}  # cost-aware controllers, one per proposer
         self.failures = Failures()  # internal errors: /metrics by cause, /health on a run of them
         self.generated = 0  # tokens handed on, counted as they go: the web page's tok/s (mesh/observe/sampler.py)
+        self.tier_misses = 0  # requests prefilled again because a stage lost what the KV tier was to restore
 
     def generate(self, req: GenerationRequest) -> Generation:
         """`Backend.generate`: the HTTP API calls this one directly (the coordinator binds it)."""
@@ -189,7 +191,7 @@ class Requests:
             in_flight = min(in_flight, pipeline.most_in_flight or in_flight)
             draft = self.speculation.proposer if self.speculation.spec is not None else None
             proposing = Proposing(draft, self._window(), in_flight, self._forced(live.state.req))
-            async for sampled in generate(pipeline, lease, live, self.settings.ctx_size, proposing):
+            async for sampled in self._generated(pipeline, lease, live, proposing):
                 yield sampled
         except StageFailedError as exc:
             raise MeshUnavailableError(f"a stage failed this request: {exc}") from None
@@ -205,6 +207,26 @@ class Requests:
                 await pipeline.end(lease.session, held)
             if failed and self.speculation.proposer is not None:
                 self.speculation.proposer.forget(lease.lane)
+
+    async def _generated(self, pipeline: Pipeline, lease: Lease, live: Live, proposing: Proposing
+                         ) -> AsyncGenerator[Sampled | PromptLogprobs, None]:
+        """The generate loop; a lease whose cached tokens the KV tier was to restore, and some
+        stage could not (it dropped the entry, or its file was bad), is prefilled again from
+        position 0 on the same lane: the first frame failed, so nothing was handed out."""
+        try:
+            async for sampled in generate(pipeline, lease, live, self.settings.ctx_size, proposing):
+                yield sampled
+            return
+        except (StageFailedError, EngineError) as exc:
+            if not lease.restored or live.state.delivered or pipeline.broken:
+                raise
+            log.warning("session %d: a stage could not restore its cached tokens (%s): prefilled again",
+                        lease.session, exc)
+        live.state = live.state.missed()
+        self.tier_misses += 1
+        async for sampled in generate(pipeline, replace(lease, cached=0, restored=False), live,
+                                      self.settings.ctx_size, proposing):
+            yield sampled
 
     def _forced(self, req: GenerationRequest) -> bool:
         """A constrained request's forced tokens are drafts, a proposer of their own (usage counts them)."""
