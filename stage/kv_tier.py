@@ -42,6 +42,17 @@ _LENGTH = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
+class TierSizes:
+    """The tier's bounds in bytes (`--cache-ram`, `--cache-disk`); none at all turns it off."""
+
+    ram: int = DEFAULT_CACHE_RAM
+    disk: int = 0
+
+    def __bool__(self) -> bool:
+        return self.ram > 0 or self.disk > 0
+
+
+@dataclass(frozen=True)
 class Kept:
     """A sequence's state as the engine serialised it, holding `positions` positions."""
 
@@ -95,8 +106,7 @@ class KvTier:
         self.on_disk: OrderedDict[Name, _OnDisk] = OrderedDict()
         self.lock = threading.Lock()
         self.dir = self.root if self.disk > 0 else None
-        if self.dir is not None:
-            self._scan(self.dir)
+        self.scanned: set[tuple[str, str]] = set()  # shelves whose files on disk are known
 
     @property
     def enabled(self) -> bool:
@@ -106,6 +116,7 @@ class KvTier:
         """Keep `kept` as `key` on the shelf, replacing an entry of that name."""
         name = (shelf.namespace, shelf.owner, key)
         with self.lock:
+            self._scan(shelf)
             self._forget(name)
             self.in_ram[name] = kept
             self.stats.saved += 1
@@ -116,6 +127,7 @@ class KvTier:
         """The entry, removed from the tier (it goes back into a lane), or None."""
         name = (shelf.namespace, shelf.owner, key)
         with self.lock:
+            self._scan(shelf)
             kept = self.in_ram.pop(name, None)
             if kept is not None:
                 self.stats.hits_ram += 1
@@ -178,18 +190,22 @@ class KvTier:
         if (old := self.on_disk.pop(name, None)) is not None:
             _unlink(old.path)
 
-    def _scan(self, root: Path) -> None:
-        """The entries a stage left on disk, oldest first."""
+    def _scan(self, shelf: Shelf) -> None:
+        """The shelf's entries a stage left on disk before, oldest first, on its first use here.
+        Only the shelf's: stages of one machine may share the directory, each with its own."""
+        if self.dir is None or (shelf.namespace, shelf.owner) in self.scanned:
+            return
+        self.scanned.add((shelf.namespace, shelf.owner))
+        where = self.dir / _safe(shelf.namespace) / _safe(shelf.owner)
         files = []
-        for path in root.glob("*/*/*.kv"):
+        for path in where.glob("*.kv"):
             with contextlib.suppress(OSError):
-                files.append((path.stat().st_mtime, path))
-        for path in root.glob("*/*/*.tmp"):  # a write cut short by a crash
+                files.append((path.stat().st_mtime, path.stat().st_size, path))
+        for path in where.glob("*.tmp"):  # a write cut short by a crash
             _unlink(path)
-        for _, path in sorted(files):
-            name = (_unsafe(path.parent.parent.name), _unsafe(path.parent.name), _unsafe(path.stem))
-            with contextlib.suppress(OSError):
-                self.on_disk[name] = _OnDisk(path, path.stat().st_size)
+        found = OrderedDict(((shelf.namespace, shelf.owner, _unsafe(path.stem)), _OnDisk(path, size))
+                            for _, size, path in sorted(files))
+        self.on_disk = OrderedDict([*found.items(), *self.on_disk.items()])  # older than this run's
         while self.on_disk and sum(d.size for d in self.on_disk.values()) > self.disk:
             _unlink(self.on_disk.popitem(last=False)[1].path)
         self._count()

@@ -19,6 +19,7 @@ from mesh.api.reads import ReadLimits
 from mesh.api.server import bind, kill_children, serve
 from mesh.cli.access_args import access_of, add_access_arguments, open_warning
 from mesh.cli.bench_args import add_bench_arguments
+from mesh.cli.kv_tier_args import add_kv_tier_arguments
 from mesh.cli.tls_args import add_tls_arguments, tls_of
 from mesh.coordinator import Coordinator, ServedModel, Topology
 from mesh.model.source import resolve_model
@@ -34,6 +35,7 @@ from stage.control import MAX_WIRE_DELAY_MS, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
 from stage.cpus import parse_cpus, pin
 from stage.engine_choice import ENGINE_CHOICES, Engine, resolve
+from stage.kv_tier import TierSizes
 from stage.transport import WireEmulation
 
 WIRE_DTYPES = {"f32": pb.F32, "f16": pb.F16, "bf16": pb.BF16}
@@ -170,6 +172,7 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", default=None,
                    help="address stages use to reach this coordinator (default: auto)")
     p.add_argument("--cache-dir", type=Path, default=None)
+    add_kv_tier_arguments(p)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -188,6 +191,7 @@ def _run(args: argparse.Namespace) -> int:
     metrics.watch_hops(coordinator.routes.hops)
     metrics.watch_recoveries(coordinator.recoveries)
     metrics.watch_admission(coordinator.requests.admission)
+    metrics.watch_kv_tier(coordinator.routes.tier_figures, lambda: coordinator.requests.tier_misses)
     metrics.watch_windows(coordinator.requests.choices)
     metrics.watch_failures(coordinator.requests.failures)  # /health's record: the two count alike
     sampler = Sampler(coordinator, metrics)  # the web page's snapshots
@@ -283,7 +287,8 @@ def _route_settings(args: argparse.Namespace, cache: Path, token: str | None, cp
     return RouteSettings(token=token, cache_dir=cache, lanes=args.lanes, ctx_size=args.ctx_size, batch=args.batch,
                          threads=_threads(args), wire_dtype=WIRE_DTYPES[args.wire_dtype], tls=tls_of(args),
                          cpu_lock=cpu_lock, micro_batches=args.micro_batches, prefix_cache=not args.no_prefix_cache,
-                         engines=_engines(args), cut_on_measured=args.cut_on == "measured", bench=bench)
+                         engines=_engines(args), cut_on_measured=args.cut_on == "measured", bench=bench,
+                         kv_tier=TierSizes(args.cache_ram, args.cache_disk))
 
 
 def _serving_settings(args: argparse.Namespace, cpu_lock: Path | None) -> ServingSettings:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from common import event_loop
 from config.paths import cache_dir
+from mesh.cli.kv_tier_args import add_kv_tier_arguments
 from mesh.cli.tls_args import add_tls_arguments, tls_of
 from stage.control import MAX_LANES, StageOptions, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
@@ -47,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="serve the stage's Prometheus metrics at http://HOST:PORT/metrics: its claims, each "
                    "claim's lanes and lanes in use, each range's free lanes and engine time (default: off; "
                    "no token is asked there, so bind it where only your monitoring reaches)")
+    add_kv_tier_arguments(p)
     add_tls_arguments(p)
     p.set_defaults(func=_run)
 
@@ -91,7 +93,8 @@ def _run(args: argparse.Namespace) -> int:
     options = StageOptions(host=host, advertise=advertise,
                            cache_dir=args.cache_dir or cache_dir(), token=token,
                            threads=args.threads or len(available_cpus()), tls=tls, cpu_lock=args.cpu_lock,
-                           engine=engine, memory=args.memory, lanes=args.lanes)
+                           engine=engine, memory=args.memory, lanes=args.lanes, cache_ram=args.cache_ram,
+                           cache_disk=args.cache_disk)
     if token is None:
         logging.warning("no mesh token set: anyone who can reach %s controls this stage",
                         args.listen)

@@ -12,6 +12,7 @@ from mesh.reports.failures import Failures
 from mesh.reports.hop_timing import HopTotals
 from mesh.reports.recovery import Recoveries
 from mesh.serving.admission import Admission
+from proto import meshpipe_pb2 as pb
 
 
 class Metrics:
@@ -99,6 +100,11 @@ class Metrics:
         """Export the queue in front of the lanes: how many wait now, how long each waited."""
         self.registry.register(_AdmissionCollector(admission))
 
+    def watch_kv_tier(self, stages: Callable[[], list[tuple[str, pb.KvTierStats]]], refills: Callable[[], int]
+                      ) -> None:
+        """Export each stage's KV tier (DESIGN.md §2): hits by tier, misses, bytes held, restore time."""
+        self.registry.register(_TierCollector(stages, refills))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -182,3 +188,30 @@ class _HopCollector:
         yield rows
         yield CounterMetricFamily("meshpipe_late_replies", "frames unanswered at their reply deadline while the "
                                   "stages kept working: waited for, not a break", value=self.totals.late_replies)
+
+
+class _TierCollector:
+    def __init__(self, stages: Callable[[], list[tuple[str, pb.KvTierStats]]], refills: Callable[[], int]) -> None:
+        self.stages, self.refills = stages, refills
+
+    def collect(self) -> Iterator[Metric]:
+        hits = CounterMetricFamily("meshpipe_kv_tier_hits", "kept sequences loaded back into a lane, by stage "
+                                   "and the tier they came from", labels=["stage", "tier"])
+        misses = CounterMetricFamily("meshpipe_kv_tier_misses", "kept sequences asked for and not found whole",
+                                     labels=["stage"])
+        saved = CounterMetricFamily("meshpipe_kv_tier_saved", "sequences filed from a lane", labels=["stage"])
+        held = GaugeMetricFamily("meshpipe_kv_tier_bytes", "bytes the tier holds, by stage and tier",
+                                 labels=["stage", "tier"])
+        restore = CounterMetricFamily("meshpipe_kv_tier_restore_seconds", "reading and loading kept sequences, "
+                                      "summed", labels=["stage"])
+        for stage, st in self.stages():
+            hits.add_metric([stage, "ram"], st.hits - st.hits_disk)
+            hits.add_metric([stage, "disk"], st.hits_disk)
+            misses.add_metric([stage], st.misses)
+            saved.add_metric([stage], st.saved)
+            held.add_metric([stage, "ram"], st.ram_bytes)
+            held.add_metric([stage, "disk"], st.disk_bytes)
+            restore.add_metric([stage], st.restore_seconds)
+        yield from (hits, misses, saved, held, restore)
+        yield CounterMetricFamily("meshpipe_kv_tier_refills", "requests prefilled again from position 0 because a "
+                                  "stage could not restore what the tier was to give them", value=self.refills())

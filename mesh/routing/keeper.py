@@ -33,10 +33,12 @@ from mesh.routing.route import (
 )
 from mesh.routing.route_rows import describe
 from mesh.routing.stage_cost import cost_at, decode_frames
+from mesh.serving.kv_index import TierIndex
 from mesh.serving.pipeline import Pipeline, PipelineOptions
 from packages.architectures import keeps_state, mtp_refusal
 from packages.manifest import Manifest
 from packages.materialize import materialize_stage
+from proto import meshpipe_pb2 as pb
 from proto import meshpipe_pb2_grpc as pb_grpc
 from stage.batcher import close_engine, on_engine_thread
 from stage.calibration import BATCH_ROWS, calibrate
@@ -44,6 +46,8 @@ from stage.control import split_endpoint
 from stage.engine import EngineConfig, RangeEngine
 from stage.engine_choice import engine_kind, open_engine
 from stage.grpc_auth import TokenInterceptor
+from stage.kv_tier import KvTier, tier_stats
+from stage.lane_tier import LaneTier, lane_tier
 from stage.tls import add_port, client_ssl
 from stage.transport import REPLIES_ROLE, Link, connect
 
@@ -91,6 +95,11 @@ class RouteKeeper:
         self.status_checked = 0.0  # monotonic time of the last Status round
         self.on_break: Callable[[str], None] = lambda _: None  # the healer's, set when it is made
         self.other_busy_s: Callable[[], float] = lambda: 0.0  # stage 0's other engine time: the draft's
+        # stage 0's KV tier and the index of what every stage's keeps: both outlive routes
+        tier = settings.kv_tier
+        self.kv_tier = KvTier(tier.ram, tier.disk, settings.cache_dir / "kv")
+        index = settings.cache_dir / "kv" / f"index-{coordinator_id}-{model.manifest_sha[:16]}.json"
+        self.tier_index = TierIndex(index if tier.disk else None) if tier and settings.prefix_cache else None
 
     async def start_artifact_server(self) -> None:
         if not self.topology.peers and self.topology.local_stages <= 1:
@@ -175,11 +184,27 @@ class RouteKeeper:
         assert route.work is not None
         route.calibration0 = await on_engine_thread(calibrate, self.engine, route.work.of(route.stage0), s.wire_dtype)
         link, replies = await _links(s, route)
+        stage0_tier = lane_tier(self.engine, self.kv_tier, f"{m.manifest_sha}:{route.stage0.start}:"
+                                f"{route.stage0.end}:{mtp}", self.coordinator_id)
         options = PipelineOptions(wire_dtype=s.wire_dtype, micro_batches=s.groups(1 + len(route.stages)),
                                   prefix_cache=s.prefix_cache, recurrent=keeps_state(m.manifest.architecture),
-                                  mtp=self._mtp_layers(route) > 0)
+                                  mtp=self._mtp_layers(route) > 0, tier=self._tier_index(route, stage0_tier))
         self.pipeline = Pipeline(self.engine, link, replies, self.hops, self.on_break, options)
+        self.pipeline.core.tier = stage0_tier
         self.pipeline.start()
+
+    def _tier_index(self, route: Route, stage0: LaneTier | None) -> TierIndex | None:
+        """The KV tier's index when every stage keeps a tier, else none (said once, when a
+        stage cannot: a restored lane needs every stage's share of the sequence)."""
+        if self.tier_index is None:
+            return None
+        lacking = ["stage 0"] if stage0 is None else []
+        lacking += [f"stage {i + 1} ({s.endpoint})" for i, s in enumerate(route.stages) if not s.kv_tier]
+        if lacking:
+            self.say(f"WARNING: no KV tier on this route: {', '.join(lacking)} keeps none (an MLX engine, "
+                     "--cache-ram 0 and --cache-disk 0 there, or an older meshpipe); lanes still cache prefixes")
+            return None
+        return self.tier_index
 
     def _mtp_layers(self, route: Route) -> int:
         """The MTP layers the route's final stage drafts with; said loudly when the plan wanted
@@ -221,6 +246,17 @@ class RouteKeeper:
         self.status_checked = time.monotonic()
         await asyncio.gather(*(refresh_status(route, s, STATUS_TIMEOUT) for s in route.stages
                                if s.stub is not None), return_exceptions=True)
+
+    def tier_figures(self) -> list[tuple[str, pb.KvTierStats]]:
+        """Each stage's KV tier figures, by its place in the route: stage 0's read here, the
+        others' from their last Status reply."""
+        figures = []
+        if (own := tier_stats(self.kv_tier)) is not None:
+            figures.append(("0", own))
+        for index, stage in enumerate(self.route.stages if self.route else [], start=1):
+            if stage.status is not None and stage.status.HasField("kv_tier"):
+                figures.append((str(index), stage.status.kv_tier))
+        return figures
 
     def _mark(self) -> WorkMark:
         """Stage 0's engine seconds so far, its layers' and the draft's, and the decode frames."""

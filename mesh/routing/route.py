@@ -35,6 +35,7 @@ from proto.version import PROTOCOL_VERSION
 from stage.calibration import Calibration, calibration_of
 from stage.engine_choice import Engine, EngineChoiceError, engine_kind
 from stage.grpc_auth import token_metadata
+from stage.kv_tier import TierSizes
 from stage.tls import MeshTls, channel
 from stage.transport import NO_EMULATION, WireEmulation
 
@@ -67,6 +68,7 @@ class RemoteStage:
     ping_s: float | None = None  # the round trip of the last Status call that answered: the link's
     calibration: Calibration | None = None  # what the stage timed at Load, for the planner
     mtp_layers: int = 0  # a final stage's MTP layers, loaded to draft with (its LoadReply)
+    kv_tier: bool = False  # it keeps this coordinator's evicted sequences (its LoadReply)
 
     @property
     def control(self) -> StageControlClient:
@@ -103,6 +105,7 @@ class RouteSettings:
     engines: tuple[Engine, ...] = ("llama",)  # per local stage, stage 0 first; the last one for the rest
     bench: BenchKnobs = BenchKnobs()
     mtp: bool = False  # the final stage drafts with the package's MTP layers (the speculation plan's)
+    kv_tier: TierSizes = field(default_factory=TierSizes)  # every stage's KV tier, stage 0 too (DESIGN.md §2)
 
     def engine(self, index: int) -> Engine:
         """The engine local stage `index` runs (0: this process)."""
@@ -163,7 +166,7 @@ def spawn_local_stage(s: RouteSettings, index: int) -> RemoteStage:
         cmd += ["--tls-cert", str(s.tls.cert), "--tls-key", str(s.tls.key), "--tls-ca", str(s.tls.ca)]
     if s.cpu_lock:
         cmd += ["--cpu-lock", str(s.cpu_lock)]
-    cmd += ["--engine", s.engine(index)]
+    cmd += ["--engine", s.engine(index), "--cache-ram", str(s.kv_tier.ram), "--cache-disk", str(s.kv_tier.disk)]
     env = dict(os.environ)
     if s.token:
         env["MESHPIPE_TOKEN"] = s.token
@@ -404,10 +407,11 @@ async def _load(route: Route, stage: RemoteStage, index: int, downstream: str) -
         layer_end=stage.range.end, ctx_size=s.ctx_size, lanes=s.lanes, wire_dtype=s.wire_dtype,
         final=stage.range.end == route.manifest.layer_count, threads=s.threads, batch=s.batch,
         downstream=downstream, stage_index=index, wire_delay_ms=s.bench.wire.delay_ms,
-        wire_jitter_ms=s.bench.wire.jitter_ms, work_layers=work_layers, mtp=_mtp(route, stage)))
+        wire_jitter_ms=s.bench.wire.jitter_ms, work_layers=work_layers, mtp=_mtp(route, stage),
+        kv_owner=route.coordinator_id if s.kv_tier and s.prefix_cache else ""))
     if not reply.ready:
         raise RouteError(f"stage {stage.endpoint} failed to load: {reply.message}")
-    stage.activation, stage.mtp_layers = reply.endpoint, reply.mtp_layers
+    stage.activation, stage.mtp_layers, stage.kv_tier = reply.endpoint, reply.mtp_layers, reply.kv_tier
     stage.calibration = calibration_of(reply.calibration, work_layers)
 
 
