@@ -20,7 +20,7 @@ __all__ = ["free_port", "mesh_serve", "metric", "running_stage", "stage_daemon",
 
 @contextlib.contextmanager
 def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None,
-               threads: int | None = 1) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+               threads: int | None = 1, port: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Yield (base URL, process); one engine thread per stage keeps 2-core machines calm, and
     `threads=None` runs `mesh serve`'s default (every core), where the exactness tests run. The
     model is cut on parameters unless `args` say `--cut-on`: a re-cut on measured time loads
@@ -31,7 +31,7 @@ def mesh_serve(cache: Path, *args: str, timeout: float = 180, env: dict[str, str
     warm = () if "--warm-up" in args else ("--no-warm-up",)
     args = tuple(a for a in args if a != "--warm-up")
     thread_args = () if threads is None else ("--threads", str(threads))
-    with local_serve([*thread_args, *cut, *warm, *args], cache, env, timeout) as server:
+    with local_serve([*thread_args, *cut, *warm, *args], cache, env, timeout, port) as server:
         yield server.url, server.process
 
 

@@ -202,8 +202,10 @@ def uncached(serve_cache: Path, prompts: dict[str, list[int]]) -> dict[str, str]
 
 def _cached_server(cache: Path, stages: int) -> contextlib.AbstractContextManager[tuple[str, object]]:
     # two lanes, so a third unrelated prompt evicts; the package's draft with windows in
-    # flight, so its KV and frames sent ahead are reused and trimmed too
-    return mesh_serve(cache, "--local-stages", str(stages), "--lanes", "2", "--frames-in-flight", "3")
+    # flight, so its KV and frames sent ahead are reused and trimmed too; the lanes alone, no
+    # KV tier to keep what they evict (tests/test_kv_tier_served.py)
+    return mesh_serve(cache, "--local-stages", str(stages), "--lanes", "2", "--frames-in-flight", "3",
+                      "--cache-ram", "0")
 
 
 @pytest.mark.mesh

@@ -33,8 +33,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def local_serve(args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                timeout: float = 180) -> Iterator[LocalServer]:
-    port = free_port()
+                timeout: float = 180, port: int | None = None) -> Iterator[LocalServer]:
+    """`mesh serve` on loopback at `port` (a free one if None; the same one again is the same
+    coordinator to its stages and its KV tier, as a restarted server is)."""
+    port = port or free_port()
     log = log_dir / f"serve-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -403,6 +403,14 @@ class Pipeline:
                 pending.reply.set_exception(MeshUnavailableError(reason))
         self.waiters.clear()
 
+def unrestored(pipeline: Pipeline, lane: LaneId) -> None:
+    """The lane's request is prefilled again without its restore: a first frame that has not
+    left yet still files what the lane held on the later stages, and loads nothing."""
+    begin = pipeline.begins.get(lane)
+    if begin is not None:
+        pipeline.begins[lane] = Begin(evict=begin.evict)
+
+
 def _begun(header: pb.FrameHeader, begins: dict[LaneId, Begin]) -> pb.FrameHeader:
     """`header`, the lane's first frame of a request, with what the stages do to the lane first."""
     begin = begins.pop(LaneId(header.lane), None)

@@ -44,7 +44,7 @@ from mesh.reports.failures import Failures, InternalError
 from mesh.reports.recovery import Recoveries
 from mesh.serving.admission import Admission
 from mesh.serving.generate import generate
-from mesh.serving.pipeline import Lease, Pipeline, StageFailedError
+from mesh.serving.pipeline import Lease, Pipeline, StageFailedError, unrestored
 from mesh.serving.proposals import Proposing, Windows
 from mesh.serving.request_state import Live, RequestState
 from mesh.serving.settings import ServingSettings
@@ -223,6 +223,7 @@ class Requests:
             log.warning("session %d: a stage could not restore its cached tokens (%s): prefilled again",
                         lease.session, exc)
         live.state = live.state.missed()
+        unrestored(pipeline, lease.lane)
         self.tier_misses += 1
         async for sampled in generate(pipeline, replace(lease, cached=0, restored=False), live,
                                       self.settings.ctx_size, proposing):
