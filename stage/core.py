@@ -118,16 +118,8 @@ class StageCore:
         self.skipped += self.batcher.discard_lane(lane)
         trim = self.batcher.trim(lane, keep)
         if self.tier is not None:
-            self.batcher.control(functools.partial(self.tier.ended, lane, stash, keep))
+            self.batcher.control(functools.partial(self.tier.ended, lane, stash, keep)).add_done_callback(_retrieved)
         return trim
-
-    def begin(self, lane: LaneId, begin: Begin) -> asyncio.Future[np.ndarray] | None:
-        """A request takes `lane`: with a KV tier, what the lane held is filed there or kept as
-        the request's own prefix, and an entry the request extends is loaded, before its first
-        step runs (queued ahead of it)."""
-        if self.tier is None:
-            return None
-        return self.batcher.control(functools.partial(self.tier.begin, lane, begin))
 
     async def release_all(self) -> None:
         for session in list(self.lanes.by_session):
@@ -166,7 +158,7 @@ class StageCore:
         new = session not in self.lanes.by_session
         lane = self.lanes.take(session, LaneId(header.lane)) if named else self.lanes.lane_for(session)
         if new:
-            self.begin(lane, Begin(header.evict, header.restore, header.restore_positions))
+            begin_lane(self, lane, Begin(header.evict, header.restore, header.restore_positions))
         if newer:  # frames come in order, so every step the session has queued is of an older epoch
             self.skipped += self.batcher.discard_lane(lane)
         if self.engine.first:
@@ -235,3 +227,16 @@ class StageCore:
         return pb.Hop(stage_index=self.index, queue_us=int(clock.queue_s * 1e6),
                       compute_us=int(clock.compute_s * 1e6), codec_us=int((work.codec_s + codec_s) * 1e6),
                       sample_us=int(sample_s * 1e6), batch_rows=clock.rows)
+
+
+def begin_lane(core: StageCore, lane: LaneId, begin: Begin) -> None:
+    """A request takes `lane`: with a KV tier, what the lane held is filed there or kept as the
+    request's own prefix, and an entry the request extends is loaded, before its first step
+    runs (queued ahead of it). A failure there shows as the step's (the lane is left empty)."""
+    if core.tier is not None:
+        core.batcher.control(functools.partial(core.tier.begin, lane, begin)).add_done_callback(_retrieved)
+
+
+def _retrieved(future: asyncio.Future[np.ndarray]) -> None:
+    if not future.cancelled():
+        future.exception()

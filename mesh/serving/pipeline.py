@@ -39,7 +39,7 @@ from mesh.serving.reply_deadline import ReplyWatch, StalledError
 from mesh.serving.request_state import Outgoing
 from proto import meshpipe_pb2 as pb
 from stage.checkpoints import DEPTH
-from stage.core import StageCore, Work
+from stage.core import StageCore, Work, begin_lane
 from stage.engine import RangeEngine, Step
 from stage.frames import Asks, FrameSampling, Offered, compute_frame, offered_of, sampled_of
 from stage.lane_tier import Begin
@@ -202,7 +202,7 @@ class Pipeline:
             return Lease(session, self.open(session, prefer))
         taken = self.cache.take(prompt, free, prefer if prefer in free else None)
         lane = self.open(session, LaneId(taken.lane))
-        self.core.begin(lane, taken.begin)  # queued ahead of the request's first step here
+        begin_lane(self.core, lane, taken.begin)  # queued ahead of the request's first step here
         if taken.begin:
             self.begins[lane] = taken.begin  # and told the later stages by its first frame
         return Lease(session, lane, taken.cached, bool(taken.begin.restore))

@@ -150,14 +150,13 @@ class RequestState:
         first = self.resumed == 0
         return replace(self, lane=lane, computed=cached, cached=cached if first else self.cached)
 
-    def resume(self) -> RequestState:
-        """The route broke: frames and drafts are lost, and the new route holds nothing yet."""
+    def resume(self, rebuilt: bool = True) -> RequestState:
+        """The route broke: frames and drafts are lost, and the new route holds nothing yet. Not
+        `rebuilt`: a stage lost the cached tokens the KV tier was to restore, and the request
+        starts over on its lane, nothing cached (it has handed out nothing yet)."""
+        if not rebuilt:
+            return replace(self, frames=(), drafts=(), computed=0, cached=0, epoch=self.epoch + 1)
         return replace(self, frames=(), drafts=(), computed=0, epoch=self.epoch + 1, resumed=self.resumed + 1)
-
-    def missed(self) -> RequestState:
-        """A stage lost the cached tokens the KV tier was to restore: the request starts over on
-        its lane, nothing cached, its frames void."""
-        return replace(self, frames=(), drafts=(), computed=0, cached=0, epoch=self.epoch + 1)
 
     def send(self, drafts: Sequence[int], by: str = "", seconds: float = 0.0) -> tuple[RequestState, Outgoing]:
         """The next frame: the sequence from `fed`, then `drafts`."""

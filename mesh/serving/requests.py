@@ -222,7 +222,7 @@ class Requests:
                 raise
             log.warning("session %d: a stage could not restore its cached tokens (%s): prefilled again",
                         lease.session, exc)
-        live.state = live.state.missed()
+        live.state = live.state.resume(rebuilt=False)
         unrestored(pipeline, lease.lane)
         self.tier_misses += 1
         async for sampled in generate(pipeline, replace(lease, cached=0, restored=False), live,
