@@ -41,9 +41,11 @@ def turns(smollm2_gguf: Path) -> dict[str, list[int]]:
     return out
 
 
-def _complete(url: str, prompt: list[int]) -> tuple[str, int]:
+def _complete(url: str, prompt: list[int], seed: int | None = None) -> tuple[str, int]:
+    """Greedy text (or seeded, at temperature 0.9) and the prompt tokens the server reused."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    r = client.completions.create(model=EMBEDDED_ID, prompt=prompt, temperature=0, max_tokens=TOKENS)
+    r = client.completions.create(model=EMBEDDED_ID, prompt=prompt, temperature=0 if seed is None else 0.9,
+                                  seed=seed, max_tokens=TOKENS)
     assert r.usage is not None
     assert r.usage.prompt_tokens_details is not None
     return r.choices[0].text, r.usage.prompt_tokens_details.cached_tokens or 0
@@ -53,7 +55,8 @@ def _complete(url: str, prompt: list[int]) -> tuple[str, int]:
 def plain(serve_cache: Path, turns: dict[str, list[int]]) -> dict[str, str]:
     """Every prompt's greedy text with no cache at all, on one stage."""
     with mesh_serve(serve_cache, "--local-stages", "1", "--no-prefix-cache", "--no-draft", threads=None) as (url, _):
-        return {name: _complete(url, prompt)[0] for name, prompt in turns.items()}
+        texts = {name: _complete(url, prompt)[0] for name, prompt in turns.items()}
+        return texts | {"a2 seeded": _complete(url, turns["a2"], seed=3)[0]}
 
 
 def _serve(cache: Path, port: int, *extra: str):  # -> context manager of (url, process)
@@ -82,6 +85,8 @@ def test_an_evicted_conversation_comes_back_from_the_tier_and_from_disk_after_a_
         wait_for(lambda: all(metric(url, f'meshpipe_kv_tier_hits_total{{stage="{i}",tier="disk"}}') == 1
                              for i in (0, 1)), 10)
         assert metric(url, "meshpipe_kv_tier_refills_total") == 0
+        # a's last turn was in its lane at the stop: filed then, and trimmed into now, seeded
+        assert _complete(url, turns["a2"], seed=3) == (plain["a2 seeded"], len(turns["a2"]) - 1)
 
 
 @pytest.mark.mesh

@@ -32,6 +32,8 @@ from stage import llama_engine
 from stage.checkpoints import DEPTH, DRAFT_DEPTH, CannotRollBackError
 from stage.engine import EngineConfig, Step
 from stage.engine_choice import LLAMA
+from stage.kv_tier import KvTier, Shelf
+from stage.lane_tier import Begin, LaneTier
 from stage.llama_engine import LlamaRangeEngine
 
 PROMPT = np.array([1, *range(40, 60), 7, 7, 9], dtype=np.int32)
@@ -230,3 +232,27 @@ def test_the_replay_runs_inside_the_step_that_follows_a_rollback(engine: LlamaRa
     monkeypatch.setattr(llama_engine.L, "llama_decode", counted)
     engine.step([Step(0, len(PROMPT) + 2, tokens=np.array([9, 9, 9], dtype=np.int32))])
     assert decodes == [2, 3]  # the replayed rows, then the step's own
+
+
+def test_a_lane_filed_in_the_kv_tier_loads_into_another_with_its_recurrent_state(engine: LlamaRangeEngine,
+                                                                                 tmp_path: Path) -> None:
+    """The tier keeps a hybrid's whole sequence, attention KV and recurrent state (DESIGN.md §2,
+    "KV tier"): loaded into the other lane, it decodes plain decoding's tokens from there, and
+    takes its first checkpoint at the loaded position."""
+    plain = _plain(engine, 0)
+    tiers = LaneTier(engine, KvTier(ram=1 << 30, disk=0, root=tmp_path), Shelf("tiny", "c"))
+    engine.trim(0, 0)
+    engine.step([Step(0, 0, tokens=PROMPT)])
+    tiers.ended(0, "prompt", len(PROMPT))
+    tiers.begin(0, Begin(evict=True))
+    engine.trim(0, 0)
+    engine.trim(1, 0)
+    tiers.begin(1, Begin(restore="prompt", positions=len(PROMPT)))
+    assert engine.position(1) == len(PROMPT)
+    # the prompt's first token came from its last row, which the entry holds: feed it on from there
+    logits = engine.step([Step(1, len(PROMPT), tokens=np.array([plain[0]], dtype=np.int32))])[0]
+    out = [plain[0]]
+    for _ in range(N - 1):
+        out.append(int(logits[-1].argmax()))
+        logits = engine.step([Step(1, len(PROMPT) + len(out) - 1, tokens=np.array(out[-1:], dtype=np.int32))])[0]
+    assert out == plain
