@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from mesh_server import free_port, mesh_serve, metric, wait_for
@@ -77,6 +78,8 @@ def test_an_evicted_conversation_comes_back_from_the_tier_and_from_disk_after_a_
         wait_for(lambda: all(metric(url, f'meshpipe_kv_tier_hits_total{{stage="{i}",tier="ram"}}') == 1
                              for i in (0, 1)), 10)
         assert metric(url, "meshpipe_kv_tier_misses_total") == 0
+        stages = httpx.get(f"{url}/health").json()["stages"]  # what the page shows each stage's card
+        assert [(st["kv_tier"]["hits"], st["kv_tier"]["disk_limit"]) for st in stages] == [(1, 1 << 30)] * 2
     # stopped (SIGTERM, every process): b's lane and a's were filed, and written to disk
     with _serve(cache, port) as (url, _):
         text, cached = _complete(url, turns["b2"])

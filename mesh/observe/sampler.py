@@ -176,7 +176,7 @@ def _stage(row: StageHealth, now: Readings, before: Readings | None, busy: float
                  state=row.state, rss_bytes=row.rss_bytes, mem_available_bytes=row.mem_available_bytes,
                  busy=busy, frame_ms=(spent - spent_before) * 1e3 / frames if frames and spent is not None else None,
                  replaced=replaced, parameters=row.parameters, active_parameters=row.active_parameters,
-                 claims=row.claims)
+                 claims=row.claims, kv_tier=row.kv_tier)
 
 
 def busy_fraction(now: tuple[float, float], before: tuple[float, float] | None) -> float | None:

@@ -21,6 +21,17 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
 
+class TierHealth(_Frozen):
+    """A stage's KV tier (DESIGN.md §2): what it holds and how often it served."""
+
+    hits: int
+    misses: int
+    ram_bytes: int
+    disk_bytes: int
+    ram_limit: int
+    disk_limit: int
+
+
 class ClaimHealth(_Frozen):
     """A coordinator's claim on a stage: several coordinators may share one (DESIGN.md §4)."""
 
@@ -58,6 +69,7 @@ class StageHealth(_Frozen):
     # of experts (packages/parameters.py). None before the route is planned
     parameters: int | None = None
     active_parameters: int | None = None
+    kv_tier: TierHealth | None = None  # None: it keeps none
     claims: tuple[ClaimHealth, ...] = ()  # every coordinator's on the stage, as of status_at
 
 

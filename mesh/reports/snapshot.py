@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from mesh.reports.health import ClaimHealth
+from mesh.reports.health import ClaimHealth, TierHealth
 
 # READY, BROKEN and UNREACHABLE as in /health; REBUILDING: the route is being rebuilt and
 # the stage is shown as the last route had it
@@ -39,6 +39,7 @@ class Stage(_Frozen):
     parameters: int | None = None  # of its layers, as /health: all, and those a decode multiplies
     active_parameters: int | None = None
     claims: tuple[ClaimHealth, ...] = ()  # as /health: every coordinator's on the stage
+    kv_tier: TierHealth | None = None  # as /health
 
 
 class Link(_Frozen):

@@ -10,12 +10,14 @@ import time
 
 import psutil
 
-from mesh.reports.health import ClaimHealth, StageHealth, StageState
+from mesh.reports.health import ClaimHealth, StageHealth, StageState, TierHealth
 from mesh.reports.hop_timing import HopTotals
 from mesh.routing.route import RemoteStage, Route
 from mesh.routing.stage_cost import cost_at, measured
 from mesh.serving.pipeline import Pipeline
+from proto import meshpipe_pb2 as pb
 from stage.calibration import BATCH_ROWS
+from stage.kv_tier import tier_stats
 
 
 def describe(route: Route | None) -> str:
@@ -38,7 +40,8 @@ def stage_rows(route: Route | None, pipeline: Pipeline | None, engine0: str,
                       rss_bytes=psutil.Process().memory_info().rss,
                       mem_available_bytes=vm.available, status_at=time.time(),
                       busy_s=pipeline.core.batcher.busy_s if pipeline else None,
-                      engine=engine0)
+                      engine=engine0, kv_tier=tier_health(tier_stats(pipeline.core.tier.tier)
+                                                          if pipeline and pipeline.core.tier else None))
     ready: StageState = "READY" if pipeline and not pipeline.broken else "BROKEN"
     rows = (own, *(_remote_row(i, s, ready, route.coordinator_id) for i, s in enumerate(route.stages, 1)))
     return tuple(row.model_copy(update={**_timing(route, hops, row.stage), **_parameters(route, row.stage)})
@@ -78,4 +81,12 @@ def _remote_row(index: int, s: RemoteStage, ready: StageState, coordinator: str)
                        rss_bytes=s.status.rss_bytes if s.status else None,
                        mem_available_bytes=s.status.mem_available_bytes if s.status else None,
                        status_at=s.status_at, busy_s=s.status.busy_seconds if s.status else None,
-                       engine=s.status.engine or None if s.status else None, claims=claims)
+                       engine=s.status.engine or None if s.status else None, claims=claims,
+                       kv_tier=tier_health(s.status.kv_tier if s.status and s.status.HasField("kv_tier") else None))
+
+
+def tier_health(st: pb.KvTierStats | None) -> TierHealth | None:
+    if st is None:
+        return None
+    return TierHealth(hits=st.hits, misses=st.misses, ram_bytes=st.ram_bytes, disk_bytes=st.disk_bytes,
+                      ram_limit=st.ram_limit, disk_limit=st.disk_limit)

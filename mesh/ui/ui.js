@@ -66,6 +66,12 @@ function stageCard(s, layers, bottleneck) {
     const lanes = s.claims.map((c) => `${c.lanes_in_use}/${c.lanes}${c.this ? " (this)" : ""}`).join(" + ");
     card.append(row("shared", el("span", { class: "claims" }, `${s.claims.length} coordinators, lanes ${lanes}`)));
   }
+  if (s.kv_tier) {  // sequences evicted from lanes, kept to come back (DESIGN.md §2, "KV tier")
+    const t = s.kv_tier;
+    const disk = t.disk_limit ? ` + ${bytes(t.disk_bytes)} disk` : "";
+    card.append(row("KV tier", el("span", { class: "kv-tier" },
+      `${bytes(t.ram_bytes)}${disk}, ${t.hits} hits, ${t.misses} misses`)));
+  }
   if (s.replaced) card.append(el("span", { class: "replaced" }, `replaced ${s.replaced}`));
   if (bottleneck) card.append(el("span", { class: "replaced" }, "bottleneck: the busiest stage"));
   return card;
