@@ -204,6 +204,10 @@ class _TierCollector:
                                  labels=["stage", "tier"])
         restore = CounterMetricFamily("meshpipe_kv_tier_restore_seconds", "reading and loading kept sequences, "
                                       "summed", labels=["stage"])
+        positions = CounterMetricFamily("meshpipe_kv_tier_restored_positions", "KV positions loaded back into "
+                                        "lanes: restore seconds over these are its cost a token", labels=["stage"])
+        save = CounterMetricFamily("meshpipe_kv_tier_save_seconds", "reading lanes out to file them, summed",
+                                   labels=["stage"])
         for stage, st in self.stages():
             hits.add_metric([stage, "ram"], st.hits - st.hits_disk)
             hits.add_metric([stage, "disk"], st.hits_disk)
@@ -212,6 +216,8 @@ class _TierCollector:
             held.add_metric([stage, "ram"], st.ram_bytes)
             held.add_metric([stage, "disk"], st.disk_bytes)
             restore.add_metric([stage], st.restore_seconds)
-        yield from (hits, misses, saved, held, restore)
+            positions.add_metric([stage], st.restored_positions)
+            save.add_metric([stage], st.save_seconds)
+        yield from (hits, misses, saved, held, restore, positions, save)
         yield CounterMetricFamily("meshpipe_kv_tier_refills", "requests prefilled again from position 0 because a "
                                   "stage could not restore what the tier was to give them", value=self.refills())
