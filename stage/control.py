@@ -30,7 +30,8 @@ from stage.artifact_fetch import ArtifactFetcher
 from stage.core import StageCore
 from stage.engine_choice import Engine, engine_kind
 from stage.grpc_auth import token_metadata
-from stage.hosted import Hosting
+from stage.hosted import MAX_LANES, Hosting
+from stage.hosted import SHARES as SHARES  # for mesh stage's --lanes help
 from stage.kv_tier import DEFAULT_CACHE_RAM, KvTier, tier_stats
 from stage.lane_tier import lane_tier
 from stage.lanes import LanePool
@@ -40,7 +41,7 @@ from stage.tls import MeshTls, client_ssl, server_ssl
 from stage.transport import Limits, WireEmulation, connect, serve
 
 log = logging.getLogger("meshpipe.stage")
-MAX_LANES, MAX_CTX, MAX_BATCH = 256, 1 << 20, 8192
+MAX_CTX, MAX_BATCH = 1 << 20, 8192
 MAX_WIRE_DELAY_MS = 10_000.0
 T = TypeVar("T")
 REAP_S = 1.0  # how often leases that ran out are looked for
@@ -57,7 +58,7 @@ class StageOptions:
     cpu_lock: Path | None = None
     engine: Engine = "llama"  # resolved from --engine at start (stage.engine_choice)
     memory: int | None = None  # bytes its loaded ranges may take (--memory); None: what is free at each Load
-    lanes: int = 0  # lanes an engine opens with, shared by the claims on it (--lanes); 0: the first claim's
+    lanes: int = 0  # lanes an engine opens with, shared by the claims on it (--lanes); 0: by memory (size_lanes)
     cache_ram: int = DEFAULT_CACHE_RAM  # the KV tier's host memory (--cache-ram), every claim's together
     cache_disk: int = 0  # and its disk, under cache_dir/kv (--cache-disk)
 

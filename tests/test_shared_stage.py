@@ -1,7 +1,8 @@
 """One stage, several coordinators (issue 45): a StageControl in this process, real
 SmolLM2 and Gemma-3 ranges, real activation links. Each coordinator's claim runs on lanes
 of its own over one shared engine; claims past the lanes or the memory are refused with the
-numbers; a frame can never reach another claim's lane; a lease that runs out frees its lanes."""
+numbers; a frame can never reach another claim's lane; a lease that runs out frees its lanes;
+a stage with defaults admits a second coordinator (issue 57)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from packages.manifest import load_manifest
 from proto import meshpipe_pb2 as pb
 from proto.version import PROTOCOL_VERSION as V
 from stage.control import StageControl, StageOptions, split_endpoint
+from stage.engine_choice import LLAMA
 from stage.frames import Asks, FrameSampling, compute_frame
+from stage.hosted import SHARES, range_cost
 from stage.transport import Link, connect, encode_tensor
 
 pytestmark = pytest.mark.mesh  # real model ranges
@@ -165,6 +168,37 @@ def test_a_second_model_loads_beside_the_first_or_is_refused_with_the_figures(
                 hidden = np.zeros((2, hosted.engine.width), dtype=np.float32)
                 assert (await _ask(link, 1, 0, 0, hidden)).kind == pb.REPLY
                 link.close()
+        finally:
+            await control.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stage_with_defaults_admits_a_second_coordinator_unless_memory_says_no(smollm2_package, tmp_path):
+    async def scenario() -> None:
+        control = _control(tmp_path)  # no --lanes, no --memory: as `mesh stage` starts by default
+        try:
+            a = await _link(await _load(control, smollm2_package, "a", 24, 2))
+            b = await _link(await _load(control, smollm2_package, "b", 24, 2))
+            hosted = next(iter(control.hosting.ranges.values()))
+            assert hosted.engine.lanes == SHARES * 2
+            hidden = np.zeros((2, hosted.engine.width), dtype=np.float32)
+            for link in (a, b):
+                assert (await _ask(link, 1, 1, 0, hidden)).kind == pb.REPLY
+                link.close()
+            prepared = control.leases["a"].prepared
+            assert prepared is not None
+            for name in "ab":
+                assert (await control.Stop(pb.StopRequest(protocol_version=V, coordinator_id=name, term=1), None)).ok
+            assert not control.hosting.ranges  # the last claim let go: unloaded
+
+            cost = range_cost(prepared, LLAMA, CTX)
+            control.hosting.budget = cost.of(2) + cost.per_lane  # room for half a lane past the ask
+            assert (await _load(control, smollm2_package, "a", 24, 2)).ready
+            refused = await _load(control, smollm2_package, "b", 24, 1)
+            assert not refused.ready
+            assert "0 of this stage's 2 are free (coordinator a holds 2): memory held this range to 2 lanes" \
+                in refused.message, refused.message
         finally:
             await control.close()
 

@@ -1,8 +1,9 @@
 """Several `mesh serve` coordinators on the same two `mesh stage` daemons (issue 45), all
-real processes: two coordinators of SmolLM2 share each stage's range, a Gemma-3 coordinator
-loads its ranges beside them, every one answers as its model does on one node, and with a
-real HAProxy (deploy/haproxy.cfg) in front, a coordinator that dies loses only its own
-streams, and frees its own lanes on the stages, nobody else's."""
+real processes, the stages started with defaults (no --lanes: each range opens with room for
+claims past its first, issue 57): two coordinators of SmolLM2 share each stage's range, a
+Gemma-3 coordinator loads its ranges beside them, every one answers as its model does on one
+node, and with a real HAProxy (deploy/haproxy.cfg) in front, a coordinator that dies loses
+only its own streams, and frees its own lanes on the stages, nobody else's."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, serve_cache: Path) -> Itera
     root = tmp_path_factory.mktemp("shared-stages")
     metrics = f"127.0.0.1:{free_port()}"
     exported = {1: ["--metrics-listen", metrics]}
-    daemons = [stage_daemon(root / f"stage{i}", TOKEN, "--lanes", "12", *exported.get(i, [])) for i in (1, 2, 3)]
+    daemons = [stage_daemon(root / f"stage{i}", TOKEN, *exported.get(i, [])) for i in (1, 2, 3)]
     stages, spare = [at for _, at in daemons[:2]], daemons[2][1]
     env = {"MESHPIPE_TOKEN": TOKEN}
     try:

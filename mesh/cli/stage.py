@@ -11,7 +11,7 @@ from common import event_loop
 from config.paths import cache_dir
 from mesh.cli.kv_tier_args import add_kv_tier_arguments
 from mesh.cli.tls_args import add_tls_arguments, tls_of
-from stage.control import MAX_LANES, StageOptions, own_address
+from stage.control import MAX_LANES, SHARES, StageOptions, own_address
 from stage.cpu_lock import HELP as CPU_LOCK_HELP
 from stage.cpus import HELP as CPUS_HELP
 from stage.cpus import available_cpus, parse_cpus, pin
@@ -39,8 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "--discover` finds it: its address, engine, protocol version and free memory, never the token")
     p.add_argument("--lanes", type=_count, default=0,
                    help="KV lanes each loaded range opens with, shared by every coordinator that claims it "
-                   "(each is granted the lanes its --lanes asks, while enough are free; default: as many "
-                   "as the first claim asks, so a second coordinator needs this set)")
+                   "(each is granted the lanes its --lanes asks, while enough are free; a range cannot add "
+                   f"lanes once loaded). Default: {SHARES}x what the first claim asks, so {SHARES} coordinators "
+                   "like it share the range, fewer where the lanes past its ask would take more than half "
+                   "the memory left beside it (--memory, or what is free), never fewer than it asks; a "
+                   "claim refused for want of lanes is told whether memory or the lanes held are why")
     p.add_argument("--memory", type=_size, default=None, metavar="SIZE",
                    help="most memory the loaded ranges may take, e.g. 12GiB or 800MB: a claim on a "
                    "range past it is refused with the figures (default: what is free at each Load)")

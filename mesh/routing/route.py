@@ -158,6 +158,7 @@ def spawn_local_stage(s: RouteSettings, index: int) -> RemoteStage:
     is its place in the pipeline (stage 0 is the coordinator)."""
     cmd = [sys.executable, "-m", "mesh.cli", "stage", "--listen", "127.0.0.1:0",
            "--cache-dir", str(s.cache_dir)]
+    cmd += ["--lanes", str(s.lanes)]  # it serves this coordinator alone: its lanes, not mesh stage's room for more
     if s.threads:  # else the stage runs one engine thread per CPU it may use
         cmd += ["--threads", str(s.threads)]
     if index < len(s.bench.stage_cpus):
