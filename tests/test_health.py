@@ -24,7 +24,7 @@ HEALTH_KEYS = ["ok", "model", "route", "stages", "error", "speculative", "draft_
                "sessions_resumed", "last_recovery", "internal_errors", "last_internal_error"]
 STAGE_KEYS = ["stage", "endpoint", "start", "end", "state", "rss_bytes", "mem_available_bytes", "status_at",
               "busy_s", "engine", "predicted_ms", "measured_ms", "link_ms", "parameters", "active_parameters",
-              "claims"]
+              "kv_tier", "claims"]
 
 SPLIT = Health(
     ok=True, model="tiny", route="coordinator [0,2) -> 127.0.0.1:7070 [2,4)", error=None,

@@ -61,7 +61,7 @@ def _route(remote: str) -> Any:
 def _mesh() -> Any:
     """The coordinator's state a sampler reads, and nothing else: no route is built."""
     pipeline = SimpleNamespace(broken=None, waiters={}, core=SimpleNamespace(
-        batcher=SimpleNamespace(busy_s=0.0), lanes=SimpleNamespace(by_session={})))
+        batcher=SimpleNamespace(busy_s=0.0), lanes=SimpleNamespace(by_session={}), tier=None))
     routes = SimpleNamespace(route=_route("127.0.0.1:7001"), pipeline=pipeline, hops=HopTotals(),
                              model=SimpleNamespace(manifest=SimpleNamespace(layer_count=30)),
                              topology=SimpleNamespace(spares=("127.0.0.1:7009",)))

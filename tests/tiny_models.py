@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, quants
 
 LAYERS = 8
 
@@ -46,6 +46,14 @@ class Tiny:
         return (self.rng.standard_normal(shape) * scale).astype(np.float32)
 
     def add(self, name: str, array: np.ndarray) -> None:
+        if name.endswith(".ffn_gate_inp.weight") and array.shape[-1] % 32 == 0:
+            # A router in Q8_0: ggml's F32 and F16 matmuls are not row-invariant on every CPU (on
+            # AMD EPYC a 6-row window's router logits part from a single row's by 1e-7, and an
+            # expert flips at a near tie), its Q8_0 matmul is, as the Q4_0 weights' are. Real MoE
+            # GGUFs keep F32 routers (DESIGN.md §9).
+            data = quants.quantize(np.ascontiguousarray(array, dtype=np.float32), GGMLQuantizationType.Q8_0)
+            self.writer.add_tensor(name, data, raw_dtype=GGMLQuantizationType.Q8_0)
+            return
         self.writer.add_tensor(name, array)
 
     def norm(self, name: str, n: int | None = None) -> None:
