@@ -62,7 +62,8 @@ def test_turns_go_round_robin_and_every_server_goes_first_in_turn():
     assert order == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     assert [rotated("abc", k)[0] for k in range(4)] == ["a", "b", "c", "a"]
     assert sorted(rotated("abc", 5)) == ["a", "b", "c"]
-    assert question(0)["role"] == "user" and question(TURNS)["content"] != question(0)["content"]
+    assert question(0)["role"] == "user"
+    assert question(TURNS)["content"] != question(0)["content"]
 
 
 def test_the_context_holds_five_turns_and_the_ledger():
@@ -101,7 +102,8 @@ def test_ratios_differences_and_goals():
     assert differing(record, TIER2, LANES2, [TURNS]) == (0, 2)
     rows = kv_rows(record)
     later = _by(rows, f"turns 2-{TURNS} TTFT, {TIER2}")
-    assert later.ratio == pytest.approx(0.2) and later.goal == "<= 0.25"
+    assert later.ratio == pytest.approx(0.2)
+    assert later.goal == "<= 0.25"
     assert _by(rows, f"turns 2-{TURNS} TTFT, {LANES2}").ratio == pytest.approx(1.0)
     assert _by(rows, "replies differing, tier vs lanes only").value == 1
     assert _by(rows, f"turn {TURNS + 1} ÷ its session's turn 1, {TIER2} (mean").value == pytest.approx(0.35)
@@ -110,7 +112,8 @@ def test_ratios_differences_and_goals():
     assert _by(rows, "tier hits disk").value == 4
     table = kv_table(record, rows)
     assert "| 1.000 | 0.200 | 0.200 | 0.200 | 0.350 |" in table  # the tier's mean TTFT by turn
-    assert "| 0.200 | met |" in table and "| 1.000 | not met |" in table  # later turns met; a reply differed
+    assert "| 0.200 | met |" in table
+    assert "| 1.000 | not met |" in table
 
 
 def test_without_llama_server_the_one_node_rows_are_meshpipes_alone():
@@ -118,13 +121,17 @@ def test_without_llama_server_the_one_node_rows_are_meshpipes_alone():
     record.replies[LLAMA1].clear()
     rows = kv_rows(record)
     mesh = _by(rows, f"turns 2-{TURNS} TTFT, {MESH1}")
-    assert mesh.baseline is None and mesh.goal == ""
+    assert mesh.baseline is None
+    assert mesh.goal == ""
     assert not [r for r in rows if LLAMA1 in r.metric]
 
 
 def test_goals_parse():
-    assert met("<= 0.25", 0.25) and not met("<= 0.25", 0.3)
-    assert met(">= 1", 2.0) and met("== 0", 0.0) and not met("== 0", 1.0)
+    assert met("<= 0.25", 0.25)
+    assert not met("<= 0.25", 0.3)
+    assert met(">= 1", 2.0)
+    assert met("== 0", 0.0)
+    assert not met("== 0", 1.0)
     assert met("", 1.0) is None
 
 
@@ -146,9 +153,11 @@ def test_tier_counters_are_summed_over_stages():
 
 def test_llama_server_is_skipped_naming_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("MESH_LLAMA_CPP_BIN", raising=False)
-    assert llama_binaries(None)[0] is None and "no --llama-cpp-bin" in llama_binaries(None)[1]
+    assert llama_binaries(None)[0] is None
+    assert "no --llama-cpp-bin" in llama_binaries(None)[1]
     bins, why = llama_binaries(Binaries(tmp_path))
-    assert bins is None and str(tmp_path / SERVER) in why
+    assert bins is None
+    assert str(tmp_path / SERVER) in why
     (tmp_path / SERVER).write_text("")
     monkeypatch.setenv("MESH_LLAMA_CPP_BIN", str(tmp_path))
     assert llama_binaries(None) == (Binaries(tmp_path), "")
