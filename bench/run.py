@@ -35,6 +35,7 @@ from bench.scenarios import (
     front_doors,
     guard,
     hybrid,
+    kv_tier,
     machines,
     memory,
     mtp,
@@ -65,7 +66,7 @@ BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, 
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
     "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
     "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run, "hybrid": hybrid.run,
-    "mtp": mtp.run, "sampling": sampling.run, "front_doors": front_doors.run}
+    "mtp": mtp.run, "sampling": sampling.run, "front_doors": front_doors.run, "kvtier": kv_tier.run}
 # Each of these runs alone, on a model it writes into the cache: the one the run's setup serves
 OWN_MODEL: dict[str, Callable[[Path], Path]] = {"hybrid": hybrid.model_path, "mtp": mtp.model_path}
 # shapes brings its own model and runs only alone (shapes.run)
@@ -85,6 +86,7 @@ HYBRID_DEFAULTS = {"tokens": 48, "prompts": 2, "stages": "2"}  # a 1.1B hybrid d
 MTP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 3-4 split-2 servers x 2 models x 2 delays
 SAMPLING_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "2"}  # 3 servers x 2 temperatures x 2 pairs
 FRONT_DOORS_DEFAULTS = {"tokens": 64, "prompts": 4, "stages": "2"}  # one stage daemon, two coordinators
+KVTIER_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "1,2"}  # short replies: a chat turn's TTFT is the point
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
 ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20", frozenset({"hybrid"}): "0,20",  # the issues' delays
                 frozenset({"mtp"}): "0,20",
@@ -120,9 +122,12 @@ SCENARIOS_HELP = (
     "on split-2, for the package's pair and the cost-realistic one: no draft, the draft accepted by exact match and "
     "by rejection sampling, at each --wire-delays, 20 ms alone; and the teacher-forced sum of min(p, q) the "
     "rejection rule can reach, per size of q's top K), front_doors (8 streams through two coordinators that share "
-    "one stage daemon, against the same streams through one of them; with --machines each on its own CPU set); "
-    "numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers, sweep, guard, sampling and "
-    "front_doors run alone if asked alone")
+    "one stage daemon, against the same streams through one of them; with --machines each on its own CPU set), "
+    "kvtier (16 chats of 4 turns round robin on 4 lanes: TTFT of later turns against the first on split-2 with the "
+    "KV tier and with lanes only, a 5th turn after the tier server's restart, and meshpipe's one node against "
+    "llama-server's prompt cache with --llama-cpp-bin; 16 tokens alone); "
+    "numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers, sweep, guard, sampling, "
+    "front_doors and kvtier run alone if asked alone")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -155,7 +160,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--breakdown", action="store_true",
                    help="also show where a frame's time goes, per stage and part (one more pass)")
     p.add_argument("--llama-cpp-bin", type=Path, default=None, metavar="DIR",
-                   help="for peers: a directory holding llama-server and ggml-rpc-server "
+                   help="for peers and kvtier: a directory holding llama-server and ggml-rpc-server "
                         "(deploy/build-llama-cpp.sh); without it the llama.cpp rows are skipped")
     p.add_argument("--cost-realistic", action="store_true",
                    help="for sweep: the cost-realistic pair of peers (the package's target in F32, with its "
@@ -219,21 +224,22 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
              frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS,
              frozenset({"machines"}): MACHINES_DEFAULTS, frozenset({"hybrid"}): HYBRID_DEFAULTS,
              frozenset({"mtp"}): MTP_DEFAULTS, frozenset({"sampling"}): SAMPLING_DEFAULTS,
-             frozenset({"front_doors"}): FRONT_DOORS_DEFAULTS}
+             frozenset({"front_doors"}): FRONT_DOORS_DEFAULTS, frozenset({"kvtier"}): KVTIER_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
 
 
 def _llama_cpp_bins(args: argparse.Namespace, scenarios: set[str]) -> Binaries | None:
-    """peers, sweep, guard, machines, hybrid and mtp always emulate machines; a --llama-cpp-bin
-    that lacks a binary fails now, not an hour in."""
+    """peers, sweep, guard, machines, hybrid and mtp always emulate machines; for peers and shapes a
+    --llama-cpp-bin that lacks a binary fails now, not an hour in."""
     if scenarios & {"peers", "sweep", "shapes", "guard", "machines", "hybrid", "mtp"}:
         args.machines = True
-    if not scenarios & {"peers", "shapes"}:
+    if not scenarios & {"peers", "shapes", "kvtier"}:
         return None
     bins = Binaries(args.llama_cpp_bin) if args.llama_cpp_bin else None
-    if bins and (missing := bins.missing()):
+    # kvtier needs llama-server alone, and says so as it skips it
+    if bins and scenarios & {"peers", "shapes"} and (missing := bins.missing()):
         raise SystemExit(f"mesh bench: --llama-cpp-bin {bins.dir} lacks {', '.join(missing)}")
     return bins
 

@@ -155,6 +155,7 @@ class ServeOptions:
     prefix_cache: bool = True
     engines: tuple[str, ...] = ()  # --engine, one for all stages or one per stage (default: mesh serve's)
     extra: tuple[str, ...] = ()  # a scenario's own flags
+    port: int | None = None  # the API port (None: a free one); the same again is the same coordinator
 
 
 def serve(setup: Setup, tmp: Path, stages: int, opts: ServeOptions = ServeOptions()
@@ -180,7 +181,7 @@ def serve(setup: Setup, tmp: Path, stages: int, opts: ServeOptions = ServeOption
     args += list(extra)  # a scenario's own flags
     if setup.model:
         args += ["--model", setup.model]
-    return local_serve(args, tmp)
+    return local_serve(args, tmp, port=opts.port)
 
 
 def split2_per_delay(setup: Setup, prefix: str, delays: list[float], modes: dict[str, dict[str, Any]]

@@ -114,6 +114,8 @@ class ServerSpec:
     ctx: int
     split: RpcSplit | None = None
     draft: Path | None = None
+    parallel: int = 1  # -np: slots, each of ctx / parallel tokens unless `extra` unifies them
+    extra: tuple[str, ...] = ()  # a scenario's own flags
 
 
 def threads(cpus: str) -> str:
@@ -123,7 +125,7 @@ def threads(cpus: str) -> str:
 def server_cmd(bins: Binaries, spec: ServerSpec, port: int) -> list[str]:
     t = threads(spec.cpus)
     cmd = ["taskset", "-c", spec.cpus, str(bins.server), "-m", str(spec.target), "--host", "127.0.0.1",
-           "--port", str(port), "-c", str(spec.ctx), "-np", "1", "-t", t, "-tb", t,
+           "--port", str(port), "-c", str(spec.ctx), "-np", str(spec.parallel), "-t", t, "-tb", t,
            "-fa", "on" if flash_attn() else "off", "--fit", "off", "--no-webui",
            "-lv", "4"]  # the load_tensors lines the split is checked from are logged from level 4
     if not use_extra_bufts():  # the kernels meshpipe's engines run; AMX's crash llama-server too
@@ -132,7 +134,7 @@ def server_cmd(bins: Binaries, spec: ServerSpec, port: int) -> list[str]:
     cmd += spec.split.flags() if spec.split else ["-ngl", "0"]
     if spec.draft:
         cmd += ["-md", str(spec.draft), "-ngld", "0", "-td", t, "--spec-type", "draft-simple"]
-    return cmd
+    return cmd + list(spec.extra)
 
 
 def rpc_server_cmd(bins: Binaries, cpus: str, port: int) -> list[str]:
