@@ -25,7 +25,7 @@ pytest.importorskip("mlx.core", reason="mlx is not installed: pip install 'meshp
 
 import mlx.core as mx
 from chain import chat_prompt, close, forward, reference_greedy
-from tiny_models import WRITERS, write_tiny
+from tiny_models import F32_ROUTER, WRITERS, write_tiny
 
 from common.errors import EngineError
 from packages.manifest import load_manifest
@@ -44,6 +44,10 @@ HIDDEN_TOL = 0.02  # SmolLM2 Q4_1, range [0, 15), prompt and 8 decodes: measured
 # model's tokens, 4 prompts x 48 tokens: 8 (whole model on MLX), 10 (llama->mlx at 15),
 # 8 (mlx->llama), 7 (llama->mlx->llama at 10, 20). At each, llama.cpp's logit for its own
 # token beat its logit for MLX's choice by 0.001 to 0.183: near ties.
+# llama.cpp against itself: its F32 router's matmul is not row-invariant on every CPU, so a one-row
+# decode and a several-row batch can pick other experts where two stand a hair apart (a gap of
+# 6e-5 at token 19 of qwen35moe's second prompt, Intel Xeon, 2026-12-05); the reference stops there.
+SELF_TIE = 1e-3
 NEAR_TIE = 0.4  # partings measured at gaps up to 0.312 here (2026-11-24, AMD EPYC VM), 0.183 before
 # the tiny f32 random llama, 4 layers: measured up to 0.0051 (logits), 0.0030 (hidden) on llama.cpp's
 # f16 KV cache, 0.0124 (logits) on the bf16 K its 16-wide heads take since issue 52 (q8_0's block is 32)
@@ -258,7 +262,7 @@ def tiny_arch(tmp_path_factory: pytest.TempPathFactory, stage_cache: Path):
             if arch not in WRITERS:
                 pytest.skip(f"tests/tiny_models.py has no {arch} writer")
             root = tmp_path_factory.mktemp(arch)
-            gguf = write_tiny(root / f"{arch}.gguf", arch)
+            gguf = write_tiny(root / f"{arch}.gguf", arch, router=F32_ROUTER)
             write_package(gguf, root / "pkg", model_id=arch, progress=lambda _: None)
             made[arch] = root / "pkg", _tiny_reference(gguf, root / "pkg", stage_cache)
         return made[arch]
@@ -272,14 +276,17 @@ def _tiny_reference(gguf: Path, package: Path, cache: Path) -> list[tuple[list[i
 
 def _references(gguf: Path, whole: Any, prompts: list[list[int]], n: int) -> list[tuple[list[int], np.ndarray]]:
     """Per prompt: the unsplit model's greedy tokens, run the ordinary way through
-    llama-cpp-python, and llama.cpp's logits for each of them (teacher-forced) from `whole`."""
+    llama-cpp-python, and llama.cpp's logits for each of them (teacher-forced) from `whole`;
+    both cut where llama.cpp's one-row decode and its batch part at a near tie of their own."""
     out = []
     for prompt in prompts:
         expected = reference_greedy(gguf, prompt, n)
         whole.trim(0, 0)
         logits = teacher_forced([whole], np.asarray([*prompt, *expected[:-1]], np.int32))[len(prompt) - 1 :]
-        assert logits.argmax(axis=1).tolist() == expected
-        out.append((expected, logits))
+        gaps = logits.max(axis=1) - logits[np.arange(len(expected)), expected]
+        cut = next((i for i, g in enumerate(gaps) if g > 0), len(expected))
+        assert gaps.max() < SELF_TIE, [(i, float(g)) for i, g in enumerate(gaps) if g > 0]
+        out.append((expected[:cut], logits[:cut]))
     whole.close()
     return out
 
@@ -425,8 +432,8 @@ def check_greedy(engines: list[RangeEngine], prompts: list[list[int]],
         assert gaps.max() < NEAR_TIE, [(i, round(float(g), 3)) for i, g in enumerate(gaps) if g > 0]
         if free_running:
             tokens = greedy_until_parting(engines, prompt, expected)
-            agree = next((i for i, (a, b) in enumerate(zip(tokens, expected, strict=False)) if a != b), N_TOKENS)
-            assert agree == N_TOKENS or gaps[agree] > 0  # it parts only where the teacher-forced run did
+            agree = next((i for i, (a, b) in enumerate(zip(tokens, expected, strict=False)) if a != b), len(expected))
+            assert agree == len(expected) or gaps[agree] > 0  # it parts only where the teacher-forced run did
             assert tokens[:agree] == expected[:agree]
 
 

@@ -19,7 +19,7 @@ pytest.importorskip("mlx.core", reason="mlx is not installed: pip install 'meshp
 
 from chain import close
 from test_mlx_engine import _references, build_mixed, check_greedy, make_engine, relative_error, teacher_forced
-from tiny_models import write_tiny
+from tiny_models import F32_ROUTER, write_tiny
 
 from packages.writer import write_package
 from stage.checkpoints import DEPTH, CannotRollBackError
@@ -43,7 +43,7 @@ TOL = 0.1
 def qwen35moe(tmp_path_factory: pytest.TempPathFactory, stage_cache: Path):
     """The tiny model's package, and per prompt the unsplit llama.cpp greedy tokens and logits."""
     root = tmp_path_factory.mktemp("qwen35moe")
-    gguf = write_tiny(root / "qwen35moe.gguf", "qwen35moe")
+    gguf = write_tiny(root / "qwen35moe.gguf", "qwen35moe", router=F32_ROUTER)
     write_package(gguf, root / "pkg", model_id="qwen35moe", progress=lambda _: None)
     whole = make_engine("llama", root / "pkg", stage_cache, 0, LAYERS)
     return root / "pkg", _references(gguf, whole, PROMPTS, N_TOKENS)

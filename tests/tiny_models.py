@@ -24,6 +24,9 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, quants
 
 LAYERS = 8
+# The router MLX is compared on: llama.cpp quantizes the activations a Q8_0 matmul takes and MLX
+# does not, so with a Q8_0 router their logits part by 0.2 where experts flip.
+F32_ROUTER = GGMLQuantizationType.F32
 
 
 @dataclass
@@ -41,18 +44,21 @@ class Tiny:
     ff: int = 128
     vocab: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    router: GGMLQuantizationType = GGMLQuantizationType.Q8_0
 
     def w(self, *shape: int, scale: float = 0.2) -> np.ndarray:
         return (self.rng.standard_normal(shape) * scale).astype(np.float32)
 
     def add(self, name: str, array: np.ndarray) -> None:
-        if name.endswith(".ffn_gate_inp.weight") and array.shape[-1] % 32 == 0:
+        if name.endswith(".ffn_gate_inp.weight") and self.router != GGMLQuantizationType.F32 \
+                and array.shape[-1] % 32 == 0:
             # A router in Q8_0: ggml's F32 and F16 matmuls are not row-invariant on every CPU (on
             # AMD EPYC a 6-row window's router logits part from a single row's by 1e-7, and an
             # expert flips at a near tie), its Q8_0 matmul is, as the Q4_0 weights' are. Real MoE
-            # GGUFs keep F32 routers (DESIGN.md §9).
-            data = quants.quantize(np.ascontiguousarray(array, dtype=np.float32), GGMLQuantizationType.Q8_0)
-            self.writer.add_tensor(name, data, raw_dtype=GGMLQuantizationType.Q8_0)
+            # GGUFs keep F32 routers (DESIGN.md §9), and so do the models MLX is compared on:
+            # llama.cpp quantizes the activations a Q8_0 matmul takes, MLX does not.
+            data = quants.quantize(np.ascontiguousarray(array, dtype=np.float32), self.router)
+            self.writer.add_tensor(name, data, raw_dtype=self.router)
             return
         self.writer.add_tensor(name, array)
 
@@ -2318,11 +2324,14 @@ LAYERS_OF["hunyuan_vl"] = 4
 LAYERS_OF["dots3note"] = 8  # full attention at 0, 3 and 6 (DOTS3NOTE_FULL): cuts at 3 and 6
 
 
-def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64) -> Path:
-    """A random-weight GGUF of `arch` that llama.cpp loads and decodes in milliseconds."""
+def write_tiny(path: Path, arch: str, layers: int | None = None, seed: int = 0, width: int = 64,
+               router: GGMLQuantizationType = GGMLQuantizationType.Q8_0) -> Path:
+    """A random-weight GGUF of `arch` that llama.cpp loads and decodes in milliseconds; MoE
+    routers in `router` (Q8_0 or F32)."""
     writer = GGUFWriter(path, arch)
     writer.add_name(NAMES.get(arch, f"tiny-{arch}"))
-    t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed), width=width)
+    t = Tiny(writer, arch, layers or LAYERS_OF.get(arch, LAYERS), np.random.default_rng(seed), width=width,
+             router=router)
     _common(t)
     (WRITERS | ONE_NODE_WRITERS | ONE_NODE_RECURRENT | RECURRENT)[arch](t)
     writer.write_header_to_file()
