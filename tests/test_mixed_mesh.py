@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("mlx.core", reason="mlx is not installed: pip install 'meshpipe[mlx]' (mlx[cpu] on Linux)")
 
 from mesh_server import free_port, mesh_serve
-from tiny_models import write_tiny
+from tiny_models import F32_ROUTER, write_tiny
 
 from mesh.model.source import EMBEDDED_ID
 from packages.requantize import requantize
@@ -197,9 +197,10 @@ def test_qwen35moe_mixed_mesh_equals_unsplit_llama_up_to_a_near_tie(tiny_qwen35m
 
 @pytest.fixture(scope="module")
 def tiny_qwen35moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The tiny random qwen35moe (tests/tiny_models.py) in f32, and its Q8_0 draft."""
+    """The tiny random qwen35moe (tests/tiny_models.py) in f32, router too (MLX is compared on
+    it: tests/tiny_models.py's F32_ROUTER), and its Q8_0 draft."""
     root = tmp_path_factory.mktemp("qwen35moe")
-    gguf = write_tiny(root / "qwen35moe.gguf", "qwen35moe")
+    gguf = write_tiny(root / "qwen35moe.gguf", "qwen35moe", router=F32_ROUTER)
     return gguf, requantize(gguf, root / "qwen35moe-q8_0.gguf", "Q8_0")
 
 

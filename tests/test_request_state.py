@@ -137,3 +137,19 @@ def test_a_resume_feeds_the_prompt_and_the_output_again_and_keeps_the_record():
     state, frame = state.send([])
     assert frame.tokens == list(state.tokens)  # one frame feeds all that every stage computed before
     assert frame.history == state.output  # the penalties of its sampled row count the whole completion
+
+
+def test_a_lost_restore_starts_the_lane_over_keeping_what_was_handed_out():
+    """The KV tier's entry was lost on some stage: the request starts over from position 0 on
+    its lane. A fresh one counts nothing cached; one resumed after a route break (tokens handed
+    out already) feeds them again and keeps its first lease's count."""
+    fresh = RequestState(GenerationRequest(PROMPT, 10)).leased(LaneId(1), 3)
+    again = fresh.resume(rebuilt=False)
+    assert (again.computed, again.cached, again.resumed, again.epoch) == (0, 0, 0, 1)
+    state, _ = RequestState(GenerationRequest(PROMPT, 10)).leased(LaneId(1), 2).send([])
+    state, _ = state.apply([Sampled(30)], 0)
+    state = state.delivered_one().resume().leased(LaneId(2), 3)  # a route break; the new lease restores
+    again = state.resume(rebuilt=False)
+    assert (again.computed, again.cached, again.resumed, again.delivered) == (0, 2, 1, 1)
+    _, frame = again.send([])
+    assert frame.tokens == [*PROMPT, 30]  # the prompt and the token handed out, fed again

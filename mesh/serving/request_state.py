@@ -153,9 +153,11 @@ class RequestState:
     def resume(self, rebuilt: bool = True) -> RequestState:
         """The route broke: frames and drafts are lost, and the new route holds nothing yet. Not
         `rebuilt`: a stage lost the cached tokens the KV tier was to restore, and the request
-        starts over on its lane, nothing cached (it has handed out nothing yet)."""
+        starts over on its lane from position 0: nothing cached, unless a route break resumed it
+        before (usage counts its first lease's cache)."""
         if not rebuilt:
-            return replace(self, frames=(), drafts=(), computed=0, cached=0, epoch=self.epoch + 1)
+            cached = 0 if self.resumed == 0 else self.cached
+            return replace(self, frames=(), drafts=(), computed=0, cached=cached, epoch=self.epoch + 1)
         return replace(self, frames=(), drafts=(), computed=0, epoch=self.epoch + 1, resumed=self.resumed + 1)
 
     def send(self, drafts: Sequence[int], by: str = "", seconds: float = 0.0) -> tuple[RequestState, Outgoing]:

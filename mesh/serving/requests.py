@@ -211,14 +211,16 @@ class Requests:
     async def _generated(self, pipeline: Pipeline, lease: Lease, live: Live, proposing: Proposing
                          ) -> AsyncGenerator[Sampled | PromptLogprobs, None]:
         """The generate loop; a lease whose cached tokens the KV tier was to restore, and some
-        stage could not (it dropped the entry, or its file was bad), is prefilled again from
-        position 0 on the same lane: the first frame failed, so nothing was handed out."""
+        stage could not (it dropped the entry, its file was bad, or it is a new process since a
+        rebuild), is prefilled again from position 0 on the same lane: the lease's first frame
+        failed, so nothing it computed was applied. A request resumed after a route break has
+        handed out tokens already; they are prefilled again with its prompt, as a resume does."""
         try:
             async for sampled in generate(pipeline, lease, live, self.settings.ctx_size, proposing):
                 yield sampled
             return
         except (StageFailedError, EngineError) as exc:
-            if not lease.restored or live.state.delivered or pipeline.broken:
+            if not lease.restored or live.state.computed > lease.cached or pipeline.broken:
                 raise
             log.warning("session %d: a stage could not restore its cached tokens (%s): prefilled again",
                         lease.session, exc)
