@@ -444,7 +444,7 @@ class HopTimings(_message.Message):
     def __init__(self, hops: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("session_id", "frame_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch", "lane", "keep", "fed", "propose", "proposals", "proposed_at", "propose_us", "stash", "evict", "restore", "restore_positions")
+    __slots__ = ("session_id", "frame_id", "kind", "start_pos", "dtype", "shape", "payload_bytes", "tokens", "want_reply", "all_logits", "sampling", "message", "timings", "logprobs", "top", "epoch", "lane", "keep", "fed", "propose", "proposals", "proposed_at", "propose_us", "stash", "evict", "restore", "restore_positions", "restore_keep")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FRAME_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -472,6 +472,7 @@ class FrameHeader(_message.Message):
     EVICT_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
     RESTORE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_KEEP_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     frame_id: int
     kind: FrameKind
@@ -499,4 +500,5 @@ class FrameHeader(_message.Message):
     evict: bool
     restore: str
     restore_positions: int
-    def __init__(self, session_id: _Optional[int] = ..., frame_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ..., lane: _Optional[int] = ..., keep: _Optional[int] = ..., fed: _Optional[_Iterable[int]] = ..., propose: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., proposed_at: _Optional[int] = ..., propose_us: _Optional[int] = ..., stash: _Optional[str] = ..., evict: _Optional[bool] = ..., restore: _Optional[str] = ..., restore_positions: _Optional[int] = ...) -> None: ...
+    restore_keep: bool
+    def __init__(self, session_id: _Optional[int] = ..., frame_id: _Optional[int] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., dtype: _Optional[_Union[WireDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., want_reply: _Optional[bool] = ..., all_logits: _Optional[bool] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., message: _Optional[str] = ..., timings: _Optional[_Union[HopTimings, _Mapping]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., epoch: _Optional[int] = ..., lane: _Optional[int] = ..., keep: _Optional[int] = ..., fed: _Optional[_Iterable[int]] = ..., propose: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[Proposed, _Mapping]]] = ..., proposed_at: _Optional[int] = ..., propose_us: _Optional[int] = ..., stash: _Optional[str] = ..., evict: _Optional[bool] = ..., restore: _Optional[str] = ..., restore_positions: _Optional[int] = ..., restore_keep: _Optional[bool] = ...) -> None: ...

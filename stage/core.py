@@ -158,7 +158,7 @@ class StageCore:
         new = session not in self.lanes.by_session
         lane = self.lanes.take(session, LaneId(header.lane)) if named else self.lanes.lane_for(session)
         if new:
-            begin_lane(self, lane, Begin(header.evict, header.restore, header.restore_positions))
+            begin_lane(self, lane, Begin(header.evict, header.restore, header.restore_positions, header.restore_keep))
         if newer:  # frames come in order, so every step the session has queued is of an older epoch
             self.skipped += self.batcher.discard_lane(lane)
         if self.engine.first:

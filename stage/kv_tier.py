@@ -123,23 +123,31 @@ class KvTier:
             self._spill()
             self._count()
 
-    def take(self, shelf: Shelf, key: str) -> Kept | None:
-        """The entry, removed from the tier (it goes back into a lane), or None."""
+    def take(self, shelf: Shelf, key: str, keep: bool = False) -> Kept | None:
+        """The entry, removed from the tier (it goes back into a lane) unless `keep` (then it
+        is only the most recently used), or None."""
         name = (shelf.namespace, shelf.owner, key)
         with self.lock:
             self._scan(shelf)
-            kept = self.in_ram.pop(name, None)
+            kept = self.in_ram.get(name)
             if kept is not None:
                 self.stats.hits_ram += 1
-            else:
-                disk = self.on_disk.pop(name, None)
-                kept = self._read(disk, shelf.namespace) if disk is not None else None
+                self._taken(self.in_ram, name, keep)
+            elif (disk := self.on_disk.get(name)) is not None:
+                kept = self._read(name, disk)
                 if kept is not None:
                     self.stats.hits_disk += 1
+                    self._taken(self.on_disk, name, keep)
             if kept is None:
                 self.stats.misses += 1
             self._count()
             return kept
+
+    def _taken(self, store: OrderedDict[Name, Kept] | OrderedDict[Name, _OnDisk], name: Name, keep: bool) -> None:
+        if keep:
+            store.move_to_end(name)
+        else:
+            self._forget(name)
 
     def flush(self) -> None:
         """Write what host memory holds to disk, as the disk bound allows (a stop): a stage
@@ -175,15 +183,15 @@ class KvTier:
             return
         self.on_disk[name] = _OnDisk(path, len(kept.data))
 
-    def _read(self, disk: _OnDisk, namespace: str) -> Kept | None:
+    def _read(self, name: Name, disk: _OnDisk) -> Kept | None:
+        """The entry in `disk`'s file; a file that does not check out is deleted (and forgotten)."""
         try:
-            kept = _load(disk.path, namespace)
+            return _load(disk.path, name[0])
         except (OSError, ValueError) as exc:
             log.warning("kv tier: %s is not a whole entry (%s): deleted, and prefilled again", disk.path, exc)
             self.stats.corrupt += 1
-            kept = None
-        _unlink(disk.path)
-        return kept
+        self._forget(name)
+        return None
 
     def _forget(self, name: Name) -> None:
         self.in_ram.pop(name, None)

@@ -58,11 +58,13 @@ class TierEngine(Protocol):
 class Begin:
     """What a request's first frame asks of its lane before it runs: file what the lane holds
     under the key its END named (`evict`), then load the entry `restore` (holding
-    `positions` positions), if any."""
+    `positions` positions), if any, leaving it in the tier too with `keep` (a request that
+    reuses only part of it)."""
 
     evict: bool = False
     restore: str = ""
     positions: int = 0
+    keep: bool = False
 
     def __bool__(self) -> bool:
         return self.evict or bool(self.restore)
@@ -110,7 +112,7 @@ class LaneTier:
 
     def _restore(self, lane: int, begin: Begin) -> None:
         started = time.perf_counter()
-        kept = self.tier.take(self.shelf, begin.restore)
+        kept = self.tier.take(self.shelf, begin.restore, keep=begin.keep)
         if kept is None or kept.positions != begin.positions:
             log.warning("kv tier: entry %s is not here; the coordinator prefills it again", begin.restore[:12])
             self.engine.trim(lane, 0)

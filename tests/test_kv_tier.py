@@ -11,7 +11,7 @@ import pytest
 
 from mesh.cli.kv_tier_args import tier_size
 from mesh.serving.kv_index import TierIndex, key_of
-from mesh.serving.prefix_cache import EVICT_MIN, PrefixCache
+from mesh.serving.prefix_cache import EVICT_MIN, RESTORE_MIN, PrefixCache
 from stage.engine import Step
 from stage.kv_tier import Kept, KvTier, Shelf
 from stage.lane_tier import Begin, LaneTier
@@ -91,6 +91,40 @@ def test_the_coordinator_files_an_overwritten_lane_and_restores_the_entry_that_h
     cache.keep(0, [*a, 1, 2, 3, *range(EVICT_MIN - 1)])
     few = cache.take([*a, 1, 2, 3, 9], free=[0])  # fewer than EVICT_MIN tokens lost: not worth a copy
     assert not few.begin.evict
+
+
+def test_an_entry_reused_in_part_stays_for_its_own_conversation(tmp_path: Path):
+    """Sixteen ledgers on four lanes: two whose first words begin alike share a token past the
+    chat template. A request reusing a few tokens of another conversation's entry must neither
+    spend that entry (its conversation came back to a full prefill every turn: TTFT 7 s, not
+    0.4) nor load it for less than it costs."""
+    index = TierIndex()
+    cache = PrefixCache(index=index)
+    template, a, b = [1, 2, 3], list(range(100, 200)), list(range(300, 400))
+    index.add([*template, *a])
+    cache.keep(0, [*template, 9, *b])
+    near = cache.take([*template, a[0], *b], free=[0])  # one token more than the lane: not worth it
+    assert near.begin == Begin(evict=True)
+    assert near.cached == len(template)
+    cache.keep(0, [*template, 9, *b])
+    shared = [*template, *a[:RESTORE_MIN], *b]  # shares RESTORE_MIN tokens of a's entry
+    part = cache.take(shared, free=[0])
+    assert part.cached == len(template) + RESTORE_MIN
+    assert part.begin == Begin(evict=True, restore=key_of([*template, *a]), positions=len(a) + 3, keep=True)
+    assert key_of([*template, *a]) in index.entries  # still a's
+    cache.keep(0, shared)
+    back = cache.take([*template, *a, 7], free=[0])
+    assert back.cached == len(a) + 3
+    assert back.begin == Begin(evict=True, restore=key_of([*template, *a]), positions=len(a) + 3)
+    assert key_of([*template, *a]) not in index.entries
+    # and on the stage: an entry loaded with `keep` stays, in host memory or on disk
+    tier = KvTier(ram=150, disk=1000, root=tmp_path)
+    tier.put(SHELF, "a", _kept(100))
+    tier.put(SHELF, "b", _kept(100))  # a goes to disk
+    for key in "ab":
+        assert tier.take(SHELF, key, keep=True) == tier.take(SHELF, key) == _kept(100)
+        assert tier.take(SHELF, key) is None
+    assert (tier.stats.hits_ram, tier.stats.hits_disk, tier.stats.misses) == (2, 2, 2)
 
 
 def test_an_exact_cache_restores_only_an_entry_the_prompt_extends_whole():

@@ -63,7 +63,7 @@ class Lease:
     session: SessionId
     lane: LaneId
     cached: int = 0
-    restored: bool = False  # the cached tokens come from the KV tier, which a stage may have lost
+    restored: str = ""  # the KV tier's entry the cached tokens come from, which a stage may have lost
 
 
 @dataclass
@@ -205,7 +205,7 @@ class Pipeline:
         begin_lane(self.core, lane, taken.begin)  # queued ahead of the request's first step here
         if taken.begin:
             self.begins[lane] = taken.begin  # and told the later stages by its first frame
-        return Lease(session, lane, taken.cached, bool(taken.begin.restore))
+        return Lease(session, lane, taken.cached, taken.begin.restore)
 
     async def send(self, session: SessionId, lane: LaneId, out: Outgoing) -> Pending:
         """Feed the frame's tokens up to the point where it has left stage 0; `wait` gives its
@@ -403,12 +403,15 @@ class Pipeline:
                 pending.reply.set_exception(MeshUnavailableError(reason))
         self.waiters.clear()
 
-def unrestored(pipeline: Pipeline, lane: LaneId) -> None:
+def unrestored(pipeline: Pipeline, lane: LaneId, restored: str) -> None:
     """The lane's request is prefilled again without its restore: a first frame that has not
-    left yet still files what the lane held on the later stages, and loads nothing."""
+    left yet still files what the lane held on the later stages, and loads nothing. An entry
+    that was to stay in the tier (`Begin.keep`) is gone from some stage: the index forgets it."""
     begin = pipeline.begins.get(lane)
     if begin is not None:
         pipeline.begins[lane] = Begin(evict=begin.evict)
+    if restored and pipeline.cache is not None and pipeline.cache.index is not None:
+        pipeline.cache.index.remove(restored)
 
 
 def _begun(header: pb.FrameHeader, begins: dict[LaneId, Begin]) -> pb.FrameHeader:
@@ -416,6 +419,7 @@ def _begun(header: pb.FrameHeader, begins: dict[LaneId, Begin]) -> pb.FrameHeade
     begin = begins.pop(LaneId(header.lane), None)
     if begin is not None:
         header.evict, header.restore, header.restore_positions = begin.evict, begin.restore, begin.positions
+        header.restore_keep = begin.keep
     return header
 
 

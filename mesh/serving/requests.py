@@ -225,9 +225,9 @@ class Requests:
             log.warning("session %d: a stage could not restore its cached tokens (%s): prefilled again",
                         lease.session, exc)
         live.state = live.state.resume(rebuilt=False)
-        unrestored(pipeline, lease.lane)
+        unrestored(pipeline, lease.lane, lease.restored)
         self.tier_misses += 1
-        async for sampled in generate(pipeline, replace(lease, cached=0, restored=False), live,
+        async for sampled in generate(pipeline, replace(lease, cached=0, restored=""), live,
                                       self.settings.ctx_size, proposing):
             yield sampled
 
