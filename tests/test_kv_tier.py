@@ -4,14 +4,15 @@ lane, entry and eviction. Through `mesh serve`: tests/test_kv_tier_served.py."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mesh.cli.kv_tier_args import tier_size
-from mesh.serving.kv_index import TierIndex, key_of
-from mesh.serving.prefix_cache import EVICT_MIN, RESTORE_MIN, PrefixCache
+from mesh.serving.kv_index import BLOCK, TierIndex, key_of
+from mesh.serving.prefix_cache import EVICT_MIN, RESTORE_MIN, PrefixCache, matched
 from stage.engine import Step
 from stage.kv_tier import Kept, KvTier, Shelf
 from stage.lane_tier import Begin, LaneTier
@@ -125,6 +126,26 @@ def test_an_entry_reused_in_part_stays_for_its_own_conversation(tmp_path: Path):
         assert tier.take(SHELF, key, keep=True) == tier.take(SHELF, key) == _kept(100)
         assert tier.take(SHELF, key) is None
     assert (tier.stats.hits_ram, tier.stats.hits_disk, tier.stats.misses) == (2, 2, 2)
+
+
+def test_the_index_finds_by_blocks_what_matching_every_entry_finds():
+    """Entries sharing a long system prompt, and others: the block index finds the entry a
+    token-by-token match over every entry finds, for any prompt sharing a block or more."""
+    rng = np.random.default_rng(0)
+    system = [int(t) for t in rng.integers(1000, size=300)]
+    index = TierIndex()
+    for i in range(200):
+        index.add([*(system if i % 2 else []), *(int(t) for t in rng.integers(1000, size=int(rng.integers(32, 200))))])
+    held = list(index.entries.values())
+    prompts = [[*held[7], 1], [*held[8][:150], 2, 3], [*system, 4, 5], [*held[9][:BLOCK - 1], 6], [7] * 50]
+    for exact in (False, True):
+        for prompt in prompts:
+            linear = max(matched(tokens, prompt, exact) for tokens in held)
+            found = index.best(prompt, functools.partial(matched, exact=exact))[1]
+            assert found == (linear if linear >= BLOCK else 0)
+    for key in list(index.entries):
+        index.remove(key)
+    assert not index.blocks  # nothing left behind
 
 
 def test_an_exact_cache_restores_only_an_entry_the_prompt_extends_whole():
