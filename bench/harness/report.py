@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,12 @@ def proposer_totals(breakdowns: list[dict[str, dict[str, float]]]) -> dict[str, 
             p, a = totals.get(name, (0.0, 0.0))
             totals[name] = (p + counts.get("proposed", 0.0), a + counts.get("accepted", 0.0))
     return totals
+
+
+def met(goal: str, value: float) -> bool | None:
+    """Whether `value` meets a goal such as "<= 0.25" or ">= 1"; None for no goal."""
+    found = re.fullmatch(r"\s*(<=|>=|==)\s*(-?[0-9.]+)\s*", goal)
+    if not found:
+        return None
+    op, bound = found.group(1), float(found.group(2))
+    return {"<=": value <= bound, ">=": value >= bound, "==": value == bound}[op]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ from bench.harness.client import mesh_cuts, stream_messages
 from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from bench.harness.llama_cpp import Binaries, ServerSpec
 from bench.harness.local_server import LocalServer, free_port
+from bench.harness.report import met
 from mesh.cli.bearer import auth_headers
 from mesh.model.tokenizer import Tokenizer
 
@@ -152,15 +152,6 @@ def differing(record: Record, a: str, b: str, turns: Sequence[int]) -> tuple[int
     ra, rb = record.replies[a], record.replies[b]
     both = [k for k in ra if k in rb and k[2] in turns]
     return sum(ra[k].text != rb[k].text for k in both), len(both)
-
-
-def met(goal: str, value: float) -> bool | None:
-    """Whether `value` meets a goal such as "<= 0.25" or ">= 1"; None for no goal."""
-    found = re.fullmatch(r"\s*(<=|>=|==)\s*(-?[0-9.]+)\s*", goal)
-    if not found:
-        return None
-    op, bound = found.group(1), float(found.group(2))
-    return {"<=": value <= bound, ">=": value >= bound, "==": value == bound}[op]
 
 
 def tier_counts(metrics: str) -> dict[str, float]:
