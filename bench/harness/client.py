@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from mesh.api.responses import ChatCompletionChunk, SpeculativeUsage, Usage
+from mesh.api.responses import ChatCompletionChunk, ChatDelta, SpeculativeUsage, Usage
 from mesh.cli.bearer import auth_headers
 from mesh.reports.health import Health
 
@@ -20,7 +20,7 @@ class StreamTiming:
     arrivals: tuple[float, ...]  # seconds since the request, one per content chunk
     completion_tokens: int
     speculative: SpeculativeUsage | None = field(default=None)
-    text: str = ""  # the reply, as streamed
+    text: str = ""  # the reply, as streamed (a tool call as its name and arguments)
     usage: dict[str, Any] = field(default_factory=dict)  # as sent: fields newer than this client's Usage too
 
     @property
@@ -54,7 +54,7 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int) -> StreamTim
 def stream_messages(url: str, model: str, messages: list[dict[str, str]], max_tokens: int,
                     ignore_eos: bool = True, sampling: dict[str, Any] | None = None) -> StreamTiming:
     """Greedy unless `sampling` says otherwise (with a seed, every run draws the same tokens;
-    it may hold any other body field, `response_format`).
+    it may hold any other body field, `response_format`, `tools`).
     EOS is ignored unless asked, so every run decodes the same number of tokens."""
     body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": ignore_eos, "stream_options": {"include_usage": True}, **(sampling or {})}
@@ -70,7 +70,7 @@ def stream_messages(url: str, model: str, messages: list[dict[str, str]], max_to
                 continue
             raw = _event(line[6:])
             raw_usage = raw.get("usage") or raw_usage
-            content = "".join(c.delta.content or "" for c in ChatCompletionChunk.model_validate(raw).choices)
+            content = "".join(_delta_text(c.delta) for c in ChatCompletionChunk.model_validate(raw).choices)
             if content:
                 arrivals.append(time.perf_counter() - start)
                 pieces.append(content)
@@ -79,6 +79,15 @@ def stream_messages(url: str, model: str, messages: list[dict[str, str]], max_to
     usage = Usage.model_validate(raw_usage) if raw_usage else None
     return StreamTiming(arrivals[0], tuple(arrivals), usage.completion_tokens if usage else len(arrivals),
                         usage.speculative if usage else None, "".join(pieces), raw_usage)
+
+
+def _delta_text(delta: ChatDelta) -> str:
+    """A chunk's text: its content, and a tool call's name and arguments as they stream (not its
+    id, which differs every time), so a reply that calls a tool is timed and compared as one
+    that writes text is."""
+    calls = "".join(str(fn.get("name") or "") + str(fn.get("arguments") or "")
+                    for fn in ((call.get("function") or {}) for call in delta.tool_calls or []))
+    return (delta.content or "") + calls
 
 
 def _event(data: str) -> dict[str, Any]:
