@@ -31,6 +31,7 @@ from bench.scenarios import (
     chat,
     concurrency,
     constrained,
+    corpus,
     engines,
     front_doors,
     guard,
@@ -66,7 +67,8 @@ BEFORE_MESH: dict[str, Callable[[Asked], Outcome]] = {"numerics": numerics.run, 
 AFTER_MESH: dict[str, Callable[[Asked], Outcome]] = {
     "chat": chat.run, "ngram": ngram.run, "prompt_lookup": prompt_lookup.run, "constrained": constrained.run,
     "engines": engines.run, "peers": peers.run, "sweep": sweep.run, "guard": guard.run, "hybrid": hybrid.run,
-    "mtp": mtp.run, "sampling": sampling.run, "front_doors": front_doors.run, "kvtier": kv_tier.run}
+    "mtp": mtp.run, "sampling": sampling.run, "front_doors": front_doors.run, "kvtier": kv_tier.run,
+    "corpus": corpus.run}
 # Each of these runs alone, on a model it writes into the cache: the one the run's setup serves
 OWN_MODEL: dict[str, Callable[[Path], Path]] = {"hybrid": hybrid.model_path, "mtp": mtp.model_path}
 # shapes brings its own model and runs only alone (shapes.run)
@@ -87,9 +89,10 @@ MTP_DEFAULTS = {"tokens": 64, "prompts": 2, "stages": "2"}  # 3-4 split-2 server
 SAMPLING_DEFAULTS = {"tokens": 64, "prompts": 3, "stages": "2"}  # 3 servers x 2 temperatures x 2 pairs
 FRONT_DOORS_DEFAULTS = {"tokens": 64, "prompts": 4, "stages": "2"}  # one stage daemon, two coordinators
 KVTIER_DEFAULTS = {"tokens": 16, "prompts": 1, "stages": "1,2"}  # short replies: a chat turn's TTFT is the point
+CORPUS_DEFAULTS = {"tokens": 128, "prompts": 1, "stages": "2"}  # 72 requests x 4 split-2 servers x 2 delays
 # --wire-delays when not given, for a scenario run alone that has its own (else 0,20; --machines 0,5,20,50)
 ALONE_DELAYS = {frozenset({"prompt_lookup"}): "0,20", frozenset({"hybrid"}): "0,20",  # the issues' delays
-                frozenset({"mtp"}): "0,20",
+                frozenset({"mtp"}): "0,20", frozenset({"corpus"}): "0,20",
                 frozenset({"sampling"}): "20"}
 
 # --scenarios' help: each scenario, what it measures
@@ -125,9 +128,12 @@ SCENARIOS_HELP = (
     "one stage daemon, against the same streams through one of them; with --machines each on its own CPU set), "
     "kvtier (16 chats of 4 turns round robin on 4 lanes: TTFT of later turns against the first on split-2 with the "
     "KV tier and with lanes only, a 5th turn after the tier server's restart, and meshpipe's one node against "
-    "llama-server's prompt cache with --llama-cpp-bin; 16 tokens alone); "
+    "llama-server's prompt cache with --llama-cpp-bin; 16 tokens alone), corpus (a seeded held-out corpus, 12 "
+    "requests each of copy-heavy, free, code, nested-schema, flat-schema and tool-call, on split-2 with no "
+    "speculation, ngram, the defaults and ngram+draft at each --wire-delays, 0,20 ms alone: per kind the median "
+    "and worst whole-request speed-up over none); "
     "numerics, agreement, chat, ngram, prompt_lookup, engines, constrained, peers, sweep, guard, sampling, "
-    "front_doors and kvtier run alone if asked alone")
+    "front_doors, kvtier and corpus run alone if asked alone")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -139,7 +145,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "draft are always measured")
     p.add_argument("--wire-delays", default=None,
                    help="one-way ms on every hop for the spec and return scenarios (default: 0,20; with "
-                        "--machines 0,5,20,50; prompt_lookup alone 0,20 and sampling alone 20 either way)")
+                        "--machines 0,5,20,50; prompt_lookup and corpus alone 0,20, sampling alone 20, either way)")
     p.add_argument("--machines", action="store_true",
                    help="emulate separate machines: pin each local stage to its own CPU set (--cpu-sets), "
                         "one engine thread per CPU and no CPU lock; the baseline runs on the first set; "
@@ -224,7 +230,8 @@ def fill_defaults(args: argparse.Namespace, scenarios: set[str]) -> None:
              frozenset({"prompt_lookup"}): PROMPT_LOOKUP_DEFAULTS, frozenset({"guard"}): GUARD_DEFAULTS,
              frozenset({"machines"}): MACHINES_DEFAULTS, frozenset({"hybrid"}): HYBRID_DEFAULTS,
              frozenset({"mtp"}): MTP_DEFAULTS, frozenset({"sampling"}): SAMPLING_DEFAULTS,
-             frozenset({"front_doors"}): FRONT_DOORS_DEFAULTS, frozenset({"kvtier"}): KVTIER_DEFAULTS}
+             frozenset({"front_doors"}): FRONT_DOORS_DEFAULTS, frozenset({"kvtier"}): KVTIER_DEFAULTS,
+             frozenset({"corpus"}): CORPUS_DEFAULTS}
     for name, value in alone.get(frozenset(scenarios), DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
