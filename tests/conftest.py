@@ -114,3 +114,31 @@ def byte_tokenizer(tmp_path_factory: pytest.TempPathFactory):  # -> mesh.model.t
 
     gguf = write_tiny_llama(tmp_path_factory.mktemp("bytes") / "bytes.gguf", layers=1, byte_vocab=True)
     return Tokenizer(gguf, "tiny")
+
+
+class _Unbounded:
+    """A request ledger that allows whatever the controllers ask (mesh/speculative/ledger.py):
+    for tests of the loop's and the proposers' mechanics, whose scripted or tiny pipelines
+    take microseconds, so a ledger's prices would decide what they test."""
+
+    priced = True
+
+    def __init__(self, started: float) -> None:
+        pass
+
+    def heard(self, seen: object) -> None:
+        pass
+
+    def allowed_depth(self, asked: int, now: float) -> int:
+        return asked
+
+    def allowed_window(self, asked: int, now: float, catch_up: int = 0, prospect: float = 0.0) -> int:
+        return max(asked, 0)
+
+
+@pytest.fixture
+def unbounded_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every session's ledger allows what its controllers ask (`_Unbounded`)."""
+    import mesh.serving.proposals as proposals
+
+    monkeypatch.setattr(proposals, "Ledger", _Unbounded)

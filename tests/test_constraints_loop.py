@@ -29,6 +29,9 @@ from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, WindowPolicy
 from stage.sampling import sample_rows
 
+# the loop's and proposers' mechanics, not what a request's ledger allows (tests/test_ledger.py)
+pytestmark = pytest.mark.usefixtures("unbounded_ledger")
+
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5},
                                            "b": {"enum": ["yes", "no"]}, "c": {"type": "integer"}},
           "required": ["a", "b", "c"], "additionalProperties": False}

@@ -26,6 +26,9 @@ from mesh.speculative.plan import FRAMES_IN_FLIGHT, PRICED_FRAMES_IN_FLIGHT
 from mesh.speculative.window import Adaptive, CostAware, Fixed, Observation, Since
 from packages.speculative import WindowPolicy
 
+# the loop's and proposers' mechanics, not what a request's ledger allows (tests/test_ledger.py)
+pytestmark = pytest.mark.usefixtures("unbounded_ledger")
+
 POLICY = WindowPolicy(policy="cost-aware", initial=4, min=1, max=8)
 MS = 1e-3
 

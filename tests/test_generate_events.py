@@ -26,6 +26,9 @@ from mesh.serving.request_state import Live, Outgoing, RequestState
 from mesh.speculative.proposer import Budget, Proposal
 from mesh.speculative.window import Fixed, Observation, WindowPolicy
 
+# the loop's and proposers' mechanics, not what a request's ledger allows (tests/test_ledger.py)
+pytestmark = pytest.mark.usefixtures("unbounded_ledger")
+
 PROMPT = [1, 2, 3]
 TARGET = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # what the target samples after PROMPT
 EOS = 2

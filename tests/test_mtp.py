@@ -35,6 +35,9 @@ from stage.engine_choice import LLAMA
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.mtp_drafts import committed_last
 
+# the loop's and proposers' mechanics, not what a request's ledger allows (tests/test_ledger.py)
+pytestmark = pytest.mark.usefixtures("unbounded_ledger")
+
 # deepseek2 and glm4moe: MoE with leading dense blocks (MLA in the first); hy_v3: dense first,
 # then MoE. Each has one nextn layer past its main stack.
 FAMILIES = ("deepseek2", "glm4moe", "hy_v3")

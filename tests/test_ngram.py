@@ -47,7 +47,7 @@ def test_a_repeating_run_proposes_its_continuation():
 
 
 def _budget(k: int):
-    return lambda name: k if name == NGRAM else 0
+    return lambda name, catch_up=0: k if name == NGRAM else 0
 
 
 def test_proposals_follow_the_sequence_as_it_grows_and_rolls_back():
@@ -100,7 +100,7 @@ def test_combined_takes_prompt_lookup_when_it_matches_and_the_draft_otherwise():
     assert both.names == ("ngram", "draft")
     asked: list[str] = []
 
-    def budget(name: str) -> int:
+    def budget(name: str, catch_up: int = 0) -> int:
         asked.append(name)
         return 2
 

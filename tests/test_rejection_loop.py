@@ -19,6 +19,9 @@ from mesh.backend import GenerationRequest
 from stage.engine import EngineConfig, Step
 from stage.llama_engine import LlamaRangeEngine
 
+# the rejection rule in the loop, not what a request's ledger allows (tests/test_ledger.py)
+pytestmark = pytest.mark.usefixtures("unbounded_ledger")
+
 PROMPTS = [[1, 5, 9, 13], [1, 40, 2, 7, 7], [1, 63, 3]]
 TOKENS = 24
 

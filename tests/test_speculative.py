@@ -40,7 +40,8 @@ from stage.engine import Step
 from stage.llama_engine import EngineConfig, LlamaRangeEngine
 from stage.transport import connect, serve
 
-pytestmark = pytest.mark.mesh
+# the proposers' and the loop's mechanics, not what a request's ledger allows (tests/test_ledger.py)
+pytestmark = [pytest.mark.mesh, pytest.mark.usefixtures("unbounded_ledger")]
 
 CUT = 15
 GREEDY = SamplingParams()
@@ -338,11 +339,12 @@ def test_accepted_prefix():
     assert common_prefix([5], [5, 6]) == 1
 
 
-def test_adaptive_window_moves_within_bounds():
-    w = Adaptive(WindowPolicy(policy="adaptive", initial=2, min=1, max=3))
-    for accepted, expect in [(2, 3), (3, 3), (0, 2), (0, 1), (0, 1)]:
+def test_adaptive_window_doubles_on_a_full_accept_and_falls_to_what_was_accepted():
+    w = Adaptive(WindowPolicy(policy="adaptive", initial=2, min=1, max=6))
+    steps = [(2, 4, 3), (4, 6, 3), (6, 6, 3), (2, 3, 1), (0, 1, 1), (1, 2, 3)]
+    for accepted, window, depth in steps:  # window and frames ahead after each
         w.record(Observation(w.next_window(), accepted, 0.0, 1))
-        assert w.window == expect
+        assert (w.window, w.depth(3)) == (window, depth)
 
 
 # Measured by `mesh bench --scenarios numerics --numerics-gguf gemma-3-270m-q4_k_m.gguf`: a

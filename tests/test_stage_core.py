@@ -36,8 +36,10 @@ from stage.transport import connect, serve
 GREEDY = SamplingParams()
 # finite, but 1e300 / 1e-30 overflows: the final stage cannot sample it (and numpy says so)
 OVERFLOW = SamplingParams(temperature=1e-30, logit_bias=((3, 1e300),))
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
-                                        "ignore:invalid value encountered:RuntimeWarning")
+# the loop's mechanics, not what a request's ledger allows (tests/test_ledger.py)
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                         "ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.usefixtures("unbounded_ledger")]
 
 
 @contextlib.asynccontextmanager

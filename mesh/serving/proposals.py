@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from mesh.backend import WindowChoice
 from mesh.constraints.guide import Guide
 from mesh.reports.hop_timing import hop_parts
 from mesh.serving.pipeline import Pending
 from mesh.serving.request_state import Frame, RequestState
 from mesh.speculative.forced import forced_proposal
+from mesh.speculative.ledger import Ledger
 from mesh.speculative.proposer import DraftSampling, Proposal, Proposer, ask
 from mesh.speculative.proposers import windowed
 from mesh.speculative.window import Controller, Observation, Since
@@ -63,14 +65,21 @@ class Proposals:
     forced: bool = True
     in_flight: int = 1
     last: _Last = field(default_factory=_Last)
+    # what speculation saved this request, which bounds what it may risk (ledger.py)
+    ledger: Ledger = field(default_factory=lambda: Ledger(time.perf_counter()))
 
     def depth(self) -> int:
         """The frames that may be out at once: `in_flight`, or fewer where the primary
-        proposer's controller finds more not worth it; one without a proposer."""
+        proposer's controller finds more not worth it or the request's ledger cannot afford
+        them; one without a proposer."""
         if self.draft is None:
             return 1
         limit = max(self.in_flight, 1)
-        return _controller(self.window, self.draft.names[0]).depth(limit) if self.window is not None else limit
+        if self.window is None:
+            return limit
+        controller = _controller(self.window, self.draft.names[0])
+        asked = controller.depth(limit)
+        return self.ledger.allowed_depth(asked, time.perf_counter()) if controller.ledgered else asked
 
     async def propose(self, state: RequestState, ctx: int) -> Proposal:
         """The drafts for the next frame: a grammar's forced tokens, else the proposer's, each
@@ -86,7 +95,11 @@ class Proposals:
         window, draft = self.window, self.draft
         if draft is None or window is None or room < 1 or state.lane is None:
             return NOTHING
-        budget = lambda name: max(0, min(_controller(window, name).next_window(), room))  # noqa: E731
+
+        def budget(name: str, catch_up: int = 0) -> int:
+            controller = _controller(window, name)
+            return self._afford(controller, min(controller.next_window(), room), catch_up, room)
+
         params = state.req.sampling
         sampling = DraftSampling(params, len(state.req.prompt)) if params.rejects else None
         found = (await ask(draft, state.lane, list(state.sequence), budget, guide, sampling)).first(room)
@@ -99,8 +112,19 @@ class Proposals:
         asks, window = getattr(self.draft, "asks", None), self.window
         if asks is None or window is None or state.room(ctx) < 1 or state.lane is None:
             return 0
-        budget = lambda name: _controller(window, name).next_window()  # noqa: E731
+        def budget(name: str, catch_up: int = 0) -> int:
+            controller = _controller(window, name)
+            return self._afford(controller, controller.next_window(), catch_up, state.room(ctx))
+
         return max(0, min(asks(state.lane, budget, self.depth()), state.room(ctx)))
+
+    def _afford(self, controller: Controller, window: int, catch_up: int, room: int) -> int:
+        """A controller's window, cut to what the request's ledger can lose on it and on the
+        proposer's catch-up, less what the catch-up is expected to earn back (`prospect`). A
+        fixed window is the operator's, proposed whatever it costs."""
+        if not controller.ledgered:
+            return window
+        return self.ledger.allowed_window(window, time.perf_counter(), catch_up, prospect(controller.choice, room))
 
     def offered(self, lane: int | None, pending: Pending) -> None:
         """What the final stage proposed with a reply, for the proposer that drafts there."""
@@ -110,41 +134,63 @@ class Proposals:
 
     def settled(self, frames: Sequence[tuple[Frame, int]], out: Sequence[Pending], committed: int) -> None:
         """A reply settled `frames` (each with its accepted drafts), the oldest of `out` first,
-        and committed `committed` tokens: what each tells its proposer's window controller."""
+        and committed `committed` tokens: what each tells its proposer's window controller,
+        and what the reply saved or cost, to the request's ledger (forced tokens too)."""
         kind, at = _kind(frames[0][0]), out[0].answered_at or time.perf_counter()
         # frames answer in order: one sent after the last reply had nothing ahead of it
         # (one at a time, or the first after a rejection voided the rest)
         alone = out[0].sent_at >= self.last.at
         since = Since(at - self.last.at, self.last.kind == kind, alone) if kind and self.last.kind else None
+        # the controllers hear of a gap after a decode's reply only, as before forced tokens counted
+        priced = since if self.last.kind != FORCED else None
         self.last.at, self.last.kind = at, kind
         if self.window is None:
             return
         for i, ((frame, accepted), pending) in enumerate(zip(frames, out, strict=False)):
-            if _kind(frame):  # a prefill is no decode to price
-                timed = (committed, since) if i == 0 else (0, None)
-                _record(self.window, frame, pending, accepted, *timed)
+            if not _kind(frame):  # a prefill is no decode to price
+                continue
+            seen = observed(frame, pending, accepted, *((committed, since) if i == 0 else (0, None)))
+            self.ledger.heard(seen)
+            if _kind(frame) != FORCED:  # no controller priced forced tokens
+                _record(self.window, frame, replace(seen, since=priced if i == 0 else None))
+
+
+VERIFY, PLAIN, FORCED = "verify", "plain", "forced"
+# What a catch-up may count on earning back: half what a cost-aware controller that chose to
+# speculate predicts it saves over this many tokens (or the room left, if less). Replies end
+# at EOS long before max_tokens as often as not, and the prediction is other requests'.
+PROSPECT_TOKENS = 64
+PROSPECT_SHARE = 0.5
+
+
+def prospect(choice: WindowChoice | None, room: int) -> float:
+    """Seconds a proposer's catch-up may count on earning back (the ledger still charges it):
+    none unless a cost-aware controller chose to speculate, its prediction beating a plain decode."""
+    if choice is None or choice.window == 0 or choice.predicted_tok_s <= choice.plain_tok_s:
+        return 0.0
+    saved = 1 / choice.plain_tok_s - 1 / choice.predicted_tok_s
+    return PROSPECT_SHARE * min(max(room, 0), PROSPECT_TOKENS) * saved
 
 
 def _kind(frame: Frame) -> str:
-    """A verify frame, a plain decode, or neither (a prefill, forced tokens): a reply's time
-    since the one before is a decode's cost when both answered decodes (`Since`)."""
+    """A verify frame, a plain decode, forced tokens, or none (a prefill): a reply's time since
+    the one before is a decode's cost when both answered decodes (`Since`)."""
     if frame.by and not windowed(frame.by):  # forced tokens: no controller priced them
-        return ""
-    return "verify" if frame.drafts else "plain" if frame.rows == 1 else ""
+        return FORCED if frame.drafts else ""
+    return VERIFY if frame.drafts else PLAIN if frame.rows == 1 else ""
 
 
 def _controller(window: Windows, name: str) -> Controller:
     return window[name] if isinstance(window, Mapping) else window
 
 
-def _record(window: Windows, frame: Frame, p: Pending, accepted: int, tokens: int, since: Since | None) -> None:
+def _record(window: Windows, frame: Frame, seen: Observation) -> None:
     """What a settled frame tells its proposer's window controller. A frame of no drafts is a
     plain decode, the cost every controller compares against, so each hears of it."""
     if frame.drafts:
         controllers = [_controller(window, frame.by)]
     else:
         controllers = list({id(c): c for c in window.values()}.values()) if isinstance(window, Mapping) else [window]
-    seen = observed(frame, p, accepted, tokens, since)
     for controller in controllers:
         controller.record(seen)
 

@@ -148,6 +148,15 @@ class Draft:
             self._start_over(lane, base, sequence)
         return sequence[base:]
 
+    def behind(self, lane: int, sequence: list[int]) -> int:
+        """The rows the lane's next proposal feeds before it drafts (`_view`, which it leaves
+        as it is): a fresh session's whole prompt, CONTEXT after sitting out CATCH_UP."""
+        base, held = self.base[lane], self.held[lane]
+        if base and (len(sequence) <= base or sequence[:base] != self.before[lane]):
+            base, held = 0, []
+        behind = len(sequence) - base - common_prefix(held, sequence[base:])
+        return CONTEXT if behind > CATCH_UP and held else behind
+
     def _start_over(self, lane: int, base: int, sequence: list[int]) -> None:
         """The lane's KV is to hold `sequence` from `base` on, from position 0 (a step's start
         is authoritative: the next decode replaces what was there)."""
@@ -155,7 +164,7 @@ class Draft:
 
     async def proposal(self, lane: int, sequence: list[int], budget: Budget,
                        guide: Guide | None = None, sampling: DraftSampling | None = None) -> Proposal:
-        k = budget(DRAFT)
+        k = budget(DRAFT, self.behind(lane, sequence))
         if k < 1:
             return Proposal([], DRAFT, 0.0)
         if sampling is None:

@@ -8,7 +8,6 @@ and what it cost, for the window controller.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -17,10 +16,14 @@ from common.sampling import Proposed, SamplingParams
 if TYPE_CHECKING:
     from mesh.constraints.guide import Guide
 
-# How many tokens a proposer may propose this round, by its name: each proposer's window
-# controller decides for it (the loop bounds it by context and budget), and is asked only
-# when that proposer is about to propose.
-Budget = Callable[[str], int]
+class Budget(Protocol):
+    """How many tokens a proposer may propose this round, by its name: each proposer's window
+    controller decides for it (the loop bounds it by context and by what the request may
+    lose), and is asked only when that proposer is about to propose. `catch_up`: the rows a
+    proposer must feed before its first proposal step (a draft model that sat out part of the
+    sequence), which the request pays for too."""
+
+    def __call__(self, name: str, catch_up: int = 0) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
