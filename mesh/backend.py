@@ -58,6 +58,9 @@ class GenerationRequest:
     ignore_eos: bool = False
     constraint: Constraint | None = None  # a grammar every token must follow (mesh/constraints/)
     keep: bool = True  # its tokens stay in its lane for a later request (the prefix cache)
+    # the start-up warm-up: it speculates as its window controllers ask, unbounded by what a
+    # request may lose (mesh/speculative/ledger.py), since it is there to time what they try
+    explore: bool = False
     request_id: str = ""  # the API's id for it (cmpl-..., chatcmpl-...): the log and an error name it
     # the prompt's own logprobs come first (/v1/completions' echo), with sampling.logprobs top ones
     prompt_logprobs: bool = False

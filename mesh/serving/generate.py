@@ -37,7 +37,7 @@ async def generate(pipeline: Pipeline, lease: Lease, live: Live, ctx: int, with_
     live.state = live.state.leased(lease.lane, lease.cached)
     constraint = live.state.req.constraint
     guide = Guide(constraint) if constraint is not None else None
-    by = Proposals(with_.draft, with_.window, guide, with_.forced, with_.in_flight)
+    by = Proposals(with_.draft, with_.window, guide, with_.forced, with_.in_flight, with_.bounded)
     out: deque[Pending] = deque()  # the frames in flight, as `live.state.frames` counts them
     ready: tuple[Sampled | PromptLogprobs, ...] = ()
     try:

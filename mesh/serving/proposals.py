@@ -49,6 +49,7 @@ class Proposing:
     window: Windows | None = None
     in_flight: int = 1
     forced: bool = True
+    bounded: bool = True  # the request's ledger bounds its windows (False: the start-up warm-up)
 
 
 NO_PROPOSER = Proposing()
@@ -64,6 +65,7 @@ class Proposals:
     guide: Guide | None = None
     forced: bool = True
     in_flight: int = 1
+    bounded: bool = True  # the request's ledger bounds the windows its controllers ask
     last: _Last = field(default_factory=_Last)
     # what speculation saved this request, which bounds what it may risk (ledger.py)
     ledger: Ledger = field(default_factory=lambda: Ledger(time.perf_counter()))
@@ -79,7 +81,7 @@ class Proposals:
             return limit
         controller = _controller(self.window, self.draft.names[0])
         asked = controller.depth(limit)
-        return self.ledger.allowed_depth(asked, time.perf_counter()) if controller.ledgered else asked
+        return self.ledger.allowed_depth(asked, time.perf_counter()) if controller.ledgered and self.bounded else asked
 
     async def propose(self, state: RequestState, ctx: int) -> Proposal:
         """The drafts for the next frame: a grammar's forced tokens, else the proposer's, each
@@ -122,7 +124,7 @@ class Proposals:
         """A controller's window, cut to what the request's ledger can lose on it and on the
         proposer's catch-up, less what the catch-up is expected to earn back (`prospect`). A
         fixed window is the operator's, proposed whatever it costs."""
-        if not controller.ledgered:
+        if not (controller.ledgered and self.bounded):
             return window
         return self.ledger.allowed_window(window, time.perf_counter(), catch_up, prospect(controller.choice, room))
 

@@ -190,7 +190,8 @@ class Requests:
             in_flight = frames_in_flight(self.speculation.spec, pipeline.link is not None, self.settings.cpu_lock)
             in_flight = min(in_flight, pipeline.most_in_flight or in_flight)
             draft = self.speculation.proposer if self.speculation.spec is not None else None
-            proposing = Proposing(draft, self._window(), in_flight, self._forced(live.state.req))
+            req = live.state.req
+            proposing = Proposing(draft, self._window(), in_flight, self._forced(req), bounded=not req.explore)
             async for sampled in self._generated(pipeline, lease, live, proposing):
                 yield sampled
         except StageFailedError as exc:

@@ -43,7 +43,8 @@ async def warm_up(requests: Requests, tokenizer: Tokenizer, say: Callable[[str],
     began = time.perf_counter()
     # its lane keeps nothing: a client's first request would find the warm-up's prompt in the
     # prefix cache and report cached tokens it never sent
-    generation = requests.generate(GenerationRequest(tokenizer.tokenize(text), TOKENS, ignore_eos=True, keep=False))
+    generation = requests.generate(GenerationRequest(tokenizer.tokenize(text), TOKENS, ignore_eos=True, keep=False,
+                                                     explore=True))
     try:
         async for _ in generation:
             pass
