@@ -140,3 +140,17 @@ def test_a_catch_up_may_count_on_half_what_a_controller_that_speculates_predicts
     ledger = _priced()
     assert ledger.allowed_window(4, now=PREFILL, catch_up=40) == 0
     assert ledger.allowed_window(4, now=PREFILL, catch_up=40, prospect=1.0) >= 1
+
+
+def test_a_catch_up_allowed_on_its_prospect_is_credited_with_it_and_charged_in_full():
+    """The reply a catch-up delays is charged whole; the advance keeps a catch-up worth making
+    from pausing the request at once, and what is not earned back stays lost."""
+    ledger = _priced()
+    assert ledger.allowed_window(4, now=PREFILL, catch_up=40, prospect=1.0) >= 1
+    cost = ledger._catch_up(40)
+    assert ledger.advanced == pytest.approx(cost)  # the catch-up's cost, within the prospect
+    ledger.heard(Observation(1, 1, 0.0, 2, tokens=2, since=Since(PLAIN + PER_ROW + cost, True)))
+    assert ledger.balance == pytest.approx(PLAIN - PER_ROW)  # the window's own saving, not less the catch-up
+    assert ledger.pause <= 0
+    ledger.heard(Observation(1, 0, 0.0, 2, tokens=1, since=Since(PLAIN + PER_ROW + cost, True)))
+    assert ledger.balance == pytest.approx(PLAIN - 2 * PER_ROW - cost)  # a second catch-up gets no advance

@@ -52,6 +52,7 @@ class Ledger:
     recent: float = 0.0  # the last few replies' savings, the latest weighing most
     pause: int = 0  # plain decodes left before proposing again
     wait: int = PAUSE  # the next pause's length
+    advanced: float = 0.0  # a catch-up's credit, for the next speculative reply (`_advance`)
 
     @property
     def priced(self) -> bool:
@@ -84,6 +85,8 @@ class Ledger:
         """A reply's saving. The balance bounds the loss; the recent account stops a request
         from spending what it saved where its proposals stopped paying: when the last few
         speculative replies lost, it decodes plainly for a pause that doubles each time."""
+        if speculative:
+            saved, self.advanced = saved + self.advanced, 0.0
         self.balance += saved
         if not speculative:
             return
@@ -115,8 +118,19 @@ class Ledger:
         budget; 0 until priced."""
         if not self.priced or asked < 1:
             return 0
-        budget = self.budget(now) - max(self._catch_up(catch_up) - prospect, 0.0)
-        return max([k for k in range(1, asked + 1) if self.risk(k, self.depth) <= budget], default=0)
+        cost = self._catch_up(catch_up)
+        budget = self.budget(now) - max(cost - prospect, 0.0)
+        window = max([k for k in range(1, asked + 1) if self.risk(k, self.depth) <= budget], default=0)
+        if window:
+            self._advance(min(cost, prospect))
+        return window
+
+    def _advance(self, seconds: float) -> None:
+        """Credit a catch-up with what it was allowed to count on earning back, against the
+        next speculative reply, which it delays and which is charged in full: without it a
+        catch-up worth making would spend the request's credit and pause it at once. What
+        the proposals then fail to earn back stays lost, at most the advance."""
+        self.advanced += seconds
 
     def _frame(self, rows: int) -> float:
         """A lone frame of `rows`, never below a plain decode: the line through this request's
