@@ -21,7 +21,7 @@ from mesh.serving.pipeline import Pending
 from mesh.serving.request_state import Frame, RequestState
 from mesh.speculative.forced import forced_proposal
 from mesh.speculative.ledger import Ledger
-from mesh.speculative.proposer import DraftSampling, Proposal, Proposer, ask
+from mesh.speculative.proposer import Budget, DraftSampling, Proposal, Proposer, ask
 from mesh.speculative.proposers import windowed
 from mesh.speculative.window import Controller, Observation, Since
 
@@ -97,11 +97,7 @@ class Proposals:
         window, draft = self.window, self.draft
         if draft is None or window is None or room < 1 or state.lane is None:
             return NOTHING
-
-        def budget(name: str, catch_up: int = 0) -> int:
-            controller = _controller(window, name)
-            return self._afford(controller, min(controller.next_window(), room), catch_up, room)
-
+        budget = self._budget(window, room)
         params = state.req.sampling
         sampling = DraftSampling(params, len(state.req.prompt)) if params.rejects else None
         found = (await ask(draft, state.lane, list(state.sequence), budget, guide, sampling)).first(room)
@@ -114,19 +110,23 @@ class Proposals:
         asks, window = getattr(self.draft, "asks", None), self.window
         if asks is None or window is None or state.room(ctx) < 1 or state.lane is None:
             return 0
+        room = state.room(ctx)
+        return max(0, min(asks(state.lane, self._budget(window, room), self.depth()), room))
+
+    def _budget(self, window: Windows, room: int) -> Budget:
+        """Each proposer's window as its controller asks it, within the room left, cut to what
+        the request's ledger can lose on it and on the proposer's catch-up, less what the
+        catch-up is expected to earn back (`prospect`). A fixed window is the operator's,
+        proposed whatever it costs."""
+
         def budget(name: str, catch_up: int = 0) -> int:
             controller = _controller(window, name)
-            return self._afford(controller, controller.next_window(), catch_up, state.room(ctx))
+            asked = max(0, min(controller.next_window(), room))
+            if not (controller.ledgered and self.bounded):
+                return asked
+            return self.ledger.allowed_window(asked, time.perf_counter(), catch_up, prospect(controller.choice, room))
 
-        return max(0, min(asks(state.lane, budget, self.depth()), state.room(ctx)))
-
-    def _afford(self, controller: Controller, window: int, catch_up: int, room: int) -> int:
-        """A controller's window, cut to what the request's ledger can lose on it and on the
-        proposer's catch-up, less what the catch-up is expected to earn back (`prospect`). A
-        fixed window is the operator's, proposed whatever it costs."""
-        if not (controller.ledgered and self.bounded):
-            return window
-        return self.ledger.allowed_window(window, time.perf_counter(), catch_up, prospect(controller.choice, room))
+        return budget
 
     def offered(self, lane: int | None, pending: Pending) -> None:
         """What the final stage proposed with a reply, for the proposer that drafts there."""
