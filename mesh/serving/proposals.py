@@ -81,7 +81,7 @@ class Proposals:
             return limit
         controller = _controller(self.window, self.draft.names[0])
         asked = controller.depth(limit)
-        return self.ledger.allowed_depth(asked, time.perf_counter()) if controller.ledgered and self.bounded else asked
+        return self.ledger.allowed_depth(asked, time.perf_counter()) if self._ledgered(controller) else asked
 
     async def propose(self, state: RequestState, ctx: int) -> Proposal:
         """The drafts for the next frame: a grammar's forced tokens, else the proposer's, each
@@ -122,11 +122,16 @@ class Proposals:
         def budget(name: str, catch_up: int = 0) -> int:
             controller = _controller(window, name)
             asked = max(0, min(controller.next_window(), room))
-            if not (controller.ledgered and self.bounded):
+            if not self._ledgered(controller):
                 return asked
             return self.ledger.allowed_window(asked, time.perf_counter(), catch_up, prospect(controller.choice, room))
 
         return budget
+
+    def _ledgered(self, controller: Controller) -> bool:
+        """Whether the request's ledger bounds this controller's windows: not a fixed one's,
+        and not the start-up warm-up's (`bounded`)."""
+        return controller.ledgered and self.bounded
 
     def offered(self, lane: int | None, pending: Pending) -> None:
         """What the final stage proposed with a reply, for the proposer that drafts there."""

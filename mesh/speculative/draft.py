@@ -138,12 +138,10 @@ class Draft:
         0. A draft that sat out more than CATCH_UP tokens of its session (speculation was off)
         starts over on the last CONTEXT of them: a probe then costs a bounded catch-up, not one
         as long as the time off. A session's first proposal reads its whole prompt."""
-        base = self.base[lane]
-        if base and (len(sequence) <= base or sequence[:base] != self.before[lane]):
+        base, held = self._stands(lane, sequence)
+        if base != self.base[lane]:
             self._start_over(lane, 0, sequence)
-            base = 0
-        behind = len(sequence) - base - common_prefix(self.held[lane], sequence[base:])
-        if behind > CATCH_UP and self.held[lane]:
+        if _behind(base, held, sequence) > CATCH_UP and held:
             base = max(len(sequence) - CONTEXT, 0)
             self._start_over(lane, base, sequence)
         return sequence[base:]
@@ -151,11 +149,17 @@ class Draft:
     def behind(self, lane: int, sequence: list[int]) -> int:
         """The rows the lane's next proposal feeds before it drafts (`_view`, which it leaves
         as it is): a fresh session's whole prompt, CONTEXT after sitting out CATCH_UP."""
-        base, held = self.base[lane], self.held[lane]
-        if base and (len(sequence) <= base or sequence[:base] != self.before[lane]):
-            base, held = 0, []
-        behind = len(sequence) - base - common_prefix(held, sequence[base:])
+        base, held = self._stands(lane, sequence)
+        behind = _behind(base, held, sequence)
         return CONTEXT if behind > CATCH_UP and held else behind
+
+    def _stands(self, lane: int, sequence: list[int]) -> tuple[int, list[int]]:
+        """The lane's base and the tokens its KV holds past it, against `sequence`: (0, []) where
+        its KV started past position 0 of another sequence."""
+        base = self.base[lane]
+        if base and (len(sequence) <= base or sequence[:base] != self.before[lane]):
+            return 0, []
+        return base, self.held[lane]
 
     def _start_over(self, lane: int, base: int, sequence: list[int]) -> None:
         """The lane's KV is to hold `sequence` from `base` on, from position 0 (a step's start
@@ -176,6 +180,11 @@ class Draft:
     def forget(self, lane: int) -> None:
         self._start_over(lane, 0, [])
         self.core.batcher.trim(lane, 0)
+
+
+def _behind(base: int, held: list[int], sequence: list[int]) -> int:
+    """Tokens of `sequence` past `base` that `held` does not already hold."""
+    return len(sequence) - base - common_prefix(held, sequence[base:])
 
 
 def _pick(logits: np.ndarray, guide: Guide | None) -> int:
