@@ -1,6 +1,6 @@
 """`mesh bench --scenarios guard`: the ratios issue 42 named, in one run, held to BENCHMARKS.md.
 
-Run it before a release (it is too noisy for CI). Four checks, each the ratio of two
+Run it before a release (it is too noisy for CI). Five checks, each the ratio of two
 measurements made side by side; every check is measured once per round, in an order that
 rotates, so drift on the machine falls on all of them alike:
 - prompt lookup: the copy-heavy chat reply (bench/harness/workloads.py), `--strategy ngram`
@@ -11,7 +11,12 @@ rotates, so drift on the machine falls on all of them alike:
   schema, split-2, 20 ms a hop;
 - a verify row: the final stage's compute per row of verify frames (the package's draft at
   a fixed window of 8, one frame out) against per row of plain decodes (the split-2 server
-  without a draft), from each server's /metrics.
+  without a draft), from each server's /metrics;
+- never losing (issue 58): the held-out corpus (bench/scenarios/corpus.py), one request of
+  every kind a round, on a server per strategy (prompt lookup, the defaults, both) and one
+  without speculation, split-2, 0 ms: the worst whole-request ratio of any strategy on any
+  request. The first four are the bench's own cases, which speculation was tuned on; this
+  one is what a regression on work nobody tuned for shows up in.
 Every server cuts on parameters, so the final stage holds the same layers in all of them and
 in every run.
 A check falls when its ratio is more than 15% worse than the figure in BENCHMARKS.md's
@@ -31,17 +36,20 @@ from typing import Any
 
 from bench.harness.breakdown import Counters, compute_per_row, scrape
 from bench.harness.client import stream_chat, stream_messages
+from bench.harness.corpus import SEED, corpus
 from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from bench.harness.workloads import COPY_PROMPT, RECIPE, RECIPE_PROMPT
+from bench.scenarios.corpus import MODES, allowances, whole
 
 FIGURES = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
 HEADING = "## Guard figures"
 SLACK = 0.15  # how much worse than its figure a ratio may measure before the guard fails
-LOOKUP, SPLIT, CONSTRAINED, VERIFY = (
+LOOKUP, SPLIT, CONSTRAINED, VERIFY, WORST = (
     "prompt lookup ÷ no speculation, copy-heavy chat, split-2, 0 ms",
     "split-2 ÷ one node, no draft, 0 ms",
     "draft + forced ÷ no speculation, recipe schema, split-2, 20 ms",
     "verify row ÷ decode row, final stage compute, served",
+    "worst request ÷ no speculation, held-out corpus, every strategy, split-2, 0 ms",
 )
 LOWER_IS_BETTER = {VERIFY}
 PARAMETER_CUT = ("--cut-on", "parameters")
@@ -105,7 +113,25 @@ def _rounds(setup: Setup, urls: dict[str, str], rounds: int) -> Sides:
     verify = _per_row(urls["verify"], before["verify"], "verify")
     decode = _per_row(urls["split-2"], before["split-2"], "decode")
     sides[VERIFY] = ([verify], [decode])
+    sides[WORST] = _worst(setup, urls, rounds)
     return sides
+
+
+def _worst(setup: Setup, urls: dict[str, str], rounds: int) -> tuple[list[float], list[float]]:
+    """The corpus's worst request: `rounds` requests of every kind on every corpus server, each
+    after the others in a rotating order; none's whole request and the strategy's on the
+    request and strategy where their ratio is lowest."""
+    pairs = []
+    requests = corpus(SEED, rounds)
+    limits = allowances(setup, requests)
+    for i, request in enumerate(requests):
+        modes = list(MODES)[i % len(MODES):] + list(MODES)[: i % len(MODES)]
+        seconds = {mode: whole(stream_messages(urls[f"corpus {mode}"], setup.model_id, request.messages,
+                                               limits[request.name], ignore_eos=False, sampling=request.body))
+                   for mode in modes}
+        pairs += [(seconds["none"], seconds[mode]) for mode in MODES if mode != "none"]
+    none, mode = min(pairs, key=lambda p: p[0] / p[1])
+    return [none], [mode]
 
 
 def _per_row(url: str, before: Counters, kind: str) -> float:
@@ -122,9 +148,13 @@ def _servers(setup: Setup, tmp: Path, stack: contextlib.ExitStack) -> dict[str, 
     def up(stages: int, *flags: str, **kw: Any) -> str:
         return stack.enter_context(serve(setup, tmp, stages, ServeOptions(extra=(*PARAMETER_CUT, *flags), **kw))).url
 
-    return {"split-1": up(1), "split-2": up(2), "ngram": up(2, strategy="ngram"),
+    urls = {"split-1": up(1), "split-2": up(2), "ngram": up(2, strategy="ngram"),
             "none 20 ms": up(2, "--no-forced-drafts", delay_ms=20.0), "spec 20 ms": up(2, draft=True, delay_ms=20.0),
             "verify": up(2, "--draft-window", "8", draft=True, in_flight=1)}
+    for mode, kw in MODES.items():  # the corpus scenario's servers, as it runs them
+        kw = dict(kw)
+        urls[f"corpus {mode}"] = up(2, *kw.pop("extra", ()), **kw)
+    return urls
 
 
 def guard_rows(setup: Setup, rounds: int, figures: dict[str, float]) -> tuple[list[Row], list[str]]:
