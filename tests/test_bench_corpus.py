@@ -1,11 +1,12 @@
 """`mesh bench --scenarios corpus` (issue 58): the held-out corpus it decodes and its row maths,
-from made-up timings: no server, no model."""
+from made-up timings: no server; the model's tokenizer for a rewrite's allowance."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,8 +20,10 @@ from bench.run import ALONE_DELAYS, SCENARIOS, add_parser, fill_defaults
 from bench.scenarios.corpus import (
     MODES,
     NEVER_LOSE,
+    REWRITE_MARGIN,
     SPECULATING,
     Timings,
+    allowances,
     cells,
     corpus_table,
     delay_rows,
@@ -31,6 +34,7 @@ from mesh.api.responses import ChatDelta
 from mesh.api.tool_format import functions_of
 from mesh.constraints.schema import schema_grammar
 from mesh.constraints.tools import Marker, ToolFormat, tool_grammar
+from mesh.model.tokenizer import Tokenizer
 
 HERMES = ToolFormat("hermes", Marker("<tool_call>"), Marker("</tool_call>"))  # SmolLM2's
 
@@ -97,6 +101,22 @@ def test_a_copy_heavy_request_quotes_the_text_its_reply_copies_at_a_modest_size(
         assert 300 <= len(r.source) <= 900, (r.name, len(r.source))
         assert r.body == {}  # greedy
     assert labels == {"rename", "typo", "json-echo", "config"}
+
+
+def test_a_rewrite_may_finish_where_other_replies_stop_at_tokens(smollm2_gguf):
+    """A copy-heavy reply may take its source's tokens and a margin, so the copy is not cut
+    off at --tokens (every source is longer than 128); any other request stops at --tokens."""
+    requests = corpus(58, 2)
+    setup = SimpleNamespace(gguf=smollm2_gguf, model_id="smollm2", tokens=128)
+    limits = allowances(setup, requests)  # type: ignore[arg-type]  # what allowances reads of a Setup
+    tokenizer = Tokenizer(smollm2_gguf, "smollm2")
+    for r in requests:
+        if r.kind == "copy-heavy":
+            source = len(tokenizer.tokenize(r.source, special=False, add_bos=False))
+            assert source > 128
+            assert limits[r.name] == source + REWRITE_MARGIN
+        else:
+            assert limits[r.name] == 128
 
 
 @pytest.mark.parametrize("seed", [58, 1, 2, 3])
