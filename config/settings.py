@@ -41,7 +41,8 @@ class Speculative(BaseModel):
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
-    strategy: str | None = None  # auto | disabled | ngram | ngram+draft | mtp | ngram+mtp | a package strategy name
+    # auto | disabled | ngram | ngram+draft | draft | mtp | ngram+mtp | a package strategy name
+    strategy: str | None = None
     draft_model: str | None = None
     # prompt lookup's n-gram lengths (checked once merged, as packages.speculative.NgramStrategy)
     ngram_min: int | None = None

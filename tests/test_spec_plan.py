@@ -28,11 +28,19 @@ def manifest(tiny_package):
 NAMES = {"tiny"}
 
 
-def test_package_default_when_nothing_else_says(manifest):
+def test_package_default_when_nothing_else_says_with_prompt_lookup_asked_first(manifest):
     plan, _ = resolve_plan(Speculative(), False, Config(), NAMES, manifest)
     assert plan is not None
     assert plan.draft_model == "org/draft:Q4_0"
     assert plan.source == "package default"
+    assert plan.describe() == ("ngram 3-5 (built-in), adaptive 2 [1,16], then draft pkg-draft (package default), "
+                               "frames in flight: auto, adaptive 4 [1,16]")
+
+
+def test_the_package_s_draft_strategy_named_is_the_draft_alone(manifest):
+    plan, _ = resolve_plan(Speculative(strategy="pkg-draft"), False, Config(), NAMES, manifest)
+    assert plan is not None
+    assert (plan.draft_model, plan.ngram) == ("org/draft:Q4_0", None)
     assert plan.describe() == "draft pkg-draft (package default), frames in flight: auto, adaptive 4 [1,16]"
 
 
@@ -67,12 +75,12 @@ def test_frames_in_flight_take_the_highest_level_that_sets_them(manifest):
     plan, _ = resolve_plan(Speculative(), False, config, NAMES, manifest)
     assert plan
     assert plan.in_flight == 5
-    assert plan.describe() == "draft pkg-draft (package default), frames in flight: 5, adaptive 4 [1,16]"
+    assert plan.describe().endswith("then draft pkg-draft (package default), frames in flight: 5, adaptive 4 [1,16]")
     assert plan.window == WindowPolicy(policy="adaptive", initial=4, min=1, max=16)  # not a window key
     plan, _ = resolve_plan(Speculative(frames_in_flight=1), False, config, NAMES, manifest)
     assert plan
     assert plan.in_flight == 1
-    assert plan.describe() == "draft pkg-draft (package default), frames in flight: 1, adaptive 4 [1,16]"
+    assert plan.describe().endswith("then draft pkg-draft (package default), frames in flight: 1, adaptive 4 [1,16]")
     with pytest.raises(ValidationError):
         Speculative(frames_in_flight=0)
 
@@ -179,6 +187,18 @@ def test_ngram_plus_draft_takes_the_draft_the_plan_would_otherwise_use(manifest,
         resolve_plan(Speculative(strategy="ngram+draft"), False, Config(), NAMES, bare)
     assert resolve_plan(Speculative(strategy="ngram+draft"), True, Config(), NAMES, manifest) == \
         (None, "off (--no-draft)")
+
+
+def test_draft_is_the_draft_alone_whatever_declares_it(manifest, tiny_package):
+    plan, _ = resolve_plan(Speculative(strategy="draft"), False, Config(), NAMES, manifest)
+    assert plan
+    assert (plan.draft_model, plan.ngram, plan.source) == ("org/draft:Q4_0", None, "package default")
+    plan, _ = resolve_plan(Speculative(strategy="draft", draft_model="/d.gguf"), False, Config(), NAMES, manifest)
+    assert plan
+    assert (plan.draft_model, plan.ngram, plan.source) == ("/d.gguf", None, "CLI")
+    bare, _ = load_manifest(tiny_package)
+    with pytest.raises(ConfigError, match=r"'draft' \(CLI\) needs a draft model"):
+        resolve_plan(Speculative(strategy="draft"), False, Config(), NAMES, bare)
 
 
 def test_a_package_ngram_strategy_is_used_by_auto_by_name_and_by_ngram(tiny_package):

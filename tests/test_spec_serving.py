@@ -117,8 +117,8 @@ def test_the_cost_aware_controller_says_what_it_chose_and_output_stays_plain(ser
         assert f'meshpipe_speculative_window{{proposer="draft"}} {float(choice["window"])}' in metrics
 
 
-def test_unresolvable_draft_serves_on_without_speculation(serve_cache, no_draft_texts):
-    with mesh_serve(serve_cache, "--draft", "/nonexistent/draft.gguf") as (url, _):
+def test_unresolvable_draft_alone_serves_on_without_speculation(serve_cache, no_draft_texts):
+    with mesh_serve(serve_cache, "--strategy", "draft", "--draft", "/nonexistent/draft.gguf") as (url, _):
         note = httpx.get(f"{url}/health").json()["speculative"]
         assert note.startswith("off: draft /nonexistent/draft.gguf unavailable")
         text, usage = _complete(url, PROMPTS[0])
@@ -126,11 +126,12 @@ def test_unresolvable_draft_serves_on_without_speculation(serve_cache, no_draft_
         assert "speculative" not in usage
 
 
-def test_draft_with_another_tokenizer_is_refused(serve_cache, gemma3_gguf):
+def test_draft_with_another_tokenizer_is_refused_and_auto_serves_on_with_prompt_lookup(serve_cache, gemma3_gguf):
     with mesh_serve(serve_cache, "--draft", str(gemma3_gguf)) as (url, _):
         note = httpx.get(f"{url}/health").json()["speculative"]
-        assert "refused" in note
+        assert note.startswith(f"prompt lookup alone, draft {gemma3_gguf} refused"), note
         assert "vocabulary" in note
+        assert note.endswith("ngram 3-5 (built-in), adaptive 2 [1,16], frames in flight: auto"), note
         status = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
             "model": EMBEDDED_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert status.status_code == 200

@@ -146,7 +146,7 @@ def baseline_worker(setup: Setup) -> Iterator[Baseline]:
 class ServeOptions:
     """How `serve` runs `mesh serve`, besides the setup and the stage count."""
 
-    draft: bool = False  # speculate with the package's draft
+    draft: bool = False  # speculate with the package's draft alone (`--strategy draft`); `strategy` overrides
     delay_ms: float = 0.0  # --wire-delay-ms
     lanes: int = 8
     relay: bool = False  # --relay-replies
@@ -172,8 +172,8 @@ def serve(setup: Setup, tmp: Path, stages: int, opts: ServeOptions = ServeOption
         args += ["--threads", str(setup.threads)]
     if strategy:
         args += ["--strategy", strategy]
-    elif not draft:
-        args += ["--no-draft"]
+    else:  # the draft alone, as every scenario measured it before `auto` asked prompt lookup first
+        args += ["--strategy", "draft"] if draft else ["--no-draft"]
     args += [] if prefix_cache else ["--no-prefix-cache"]
     args += ["--relay-replies"] if relay else []
     args += ["--frames-in-flight", str(in_flight)] if in_flight is not None else []

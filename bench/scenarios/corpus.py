@@ -8,13 +8,14 @@ copy-heavy request that was not the bench's. This scenario decodes the seeded co
 bench/harness/corpus.py instead (copy-heavy rewrites, free prose, code, nested and flat
 schemas, tool calls, 12 of each, none of them the bench's own workloads) on split-2 at each
 per-hop delay (alone: 0 and 20 ms) with four servers: `none` (no draft and no forced tokens),
-`ngram` (`--strategy ngram`), `defaults` (the package's draft and forced tokens, as `mesh serve`
-runs) and `ngram+draft`. Every request goes to every server, request after request, the
-servers' order rotating with each request so drift falls on all of them alike; replies end at
-EOS as a client's do, at most --tokens, or for a rewrite (copy-heavy) its source's tokens and
-REWRITE_MARGIN more where that is more: a client asking for a rewrite lets it finish. At 128
-tokens every copy-heavy reply was cut off mid-copy (its sources are 113-244 tokens), and the
-figure measured a request a third of which was prefill, which no rewrite is.
+`ngram` (`--strategy ngram`), `defaults` (as `mesh serve` runs: prompt lookup first, then the
+package's draft, and forced tokens) and `draft` (the package's draft alone, and forced tokens).
+Every request goes to every server, request after request, the servers' order rotating with
+each request so drift falls on all of them alike; replies end at EOS as a client's do, at most
+--tokens, or for a rewrite (copy-heavy) its source's tokens and REWRITE_MARGIN more where that
+is more: a client asking for a rewrite lets it finish. At 128 tokens every copy-heavy reply was
+cut off mid-copy (its sources are 113-244 tokens), and the figure measured a request a third of
+which was prefill, which no rewrite is.
 
 A request's figure is what its client waits for, the whole request (sent to last chunk, the
 prefill with it), of `none` over the mode's: above 1 the mode is faster. With --repeats, the
@@ -42,7 +43,7 @@ from mesh.model.tokenizer import Tokenizer
 # mode -> serve() keywords; "none" first: every other mode is measured against it. Forced
 # tokens are on unless --no-forced-drafts: without it "none" would speculate on every schema.
 MODES: dict[str, dict[str, Any]] = {"none": {"extra": ("--no-forced-drafts",)}, "ngram": {"strategy": "ngram"},
-                                    "defaults": {"draft": True}, "ngram+draft": {"strategy": "ngram+draft"}}
+                                    "defaults": {"strategy": "auto"}, "draft": {"draft": True}}
 SPECULATING = [m for m in MODES if m != "none"]
 NEVER_LOSE = ">= 0.98"  # issue 58: the worst request of every kind, whatever the strategy
 SAME = "== 0"  # replies that differ from none's

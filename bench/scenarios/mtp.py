@@ -60,7 +60,7 @@ CEILING: dict[str, dict[str, Any]] = {
     FIXED: {"strategy": "mtp", "extra": ("--draft-window", "3", "--frames-in-flight", "3")},
     ALONE: {"strategy": "mtp", "extra": ("--draft-window", "3", "--frames-in-flight", "1")}}
 FLOOR: dict[str, dict[str, Any]] = {"none": {}, MTP: {"strategy": "mtp"},
-                                    AUTO: {"draft": True}}  # no flag at all: mesh serve's default, auto
+                                    AUTO: {"strategy": "auto"}}  # mesh serve's default
 
 
 def model_path(cache: Path, agreeing: bool = True) -> Path:

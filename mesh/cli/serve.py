@@ -125,9 +125,11 @@ def _speculation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft", action="store_true",
                    help="no speculative decoding: the draft is never loaded or downloaded")
     p.add_argument("--strategy", default=None, metavar="NAME",
-                   help="speculative strategy: auto (the package's default; the model's MTP layers where it "
+                   help="speculative strategy: auto (the package's default, prompt lookup asked first where that is a "
+                   "draft model; the model's MTP layers where it "
                    "declares no draft and carries them), disabled, ngram (prompt lookup, no draft model), "
-                   "ngram+draft (prompt lookup first, the draft where it finds no match), mtp (the model's own "
+                   "ngram+draft (prompt lookup first, the draft where it finds no match), draft (the draft model "
+                   "alone), mtp (the model's own "
                    "MTP layers draft at the final stage), ngram+mtp, or a strategy the package declares "
                    "(overrides config; --no-draft still turns all off)")
     p.add_argument("--micro-batches", type=int, default=None, metavar="N",
@@ -338,8 +340,8 @@ def _cli_speculative(args: argparse.Namespace) -> Speculative:
     if args.frames_in_flight is not None and not 1 <= args.frames_in_flight <= 16:
         raise UsageError("--frames-in-flight must be between 1 and 16")
     if args.strategy is not None and not args.strategy:
-        raise UsageError("--strategy wants a name: auto, disabled, ngram, ngram+draft, mtp, ngram+mtp or a package "
-                         "strategy")
+        raise UsageError("--strategy wants a name: auto, disabled, ngram, ngram+draft, draft, mtp, ngram+mtp or a "
+                         "package strategy")
     if args.draft and args.strategy in ("ngram", "disabled"):
         raise UsageError(f"--draft with --strategy {args.strategy} loads no draft: use --strategy ngram+draft")
     window = args.draft_window

@@ -40,7 +40,8 @@ class DraftRoom:
 
 
 class Speculation:
-    """The plan (None: off, `note` says why), the draft loaded for it, and the proposer."""
+    """The plan (None: off, `note` says why; or served without its draft, `note` says why), the
+    draft loaded for it, and the proposer."""
 
     def __init__(self, spec: SpecPlan | None, note: str, say: Callable[[str], None]) -> None:
         self.spec, self.note, self.say = spec, note, say
@@ -48,7 +49,9 @@ class Speculation:
         self.proposer: Proposer | None = None  # the draft, prompt lookup, or both (DESIGN.md §6)
 
     def describe(self) -> str:
-        return self.spec.describe() if self.spec is not None else self.note
+        if self.spec is None:
+            return self.note
+        return f"{self.note}; {self.spec.describe()}" if self.note else self.spec.describe()
 
     @property
     def acceptance(self) -> str:
@@ -94,6 +97,7 @@ class Speculation:
             ngram = self.spec.ngram
             self.spec = replace(self.spec, draft_model=None, strategy=None, window=ngram.window)
             self.proposer = NgramProposer(ngram.ngram_min, ngram.ngram_max)
+            self.note = f"prompt lookup alone, {reason}"
             log.warning("draft disabled: %s; serving with prompt lookup alone", reason)
             self.say(f"WARNING: draft disabled: {reason}; speculative: {self.spec.describe()}")
             return
