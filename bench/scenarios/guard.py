@@ -13,8 +13,8 @@ rotates, so drift on the machine falls on all of them alike:
   a fixed window of 8, one frame out) against per row of plain decodes (the split-2 server
   without a draft), from each server's /metrics;
 - never losing (issue 58): the held-out corpus (bench/scenarios/corpus.py), one request of
-  every kind a round, on a server per strategy (prompt lookup, the defaults, both) and one
-  without speculation, split-2, 0 ms: the worst whole-request ratio of any strategy on any
+  every kind a round, on a server per strategy (prompt lookup, the defaults, the draft alone)
+  and one without speculation, split-2, 0 ms: the worst whole-request ratio of any strategy on any
   request. The first four are the bench's own cases, which speculation was tuned on; this
   one is what a regression on work nobody tuned for shows up in.
 Every server cuts on parameters, so the final stage holds the same layers in all of them and
