@@ -14,16 +14,15 @@ from jsonschema import Draft202012Validator
 
 from bench.harness.client import StreamTiming, _delta_text
 from bench.harness.corpus import FREE_SAMPLING, KINDS, PER_KIND, CorpusRequest, corpus
+from bench.harness.corpus_modes import REWRITE_MARGIN, allowances
 from bench.harness.prompts import PROMPTS
 from bench.harness.workloads import COPY_FUNCTION, COPY_PROMPT, RECIPE, RECIPE_PROMPT
 from bench.run import ALONE_DELAYS, SCENARIOS, add_parser, fill_defaults
 from bench.scenarios.corpus import (
     MODES,
     NEVER_LOSE,
-    REWRITE_MARGIN,
     SPECULATING,
     Timings,
-    allowances,
     cells,
     corpus_table,
     delay_rows,

@@ -32,23 +32,17 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from bench.harness.client import StreamTiming, stream_messages
 from bench.harness.corpus import KINDS, PER_KIND, SEED, CorpusRequest, corpus
+from bench.harness.corpus_modes import MODES, allowances, whole
 from bench.harness.harness import Asked, Outcome, Row, Setup, split2_per_delay
 from bench.harness.report import met
-from mesh.model.tokenizer import Tokenizer
 
-# mode -> serve() keywords; "none" first: every other mode is measured against it. Forced
-# tokens are on unless --no-forced-drafts: without it "none" would speculate on every schema.
-MODES: dict[str, dict[str, Any]] = {"none": {"extra": ("--no-forced-drafts",)}, "ngram": {"strategy": "ngram"},
-                                    "defaults": {"strategy": "auto"}, "draft": {"draft": True}}
 SPECULATING = [m for m in MODES if m != "none"]
 NEVER_LOSE = ">= 0.98"  # issue 58: the worst request of every kind, whatever the strategy
 SAME = "== 0"  # replies that differ from none's
 Timings = dict[tuple[str, str], list[StreamTiming]]  # (mode, request name) -> one a repeat
-REWRITE_MARGIN = 64  # a rewrite's reply: its source's tokens, and room for a fence and a sentence around them
 
 
 def median_goal(kind: str, mode: str, delay: float) -> str:
@@ -58,11 +52,6 @@ def median_goal(kind: str, mode: str, delay: float) -> str:
     if kind == "nested-schema" and mode == "defaults" and delay >= 20:
         return ">= 1.8"
     return ""
-
-
-def whole(t: StreamTiming) -> float:
-    """The whole request as its client waited for it: sent to the last chunk."""
-    return t.arrivals[-1]
 
 
 def request_ratio(none: list[StreamTiming], mode: list[StreamTiming]) -> float:
@@ -138,13 +127,6 @@ def corpus_table(delay: float, requests: list[CorpusRequest], timings: Timings) 
                  for m in SPECULATING for c in [found[(kind, m)]]]
         lines.append(f"| {kind} | " + " | ".join(marks) + " |")
     return "\n".join(lines)
-
-
-def allowances(setup: Setup, requests: list[CorpusRequest]) -> dict[str, int]:
-    """Each request's max_tokens: --tokens, or a rewrite's source and REWRITE_MARGIN where more."""
-    tokenizer = Tokenizer(setup.gguf, setup.model_id)
-    return {r.name: max(setup.tokens, len(tokenizer.tokenize(r.source, special=False, add_bos=False)) + REWRITE_MARGIN)
-            if r.source else setup.tokens for r in requests}
 
 
 def _measure(setup: Setup, urls: dict[str, str], requests: list[CorpusRequest], repeats: int) -> Timings:

@@ -37,9 +37,9 @@ from typing import Any
 from bench.harness.breakdown import Counters, compute_per_row, scrape
 from bench.harness.client import stream_chat, stream_messages
 from bench.harness.corpus import SEED, corpus
+from bench.harness.corpus_modes import MODES, allowances, whole
 from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from bench.harness.workloads import COPY_PROMPT, RECIPE, RECIPE_PROMPT
-from bench.scenarios.corpus import MODES, allowances, whole
 
 FIGURES = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
 HEADING = "## Guard figures"
