@@ -30,19 +30,17 @@ worst, follows the rows.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 
-from bench.harness.client import StreamTiming, stream_messages
+from bench.harness.client import StreamTiming
 from bench.harness.corpus import KINDS, PER_KIND, SEED, CorpusRequest, corpus
-from bench.harness.corpus_modes import MODES, allowances, whole
+from bench.harness.corpus_modes import MODES, Timings, measure, whole
 from bench.harness.harness import Asked, Outcome, Row, Setup, split2_per_delay
 from bench.harness.report import met
 
 SPECULATING = [m for m in MODES if m != "none"]
 NEVER_LOSE = ">= 0.98"  # issue 58: the worst request of every kind, whatever the strategy
 SAME = "== 0"  # replies that differ from none's
-Timings = dict[tuple[str, str], list[StreamTiming]]  # (mode, request name) -> one a repeat
 
 
 def median_goal(kind: str, mode: str, delay: float) -> str:
@@ -129,32 +127,13 @@ def corpus_table(delay: float, requests: list[CorpusRequest], timings: Timings) 
     return "\n".join(lines)
 
 
-def _measure(setup: Setup, urls: dict[str, str], requests: list[CorpusRequest], repeats: int) -> Timings:
-    """Every request on every server, request after request; which server goes first rotates
-    with each request, so drift falls on every mode alike. A first short request to each server
-    pays for its lazy loading."""
-    for url in urls.values():
-        stream_messages(url, setup.model_id, [{"role": "user", "content": "Hello"}], 2)
-    limits = allowances(setup, requests)
-    timings: Timings = defaultdict(list)
-    modes = list(urls)
-    for rep in range(repeats):
-        for i, request in enumerate(requests):
-            turn = (rep + i) % len(modes)  # a repeat moves each request's order on by one too
-            for mode in modes[turn:] + modes[:turn]:
-                timings[(mode, request.name)].append(stream_messages(
-                    urls[mode], setup.model_id, request.messages, limits[request.name], ignore_eos=False,
-                    sampling=request.body))
-    return timings
-
-
 def corpus_rows(setup: Setup, delays: list[float], repeats: int) -> tuple[list[Row], list[str]]:
     """One delay at a time, four split-2 servers each: the rows and a table per delay."""
     requests = corpus(SEED, PER_KIND)
     rows: list[Row] = []
     tables: list[str] = []
     for d, urls in split2_per_delay(setup, "mesh-bench-corpus-", delays, MODES):
-        timings = _measure(setup, urls, requests, repeats)
+        timings = measure(setup, urls, requests, repeats)
         rows += delay_rows(d, requests, timings)
         tables.append(corpus_table(d, requests, timings))
     return rows, tables

@@ -37,7 +37,7 @@ from typing import Any
 from bench.harness.breakdown import Counters, compute_per_row, scrape
 from bench.harness.client import stream_chat, stream_messages
 from bench.harness.corpus import SEED, corpus
-from bench.harness.corpus_modes import MODES, allowances, whole
+from bench.harness.corpus_modes import MODES, measure, whole
 from bench.harness.harness import Asked, Outcome, Row, ServeOptions, Setup, serve
 from bench.harness.workloads import COPY_PROMPT, RECIPE, RECIPE_PROMPT
 
@@ -121,15 +121,9 @@ def _worst(setup: Setup, urls: dict[str, str], rounds: int) -> tuple[list[float]
     """The corpus's worst request: `rounds` requests of every kind on every corpus server, each
     after the others in a rotating order; none's whole request and the strategy's on the
     request and strategy where their ratio is lowest."""
-    pairs = []
-    requests = corpus(SEED, rounds)
-    limits = allowances(setup, requests)
-    for i, request in enumerate(requests):
-        modes = list(MODES)[i % len(MODES):] + list(MODES)[: i % len(MODES)]
-        seconds = {mode: whole(stream_messages(urls[f"corpus {mode}"], setup.model_id, request.messages,
-                                               limits[request.name], ignore_eos=False, sampling=request.body))
-                   for mode in modes}
-        pairs += [(seconds["none"], seconds[mode]) for mode in MODES if mode != "none"]
+    timings = measure(setup, {mode: urls[f"corpus {mode}"] for mode in MODES}, corpus(SEED, rounds), 1)
+    pairs = [(whole(timings[("none", name)][0]), whole(runs[0])) for (mode, name), runs in timings.items()
+             if mode != "none"]
     none, mode = min(pairs, key=lambda p: p[0] / p[1])
     return [none], [mode]
 
